@@ -1,0 +1,140 @@
+"""Commit log record format: encode a Message to bytes and back (pure functions, no I/O).
+
+Layout (little endian), see docs/store.md:
+
+    u32 total_size | u32 crc32(of bytes 8..total_size) | u8 magic | u8 msg_type | u16 flags
+    i32 queue_id | i64 queue_offset | i64 store_ts | i64 born_ts | i64 deliver_at
+    u16 len(topic) u16 len(tag) u16 len(keys) u16 len(group) u16 len(msg_id) u16 len(born_host)
+    u32 len(properties) u32 len(body)
+    topic tag keys group msg_id born_host properties body
+
+`keys` are joined by U+001F; properties are (u16 key length, key, u32 value length, value) pairs.
+A blank record (magic BLANK) fills the end of a segment that the next record does not fit in.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+from .message import Message, MessageType
+
+MAGIC_MESSAGE = 0xA5
+MAGIC_BLANK = 0xB1
+PREFIX = struct.Struct("<II")
+HEAD = struct.Struct("<BBHiqqqqHHHHHHII")
+HEADER_SIZE = PREFIX.size + HEAD.size
+MIN_RECORD = PREFIX.size + 2  # smallest thing a reader can recognise (a blank record)
+KEY_SEP = "\x1f"
+_H = struct.Struct("<H")
+_I = struct.Struct("<I")
+_QUEUE_FIELDS = struct.Struct("<iq")  # queue_id, queue_offset, at offset 12 of a record
+
+
+class CorruptRecord(ValueError):
+    """A record whose length or checksum does not hold."""
+
+
+def encode_properties(props: dict[str, str]) -> bytes:
+    if not props:
+        return b""
+    parts: list[bytes] = []
+    for k, v in props.items():
+        kb = k.encode()
+        vb = v.encode()
+        parts += (_H.pack(len(kb)), kb, _I.pack(len(vb)), vb)
+    return b"".join(parts)
+
+
+def decode_properties(buf: bytes | memoryview) -> dict[str, str]:
+    props: dict[str, str] = {}
+    pos, end = 0, len(buf)
+    while pos < end:
+        (kl,) = _H.unpack_from(buf, pos)
+        pos += 2
+        k = bytes(buf[pos : pos + kl]).decode()
+        pos += kl
+        (vl,) = _I.unpack_from(buf, pos)
+        pos += 4
+        props[k] = bytes(buf[pos : pos + vl]).decode()
+        pos += vl
+    return props
+
+
+def encode(msg: Message, queue_id: int, queue_offset: int, store_ts: int, flags: int = 0) -> bytes:
+    """Encode one message record; the caller supplies where it lands in its queue."""
+    topic = msg.topic.encode()
+    tag = msg.tag.encode()
+    keys = KEY_SEP.join(msg.keys).encode() if msg.keys else b""
+    group = msg.message_group.encode()
+    mid = msg.message_id.encode()
+    host = msg.born_host.encode()
+    props = encode_properties(msg.properties) if msg.properties else b""
+    body = msg.body
+    payload = b"".join(
+        (
+            HEAD.pack(
+                MAGIC_MESSAGE, msg.msg_type, flags, queue_id, queue_offset, store_ts,
+                msg.born_timestamp, msg.deliver_at,
+                len(topic), len(tag), len(keys), len(group), len(mid), len(host), len(props), len(body),
+            ),
+            topic, tag, keys, group, mid, host, props, body,
+        )
+    )
+    return PREFIX.pack(len(payload) + 8, zlib.crc32(payload)) + payload
+
+
+def encode_blank(size: int) -> bytes:
+    """A filler record of exactly `size` bytes (size >= MIN_RECORD)."""
+    payload = bytes((MAGIC_BLANK,)) + bytes(size - 9)
+    return PREFIX.pack(size, zlib.crc32(payload)) + payload
+
+
+def record_size_at(buf: bytes | memoryview, pos: int) -> int:
+    return _I.unpack_from(buf, pos)[0]
+
+
+def check(buf: bytes | memoryview, pos: int, limit: int) -> tuple[int, int]:
+    """Validate the record at `pos`; return (size, magic). Raise CorruptRecord when it does not hold."""
+    if limit - pos < MIN_RECORD:
+        raise CorruptRecord("short")
+    size, crc = PREFIX.unpack_from(buf, pos)
+    if size < MIN_RECORD or pos + size > limit:
+        raise CorruptRecord(f"bad size {size}")
+    if zlib.crc32(buf[pos + 8 : pos + size]) != crc:
+        raise CorruptRecord("crc mismatch")
+    magic = buf[pos + 8]
+    if magic == MAGIC_BLANK:
+        return size, magic
+    if magic != MAGIC_MESSAGE or size < HEADER_SIZE:
+        raise CorruptRecord(f"bad magic {magic}")
+    return size, magic
+
+
+def queue_fields(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    """(queue_id, queue_offset) of the record at pos, without decoding the rest."""
+    return _QUEUE_FIELDS.unpack_from(buf, pos + 12)
+
+
+def decode(buf: bytes | memoryview, pos: int = 0, commitlog_offset: int = -1) -> Message:
+    """Decode the message record at `pos` (already length- and CRC-checked, or trusted)."""
+    (size,) = _I.unpack_from(buf, pos)
+    (_magic, mtype, _flags, qid, qoff, store_ts, born_ts, deliver_at,
+     lt, lg, lk, lgr, lm, lh, lp, lb) = HEAD.unpack_from(buf, pos + 8)
+    p = pos + HEADER_SIZE
+    raw = bytes(buf[p : pos + size])
+    o = 0
+    topic = raw[o : o + lt].decode(); o += lt
+    tag = raw[o : o + lg].decode(); o += lg
+    keys = tuple(raw[o : o + lk].decode().split(KEY_SEP)) if lk else (); o += lk
+    group = raw[o : o + lgr].decode(); o += lgr
+    mid = raw[o : o + lm].decode(); o += lm
+    host = raw[o : o + lh].decode(); o += lh
+    props = decode_properties(raw[o : o + lp]) if lp else {}; o += lp
+    body = raw[o : o + lb]
+    return Message(
+        topic=topic, body=body, tag=tag, keys=keys, properties=props, message_group=group,
+        deliver_at=deliver_at, message_id=mid, born_timestamp=born_ts, born_host=host,
+        queue_id=qid, msg_type=MessageType(mtype), store_timestamp=store_ts,
+        queue_offset=qoff, commitlog_offset=commitlog_offset, size=size,
+    )

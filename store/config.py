@@ -1,0 +1,109 @@
+"""Store settings, per-topic and per-group settings, and their SQLite-backed metadata table."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+from dataclasses import asdict, dataclass, field
+
+NAME_RE = re.compile(r"^[%|A-Za-z0-9_.\-]{1,255}$")
+SCHEDULE_TOPIC = "%SCHEDULE%"
+HALF_TOPIC = "%HALF%"
+DLQ_PREFIX = "%DLQ%"
+SYSTEM_TIMER_GROUP = "%SYS_TIMER%"
+SYSTEM_TXN_GROUP = "%SYS_TXN%"
+
+
+@dataclass(slots=True)
+class RetryPolicy:
+    """Back-off for `nack`: initial_ms * multiplier**(attempt-1), capped at max_ms."""
+
+    initial_ms: int = 1000
+    multiplier: float = 2.0
+    max_ms: int = 60_000
+
+    def delay_ms(self, attempt: int) -> int:
+        return int(min(self.initial_ms * self.multiplier ** max(attempt - 1, 0), self.max_ms))
+
+
+@dataclass(slots=True)
+class TopicConfig:
+    name: str
+    queues: int = 8
+    retention_ms: int | None = None  # None: the store default
+    retention_bytes: int | None = None  # None: no size limit
+
+
+@dataclass(slots=True)
+class GroupConfig:
+    name: str
+    max_attempts: int = 16
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+
+@dataclass(slots=True)
+class StoreConfig:
+    data_dir: str = "./data"
+    flush: str = "sync"  # "sync": append returns after fsync; "async": after write, fsync every interval
+    flush_interval_ms: int = 200
+    segment_size: int = 128 * 1024 * 1024
+    default_queues: int = 8
+    auto_create_topics: bool = True
+    max_message_size: int = 4 * 1024 * 1024
+    retention_ms: int = 72 * 3600 * 1000
+    retention_check_interval_ms: int = 60_000
+    min_free_bytes: int = 0
+    checkpoint_interval_ms: int = 1000
+    consumer_log_flush_ms: int = 100
+    consumer_checkpoint_ops: int = 200_000
+    transaction_timeout_ms: int = 6000
+    transaction_check_interval_ms: int = 5000
+    transaction_max_checks: int = 15
+
+    def __post_init__(self) -> None:
+        if self.flush not in ("sync", "async"):
+            raise ValueError("flush must be 'sync' or 'async'")
+
+
+def check_name(kind: str, name: str) -> None:
+    if not NAME_RE.match(name):
+        raise ValueError(f"invalid {kind} name {name!r}: 1-255 of letters, digits, % | _ . -")
+
+
+class Metadata:
+    """Topics and groups, kept in SQLite (small, transactional, rarely written)."""
+
+    def __init__(self, data_dir: str) -> None:
+        self.db = sqlite3.connect(os.path.join(data_dir, "meta.db"), isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.execute("CREATE TABLE IF NOT EXISTS topics (name TEXT PRIMARY KEY, conf TEXT NOT NULL)")
+        self.db.execute("CREATE TABLE IF NOT EXISTS groups_ (name TEXT PRIMARY KEY, conf TEXT NOT NULL)")
+
+    def load_topics(self) -> dict[str, TopicConfig]:
+        return {n: TopicConfig(**json.loads(c)) for n, c in self.db.execute("SELECT name, conf FROM topics")}
+
+    def load_groups(self) -> dict[str, GroupConfig]:
+        out = {}
+        for n, c in self.db.execute("SELECT name, conf FROM groups_"):
+            d = json.loads(c)
+            d["retry"] = RetryPolicy(**d["retry"])
+            out[n] = GroupConfig(**d)
+        return out
+
+    def save_topic(self, t: TopicConfig) -> None:
+        self.db.execute("INSERT OR REPLACE INTO topics VALUES (?, ?)", (t.name, json.dumps(asdict(t))))
+
+    def delete_topic(self, name: str) -> None:
+        self.db.execute("DELETE FROM topics WHERE name = ?", (name,))
+
+    def save_group(self, g: GroupConfig) -> None:
+        self.db.execute("INSERT OR REPLACE INTO groups_ VALUES (?, ?)", (g.name, json.dumps(asdict(g))))
+
+    def delete_group(self, name: str) -> None:
+        self.db.execute("DELETE FROM groups_ WHERE name = ?", (name,))
+
+    def close(self) -> None:
+        self.db.close()

@@ -1,0 +1,142 @@
+"""Consume queues: per (topic, queue) an array of fixed-width entries pointing into the commit log.
+
+Entry (28 bytes, little endian): i64 commit log offset, u32 size, u64 tag hash, i64 store timestamp.
+A queue file is named by the queue offset of its first entry (`<base:020d>.cq`); retention rewrites
+it from a later base. Entries are derived data: recovery truncates them to the recovery checkpoint
+and rebuilds the rest from the commit log, so they are written to the page cache, not fsynced.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import struct
+from collections.abc import Iterator
+
+ENTRY = struct.Struct("<qIQq")
+ENTRY_SIZE = ENTRY.size
+
+
+class ConsumeQueue:
+    """One queue's entries. `max_offset` counts entries readable now; `next_offset` those reserved."""
+
+    def __init__(self, directory: str, topic: str, queue_id: int) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.dir = directory
+        os.makedirs(directory, exist_ok=True)
+        files = sorted(n for n in os.listdir(directory) if n.endswith(".cq"))
+        for stale in files[:-1]:  # left over from an interrupted retention rewrite
+            os.unlink(os.path.join(directory, stale))
+        if files:
+            self.base = int(files[-1][:-3])
+        else:
+            self.base = 0
+        self.path = os.path.join(directory, f"{self.base:020d}.cq")
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        count = os.fstat(self.fd).st_size // ENTRY_SIZE
+        self.max_offset = self.base + count
+        self.next_offset = self.max_offset
+        self.min_offset = self.base
+        self.pending = bytearray()  # entries reserved in the loop, written by the flusher
+
+    # ----- recovery ----------------------------------------------------------------------------
+    def truncate_to_commitlog(self, clo: int) -> None:
+        """Drop entries pointing at or past commit log offset `clo` (they will be re-dispatched)."""
+        lo, hi = self.base, self.max_offset
+        while lo < hi:  # first entry with commit log offset >= clo (entries are ordered)
+            mid = (lo + hi) // 2
+            if self.entry(mid)[0] >= clo:
+                hi = mid
+            else:
+                lo = mid + 1
+        if lo < self.max_offset or os.fstat(self.fd).st_size != (lo - self.base) * ENTRY_SIZE:
+            os.ftruncate(self.fd, (lo - self.base) * ENTRY_SIZE)
+        self.max_offset = self.next_offset = lo
+
+    def rebase(self, base: int) -> None:
+        """Start an empty queue at queue offset `base` (a rebuild after retention)."""
+        assert self.max_offset == self.base and not self.pending
+        path = os.path.join(self.dir, f"{base:020d}.cq")
+        if path != self.path:
+            os.rename(self.path, path)
+            self.path = path
+        self.base = self.min_offset = self.max_offset = self.next_offset = base
+
+    def set_min_by_commitlog(self, min_clo: int) -> None:
+        """Entries pointing below `min_clo` are gone with their segment: advance `min_offset`."""
+        lo, hi = self.min_offset, self.max_offset
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.entry(mid)[0] >= min_clo:
+                hi = mid
+            else:
+                lo = mid + 1
+        self.min_offset = lo
+
+    def compact(self) -> None:
+        """Rewrite the file from `min_offset` when most of it is dead (after retention)."""
+        if self.min_offset - self.base < 4096 or self.next_offset != self.max_offset:
+            return
+        data = os.pread(self.fd, (self.max_offset - self.min_offset) * ENTRY_SIZE,
+                        (self.min_offset - self.base) * ENTRY_SIZE)
+        path = os.path.join(self.dir, f"{self.min_offset:020d}.cq")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.write(fd, data)
+        os.fsync(fd)
+        os.close(self.fd)
+        os.unlink(self.path)
+        self.fd, self.path, self.base = fd, path, self.min_offset
+
+    # ----- writing -----------------------------------------------------------------------------
+    def reserve(self, clo: int, size: int, tag_hash: int, store_ts: int) -> int:
+        off = self.next_offset
+        self.next_offset = off + 1
+        self.pending += ENTRY.pack(clo, size, tag_hash, store_ts)
+        return off
+
+    def take_pending(self) -> bytes:
+        data = bytes(self.pending)
+        self.pending.clear()
+        return data
+
+    def write_at(self, first_offset: int, data: bytes) -> None:
+        os.pwrite(self.fd, data, (first_offset - self.base) * ENTRY_SIZE)
+
+    def rollback(self, to_offset: int) -> None:
+        self.next_offset = to_offset
+        self.pending.clear()
+
+    # ----- reading -----------------------------------------------------------------------------
+    def entry(self, offset: int) -> tuple[int, int, int, int]:
+        return ENTRY.unpack(os.pread(self.fd, ENTRY_SIZE, (offset - self.base) * ENTRY_SIZE))
+
+    def entries(self, start: int, count: int) -> Iterator[tuple[int, int, int, int]]:
+        """Up to `count` entries from queue offset `start` (clamped to the readable range)."""
+        start = max(start, self.min_offset)
+        end = min(start + count, self.max_offset)
+        if end <= start:
+            return iter(())
+        data = os.pread(self.fd, (end - start) * ENTRY_SIZE, (start - self.base) * ENTRY_SIZE)
+        return ENTRY.iter_unpack(data)
+
+    def offset_for_timestamp(self, ts: int) -> int:
+        """First queue offset whose store timestamp is >= ts (max_offset when none)."""
+        keys = _TimeView(self)
+        return self.min_offset + bisect.bisect_left(keys, ts)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class _TimeView:
+    """Sequence view of a queue's store timestamps, for bisect."""
+
+    def __init__(self, cq: ConsumeQueue) -> None:
+        self.cq = cq
+
+    def __len__(self) -> int:
+        return self.cq.max_offset - self.cq.min_offset
+
+    def __getitem__(self, i: int) -> int:
+        return self.cq.entry(self.cq.min_offset + i)[3]

@@ -1,0 +1,90 @@
+"""The store's message model: one class for what producers hand in and what consumers get back."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import os
+import socket
+import time
+import zlib
+from dataclasses import dataclass, field
+
+
+class MessageType(enum.IntEnum):
+    NORMAL = 0
+    FIFO = 1
+    DELAY = 2
+    TRANSACTION = 3
+
+
+@dataclass(slots=True)
+class Message:
+    """A message as stored. Producers fill the first group of fields; the store fills the rest."""
+
+    topic: str
+    body: bytes = b""
+    tag: str = ""
+    keys: tuple[str, ...] = ()
+    properties: dict[str, str] = field(default_factory=dict)
+    message_group: str = ""
+    deliver_at: int = 0  # epoch ms; 0 = deliver now
+    message_id: str = ""  # assigned by the store when empty
+    born_timestamp: int = 0  # epoch ms; the store uses its clock when 0
+    born_host: str = ""
+    queue_id: int = -1  # -1: the store picks a queue
+    msg_type: MessageType = MessageType.NORMAL
+    # Filled by the store:
+    store_timestamp: int = 0
+    store_host: str = ""
+    queue_offset: int = -1
+    commitlog_offset: int = -1
+    size: int = 0
+    reconsume_times: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class AppendResult:
+    """Where an appended message landed. For a delayed or half message, `topic` is the real topic."""
+
+    message_id: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    commitlog_offset: int
+    size: int
+    store_timestamp: int
+
+
+@dataclass(slots=True)
+class PoppedMessage:
+    """A message handed out by `pop`, with the receipt handle that acks it."""
+
+    message: Message
+    receipt_handle: str
+    invisible_until: int  # epoch ms
+
+    @property
+    def reconsume_times(self) -> int:
+        return self.message.reconsume_times
+
+
+def tag_hash(tag: str) -> int:
+    """Stable hash of a tag as kept in consume queue entries (0 = no tag)."""
+    return zlib.crc32(tag.encode()) + 1 if tag else 0
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class MessageIdFactory:
+    """Unique 32-hex-digit ids in the shape of RocketMQ's UNIQ_KEY: host/process prefix, time, counter."""
+
+    def __init__(self) -> None:
+        seed = zlib.crc32(f"{socket.gethostname()}/{os.getpid()}/{time.time_ns()}".encode())
+        self._prefix = f"{seed:08X}{os.getpid() & 0xFFFF:04X}{int(time.time()) & 0xFFFFFFFF:08X}"
+        self._counter = itertools.count(1)
+
+    def next(self) -> str:
+        return f"{self._prefix}{next(self._counter) & 0xFFFFFFFFFFFF:012X}"

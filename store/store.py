@@ -1,0 +1,1061 @@
+"""The Store: the public, protocol-free API over commit log, consume queues, index and progress.
+
+Threads: everything runs in one asyncio loop except file writes, which go, in order, to one
+flusher thread (`_io`). Appends are encoded and given their offsets in the loop, queued, and the
+flusher writes and fsyncs whole batches (group commit); the appenders' futures resolve after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import json
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from . import codec
+from .commitlog import CommitLog, StoreFullError
+from .config import (
+    DLQ_PREFIX,
+    HALF_TOPIC,
+    SCHEDULE_TOPIC,
+    SYSTEM_TIMER_GROUP,
+    SYSTEM_TXN_GROUP,
+    GroupConfig,
+    Metadata,
+    RetryPolicy,
+    StoreConfig,
+    TopicConfig,
+    check_name,
+)
+from .consumequeue import ENTRY_SIZE, ConsumeQueue
+from .consumer import ConsumerProgress, GroupTopic, Inflight
+from .index import MessageIndex
+from .message import AppendResult, Message, MessageIdFactory, MessageType, PoppedMessage, now_ms, tag_hash
+
+log = logging.getLogger("store")
+
+PROP_REAL_TOPIC = "__REAL_TOPIC"
+PROP_REAL_QUEUE = "__REAL_QID"
+PROP_ORIGIN_TOPIC = "ORIGIN_TOPIC"
+PROP_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+PROP_ORIGIN_QUEUE = "ORIGIN_QUEUE_ID"
+PROP_ORIGIN_OFFSET = "ORIGIN_QUEUE_OFFSET"
+PROP_RECONSUME_TIMES = "RECONSUME_TIMES"
+PROP_DLQ_REASON = "DLQ_REASON"
+PROP_TXN_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
+
+
+class StoreError(Exception):
+    """Base of the store's own errors."""
+
+
+class TopicNotFound(StoreError):
+    pass
+
+
+class GroupNotFound(StoreError):
+    pass
+
+
+class InvalidReceiptHandle(StoreError):
+    """The handle is malformed, already acked, or superseded by a later pop/change."""
+
+
+class MessageTooLarge(StoreError):
+    pass
+
+
+class TransactionNotFound(StoreError):
+    pass
+
+
+@dataclass(slots=True, frozen=True)
+class Filter:
+    """What a consumer wants: tags (None = all) and/or a predicate over the decoded message."""
+
+    tags: frozenset[str] | None = None
+    predicate: Callable[[Message], bool] | None = None
+
+    @classmethod
+    def from_expression(cls, expr: str | None) -> Filter:
+        """RocketMQ tag expression: `*`, empty, or `TagA || TagB`."""
+        if not expr or expr.strip() == "*":
+            return ALL
+        return cls(tags=frozenset(t.strip() for t in expr.split("||") if t.strip()))
+
+    def matches(self, msg: Message) -> bool:
+        if self.tags is not None and msg.tag not in self.tags:
+            return False
+        return self.predicate is None or self.predicate(msg)
+
+
+ALL = Filter()
+
+
+def _tag_hashes(f: Filter) -> frozenset[int] | None:
+    return None if f.tags is None else frozenset(tag_hash(t) for t in f.tags)
+
+
+class _Waiter:
+    __slots__ = ("fut", "hashes", "has_predicate")
+
+    def __init__(self, fut: asyncio.Future[None], f: Filter) -> None:
+        self.fut = fut
+        self.hashes = _tag_hashes(f)
+        self.has_predicate = f.predicate is not None
+
+
+def encode_handle(seq: int, group: str, topic: str, qid: int, offset: int) -> str:
+    return f"{seq:x} {qid} {offset} {topic} {group}"
+
+
+def decode_handle(handle: str) -> tuple[int, str, str, int, int]:
+    try:
+        seq, qid, offset, topic, group = handle.split(" ")
+        return int(seq, 16), group, topic, int(qid), int(offset)
+    except ValueError:
+        raise InvalidReceiptHandle(f"malformed receipt handle {handle!r}") from None
+
+
+class Store:
+    """A durable message store. Open with `await Store.open(StoreConfig(...))`."""
+
+    def __init__(self, config: StoreConfig) -> None:
+        self.config = config
+        self.sync = config.flush == "sync"
+        d = config.data_dir
+        os.makedirs(d, exist_ok=True)
+        self._lock_fd = _lock_dir(d)
+        self.meta = Metadata(d)
+        self.topic_configs = self.meta.load_topics()
+        self.group_configs = self.meta.load_groups()
+        self.commitlog = CommitLog(os.path.join(d, "commitlog"), config.segment_size, config.min_free_bytes)
+        self.index = MessageIndex(os.path.join(d, "index"))
+        self.cqs: dict[tuple[str, int], ConsumeQueue] = {}
+        self._topic_queues: dict[str, list[ConsumeQueue]] = {}
+        self._rr: dict[str, int] = {}
+        self._ids = MessageIdFactory()
+        self._io = ThreadPoolExecutor(1, thread_name_prefix="store-flush")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # batch being formed
+        self._batch: list[bytes] = []
+        self._batch_start = 0
+        self._batch_meta: list[tuple] = []
+        self._batch_cqs: dict[ConsumeQueue, int] = {}
+        self._batch_index = bytearray()
+        self._flush_task: asyncio.Task | None = None
+        self._dirty_cqs: set[ConsumeQueue] = set()  # flusher thread: queue files written since checkpoint
+        self._written_end = 0  # flusher thread: commit log bytes written (and files updated) so far
+        self._failed: BaseException | None = None
+        # waiters, timers, transactions, retention
+        self._waiters: dict[str, set[_Waiter]] = {}
+        self._seg_stats: dict[int, dict[str, list[int]]] = {}
+        self._timer_heap: list[tuple[int, int, int]] = []  # (deliver_at, queue offset, clo)
+        self._timer_wake: asyncio.Event | None = None
+        self._txn_heap: list[tuple[int, int, int]] = []  # (next check at, queue offset, clo)
+        self._txn_checks: dict[int, int] = {}
+        self.transaction_checker: Callable[[Message], Awaitable[None] | None] | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._closed = False
+        self.metrics = {"appends": 0, "flushes": 0, "pops": 0, "acks": 0, "redeliveries": 0, "dlq": 0}
+        self.flush_latency_ms: list[float] = []
+
+    # =========================================================================== lifecycle
+    @classmethod
+    async def open(cls, config: StoreConfig) -> Store:
+        store = cls(config)
+        store._loop = asyncio.get_running_loop()
+        store._timer_wake = asyncio.Event()
+        await store._loop.run_in_executor(store._io, store._recover)
+        store._post_recover()
+        store._start_tasks()
+        return store
+
+    def _recover(self) -> None:
+        """Flusher thread, before anything else runs: bring files to a consistent state."""
+        cp_path = os.path.join(self.config.data_dir, "checkpoint.json")
+        cp = {}
+        if os.path.exists(cp_path):
+            with open(cp_path, "rb") as f:
+                cp = json.loads(f.read())
+        cl = self.commitlog
+        start = max(cp.get("commitlog", 0), cl.min_offset)
+        self._seg_stats = {int(k): v for k, v in cp.get("segments", {}).items()}
+        for name in self._existing_queues():
+            self._cq(*name)
+        if not self._tail_is_valid():
+            start = max(start - start % cl.segment_size, cl.min_offset)
+            log.warning("data before the checkpoint is damaged: recovering from offset %d", start)
+        if not self._replay_commitlog(start):
+            log.warning("consume queues do not match the commit log: rebuilding them from %d", cl.min_offset)
+            for cq in self.cqs.values():
+                cq.truncate_to_commitlog(-1)
+                cq.rebase(0)
+            self._seg_stats = {}
+            self._replay_commitlog(cl.min_offset)
+        cl.truncate(cl.scan_end)
+        self._written_end = cl.scan_end
+        self._batch_start = cl.scan_end
+        for cq in self.cqs.values():
+            cq.set_min_by_commitlog(cl.min_offset)
+        self._write_checkpoint()
+
+    def _replay_commitlog(self, start: int) -> bool:
+        cl = self.commitlog
+        for cq in self.cqs.values():
+            cq.truncate_to_commitlog(start)
+        self.index.load(start)
+        idx = bytearray()
+        for clo, buf, pos, size in cl.scan(start):
+            msg = codec.decode(buf, pos, clo)
+            cq = self._cq(msg.topic, msg.queue_id)
+            if cq.next_offset == cq.base == 0 and msg.queue_offset > 0 and not cq.pending:
+                cq.rebase(msg.queue_offset)  # rebuilt after retention removed the first entries
+            if msg.queue_offset != cq.next_offset:
+                if msg.queue_offset < cq.next_offset:
+                    continue
+                return False
+            cq.reserve(clo, size, tag_hash(msg.tag), msg.store_timestamp)
+            self.index.add(msg.message_id, msg.keys, clo)
+            idx += MessageIndex.encode(msg.message_id, msg.keys, clo)
+            self._count_segment(clo, msg.topic, size, msg.store_timestamp)
+        for cq in self.cqs.values():
+            if cq.pending:
+                first = cq.max_offset
+                cq.write_at(first, cq.take_pending())
+                cq.max_offset = cq.next_offset
+        self.index.append_file(bytes(idx))
+        return True
+
+    def _tail_is_valid(self) -> bool:
+        """Do the newest consume queue entries point at valid records? (a cheap check at start)"""
+        for cq in self.cqs.values():
+            if cq.max_offset > cq.base:
+                clo, size, _th, _ts = cq.entry(cq.max_offset - 1)
+                try:
+                    buf = self.commitlog.read(clo, size)
+                    codec.check(buf, 0, len(buf))
+                except (KeyError, codec.CorruptRecord):
+                    return False
+        return True
+
+    def _existing_queues(self) -> list[tuple[str, int]]:
+        root = os.path.join(self.config.data_dir, "consumequeue")
+        out = []
+        if os.path.isdir(root):
+            for topic in os.listdir(root):
+                for q in os.listdir(os.path.join(root, topic)):
+                    if q.isdigit():
+                        out.append((topic, int(q)))
+        return out
+
+    def _post_recover(self) -> None:
+        """Loop: rebuild timers and pending transactions from their system progress."""
+        for topic, group, heap in ((SCHEDULE_TOPIC, SYSTEM_TIMER_GROUP, self._timer_heap),
+                                   (HALF_TOPIC, SYSTEM_TXN_GROUP, self._txn_heap)):
+            cq = self.cqs.get((topic, 0))
+            if cq is None:
+                continue
+            q = self.progress.get(group, topic).queue(0)
+            start = max(q.ack_wm, cq.min_offset)
+            for i, (clo, size, _th, _ts) in enumerate(cq.entries(start, cq.max_offset - start)):
+                off = start + i
+                if off in q.done:
+                    continue
+                msg = codec.decode(self.commitlog.read(clo, size), 0, clo)
+                when = msg.deliver_at if topic == SCHEDULE_TOPIC else msg.store_timestamp + self.config.transaction_timeout_ms
+                heap.append((when, off, clo))
+            heapq.heapify(heap)
+
+    def _start_tasks(self) -> None:
+        loop = self._loop
+        self._tasks = [
+            loop.create_task(self._periodic(self.config.checkpoint_interval_ms, self._checkpoint)),
+            loop.create_task(self._periodic(self.config.consumer_log_flush_ms, self._flush_progress)),
+            loop.create_task(self._timer_loop()),
+            loop.create_task(self._periodic(self.config.transaction_check_interval_ms, self._check_transactions)),
+            loop.create_task(self._periodic(self.config.retention_check_interval_ms, self.apply_retention)),
+        ]
+        if not self.sync:
+            self._tasks.append(loop.create_task(self._periodic(self.config.flush_interval_ms, self._fsync_async)))
+
+    async def _periodic(self, interval_ms: int, fn: Callable[[], Awaitable[object]]) -> None:
+        while True:
+            await asyncio.sleep(interval_ms / 1000)
+            try:
+                await fn()
+            except StoreFullError:
+                log.warning("store is full")
+            except Exception:
+                log.exception("store background task failed")
+
+    async def close(self) -> None:
+        """Finish in-flight appends, persist progress, checkpoint and release files."""
+        if self._closed:
+            return
+        self._closed = True
+        while self._flush_task is not None and not self._flush_task.done():
+            await asyncio.shield(self._flush_task)
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        for waiters in self._waiters.values():
+            for w in waiters:
+                if not w.fut.done():
+                    w.fut.set_result(None)
+        await self._checkpoint(consumer_snapshot=True)
+        await self._run_io(self._close_files)
+        self._io.shutdown(wait=True)
+        self.meta.close()
+        os.close(self._lock_fd)
+
+    def _close_files(self) -> None:
+        if not self.sync:
+            self.commitlog.sync()
+        self.commitlog.close()
+        for cq in self.cqs.values():
+            cq.close()
+        self.index.close()
+        self.progress.close()
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _run_io(self, fn: Callable, *args: object) -> asyncio.Future:
+        return self._loop.run_in_executor(self._io, fn, *args)
+
+    # =========================================================================== topics & groups
+    def create_topic(self, name: str, queues: int | None = None, retention_ms: int | None = None,
+                     retention_bytes: int | None = None) -> TopicConfig:
+        check_name("topic", name)
+        t = TopicConfig(name, queues or self.config.default_queues, retention_ms, retention_bytes)
+        if not 1 <= t.queues <= 1024:
+            raise ValueError("a topic has 1 to 1024 queues")
+        old = self.topic_configs.get(name)
+        if old is not None and old.queues > t.queues:
+            t.queues = old.queues  # queues are never removed while they may hold messages
+        self.topic_configs[name] = t
+        self.meta.save_topic(t)
+        self._topic_queues.pop(name, None)
+        return t
+
+    def delete_topic(self, name: str) -> None:
+        if name not in self.topic_configs:
+            raise TopicNotFound(name)
+        del self.topic_configs[name]
+        self.meta.delete_topic(name)
+        self._topic_queues.pop(name, None)
+
+    def topics(self) -> list[TopicConfig]:
+        return [t for n, t in sorted(self.topic_configs.items())]
+
+    def topic(self, name: str, create: bool | None = None) -> TopicConfig:
+        t = self.topic_configs.get(name)
+        if t is None:
+            if create if create is not None else self.config.auto_create_topics:
+                return self.create_topic(name, 1 if name.startswith("%") else None)
+            raise TopicNotFound(name)
+        return t
+
+    def create_group(self, name: str, max_attempts: int = 16, retry: RetryPolicy | None = None) -> GroupConfig:
+        check_name("group", name)
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        g = GroupConfig(name, max_attempts, retry or RetryPolicy())
+        self.group_configs[name] = g
+        self.meta.save_group(g)
+        return g
+
+    def delete_group(self, name: str) -> None:
+        if name not in self.group_configs:
+            raise GroupNotFound(name)
+        del self.group_configs[name]
+        self.meta.delete_group(name)
+
+    def groups(self) -> list[GroupConfig]:
+        return [g for n, g in sorted(self.group_configs.items())]
+
+    def group(self, name: str) -> GroupConfig:
+        g = self.group_configs.get(name)
+        if g is None:
+            check_name("group", name)
+            g = self.create_group(name)
+        return g
+
+    def _cq(self, topic: str, qid: int) -> ConsumeQueue:
+        cq = self.cqs.get((topic, qid))
+        if cq is None:
+            path = os.path.join(self.config.data_dir, "consumequeue", topic, str(qid))
+            cq = self.cqs[(topic, qid)] = ConsumeQueue(path, topic, qid)
+        return cq
+
+    def _queues(self, topic: str) -> list[ConsumeQueue]:
+        qs = self._topic_queues.get(topic)
+        if qs is None:
+            n = self.topic(topic).queues
+            qs = self._topic_queues[topic] = [self._cq(topic, i) for i in range(n)]
+        return qs
+
+    # =========================================================================== append
+    async def append(self, msg: Message) -> AppendResult:
+        """Store one message; returns once it is durable per the flush policy."""
+        if self._closed:
+            raise StoreError("store is closed")
+        now = now_ms()
+        real_topic = msg.topic
+        if msg.deliver_at > now and msg.msg_type != MessageType.TRANSACTION:
+            msg = self._redirect(msg, SCHEDULE_TOPIC, MessageType.DELAY)
+        elif msg.msg_type == MessageType.TRANSACTION:
+            msg = self._redirect(msg, HALF_TOPIC, MessageType.TRANSACTION)
+        return await self._append(msg, now, real_topic)
+
+    def _redirect(self, msg: Message, system_topic: str, mtype: MessageType) -> Message:
+        self.topic(msg.topic)  # the real topic must exist (or be auto-created) now
+        props = dict(msg.properties)
+        props[PROP_REAL_TOPIC] = msg.topic
+        props[PROP_REAL_QUEUE] = str(msg.queue_id)
+        return Message(topic=system_topic, body=msg.body, tag=msg.tag, keys=msg.keys, properties=props,
+                       message_group=msg.message_group, deliver_at=msg.deliver_at, message_id=msg.message_id,
+                       born_timestamp=msg.born_timestamp, born_host=msg.born_host, queue_id=0, msg_type=mtype)
+
+    def _append(self, msg: Message, now: int, result_topic: str | None = None) -> asyncio.Future[AppendResult]:
+        if len(msg.body) > self.config.max_message_size:
+            raise MessageTooLarge(f"body of {len(msg.body)} bytes exceeds {self.config.max_message_size}")
+        qs = self._topic_queues.get(msg.topic) or self._queues(msg.topic)
+        qid = msg.queue_id
+        if qid < 0:
+            if msg.message_group:
+                qid = codec.zlib.crc32(msg.message_group.encode()) % len(qs)
+            else:
+                qid = self._rr.get(msg.topic, 0)
+                self._rr[msg.topic] = (qid + 1) % len(qs)
+        elif qid >= len(qs):
+            raise ValueError(f"topic {msg.topic} has no queue {qid}")
+        cq = qs[qid]
+        mid = msg.message_id or self._ids.next()
+        if not msg.born_timestamp or not msg.message_id:
+            msg = _with(msg, message_id=mid, born_timestamp=msg.born_timestamp or now)
+        qoff = cq.next_offset
+        rec = codec.encode(msg, qid, qoff, now)
+        size = len(rec)
+        clo, filler = self.commitlog.reserve(size)
+        batch = self._batch
+        if filler is not None:
+            batch.append(filler)
+        batch.append(rec)
+        if cq not in self._batch_cqs:
+            self._batch_cqs[cq] = qoff
+        th = tag_hash(msg.tag) if msg.tag else 0
+        cq.reserve(clo, size, th, now)
+        self._batch_index += MessageIndex.encode(mid, msg.keys, clo)
+        fut = self._loop.create_future()
+        self._batch_meta.append((fut, AppendResult(mid, result_topic or msg.topic, qid, qoff, clo, size, now),
+                                 msg.keys, msg.topic, th))
+        if self._flush_task is None:
+            self._flush_task = self._loop.create_task(self._flush())
+        return fut
+
+    async def _flush(self) -> None:
+        loop = self._loop
+        try:
+            while self._batch:
+                data = b"".join(self._batch)
+                start, metas = self._batch_start, self._batch_meta
+                cq_writes = [(cq, first, cq.take_pending()) for cq, first in self._batch_cqs.items()]
+                idx = bytes(self._batch_index)
+                self._batch, self._batch_meta, self._batch_cqs = [], [], {}
+                self._batch_index = bytearray()
+                self._batch_start = start + len(data)
+                t0 = time.perf_counter()
+                try:
+                    await loop.run_in_executor(self._io, self._write, start, data, cq_writes, idx)
+                except BaseException as e:  # noqa: BLE001 - every appender must hear of it
+                    self._fail_from(start, metas, e)
+                    continue
+                self._record_flush(time.perf_counter() - t0)
+                self._complete(metas, cq_writes)
+        finally:
+            self._flush_task = None
+
+    def _record_flush(self, seconds: float) -> None:
+        self.metrics["flushes"] += 1
+        fl = self.flush_latency_ms
+        fl.append(seconds * 1000)
+        if len(fl) > 4096:
+            del fl[:2048]
+
+    def _write(self, start: int, data: bytes, cq_writes: list, idx: bytes) -> None:
+        """Flusher thread: commit log first (and fsync), then the derived queue and index files."""
+        self.commitlog.write_batch(start, data, self.sync)
+        for cq, first, entries in cq_writes:
+            cq.write_at(first, entries)
+            self._dirty_cqs.add(cq)
+        self.index.append_file(idx)
+        self._written_end = start + len(data)
+
+    def _complete(self, metas: list[tuple], cq_writes: list) -> None:
+        for cq, first, entries in cq_writes:
+            cq.max_offset = first + len(entries) // ENTRY_SIZE
+        index_add = self.index.add
+        touched: dict[str, set[int]] = {}
+        for fut, res, keys, topic, th in metas:
+            index_add(res.message_id, keys, res.commitlog_offset)
+            self._count_segment(res.commitlog_offset, topic, res.size, res.store_timestamp)
+            hs = touched.get(topic)
+            if hs is None:
+                hs = touched[topic] = set()
+            hs.add(th)
+            if topic == SCHEDULE_TOPIC:
+                self._schedule_timer(res)
+            elif topic == HALF_TOPIC:
+                heapq.heappush(self._txn_heap, (res.store_timestamp + self.config.transaction_timeout_ms,
+                                                res.queue_offset, res.commitlog_offset))
+            if not fut.done():
+                fut.set_result(res)
+        self.metrics["appends"] += len(metas)
+        for topic, hashes in touched.items():
+            self._wake(topic, hashes)
+
+    def _fail_from(self, start: int, metas: list[tuple], exc: BaseException) -> None:
+        """A batch write failed: fail it and everything queued after it, and give back their space."""
+        metas = metas + self._batch_meta
+        self.commitlog.write_pos = start
+        self._batch_start = start
+        self._batch, self._batch_meta, self._batch_cqs = [], [], {}
+        self._batch_index = bytearray()
+        for cq in self.cqs.values():
+            cq.rollback(cq.max_offset)
+        if isinstance(exc, OSError) and not isinstance(exc, StoreFullError) and exc.errno in (28, 122, 27):
+            exc = StoreFullError(str(exc))
+        for fut, *_ in metas:
+            if not fut.done():
+                fut.set_exception(exc)
+
+    def _count_segment(self, clo: int, topic: str, size: int, ts: int) -> None:
+        base = clo - clo % self.config.segment_size
+        seg = self._seg_stats.get(base)
+        if seg is None:
+            seg = self._seg_stats[base] = {}
+        st = seg.get(topic)
+        if st is None:
+            seg[topic] = [size, ts]
+        else:
+            st[0] += size
+            if ts > st[1]:
+                st[1] = ts
+
+    async def _fsync_async(self) -> None:
+        await self._run_io(self.commitlog.sync)
+
+    # =========================================================================== reading
+    def get_message(self, commitlog_offset: int, size: int | None = None) -> Message:
+        """The message stored at a commit log offset."""
+        if size is None:
+            size = codec.record_size_at(self.commitlog.read(commitlog_offset, 4), 0)
+        buf = self.commitlog.read(commitlog_offset, size)
+        codec.check(buf, 0, len(buf))
+        return codec.decode(buf, 0, commitlog_offset)
+
+    def _read_entry(self, clo: int, size: int) -> Message | None:
+        """The message a queue entry points at; None (and a log line) if it does not check out."""
+        try:
+            buf = self.commitlog.read(clo, size)
+            codec.check(buf, 0, len(buf))
+        except (KeyError, codec.CorruptRecord) as e:
+            log.error("unreadable message at commit log offset %d: %s", clo, e)
+            return None
+        return codec.decode(buf, 0, clo)
+
+    def get_by_id(self, message_id: str) -> list[Message]:
+        return [m for m in self._live(self.index.by_id(message_id)) if m.message_id == message_id]
+
+    def get_by_key(self, key: str) -> list[Message]:
+        return [m for m in self._live(self.index.by_key(key)) if key in m.keys]
+
+    def _live(self, offsets: Iterable[int]) -> list[Message]:
+        low = self.commitlog.min_offset
+        return [self.get_message(o) for o in offsets if o >= low]
+
+    def queue_count(self, topic: str) -> int:
+        return self.topic(topic, create=False).queues
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        return self._queue(topic, queue_id).min_offset
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        return self._queue(topic, queue_id).max_offset
+
+    def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        if topic not in self.topic_configs:
+            raise TopicNotFound(topic)
+        qs = self._queues(topic)
+        if not 0 <= queue_id < len(qs):
+            raise ValueError(f"topic {topic} has no queue {queue_id}")
+        return qs[queue_id]
+
+    def read(self, topic: str, queue_id: int, start: int, end: int | None = None, max_messages: int = 32,
+             filter: Filter = ALL) -> list[Message]:
+        """Messages with queue offsets in [start, end) (clamped to what is stored), at most max_messages.
+
+        Replayable: the same arguments return the same messages while they are retained.
+        """
+        cq = self._queue(topic, queue_id)
+        start = max(start, cq.min_offset)
+        end = cq.max_offset if end is None else min(end, cq.max_offset)
+        out: list[Message] = []
+        hashes = _tag_hashes(filter)
+        off = start
+        while off < end and len(out) < max_messages:
+            n = min(end - off, 256)
+            for clo, size, th, _ts in cq.entries(off, n):
+                if hashes is None or th in hashes:
+                    m = self._read_entry(clo, size)
+                    if m is not None and filter.matches(m):
+                        out.append(m)
+                        if len(out) >= max_messages:
+                            return out
+            off += n
+        return out
+
+    def search_offset(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """The first queue offset stored at or after `timestamp_ms`."""
+        return self._queue(topic, queue_id).offset_for_timestamp(timestamp_ms)
+
+    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """Offset-based consumers: everything below `offset` is consumed by `group`."""
+        self.group(group)
+        cq = self._queue(topic, queue_id)
+        offset = max(min(offset, cq.max_offset), 0)
+        self.progress.committed(self.progress.get(group, topic), queue_id, offset)
+
+    def committed_offset(self, group: str, topic: str, queue_id: int) -> int:
+        """The group's consumed-up-to offset for a queue (-1 when it never consumed it)."""
+        st = self.progress.states.get((group, topic))
+        if st is None or queue_id not in st.queues:
+            return -1
+        return st.queues[queue_id].ack_wm
+
+    def backlog(self, group: str, topic: str) -> int:
+        """Messages of `topic` not yet acked by `group`."""
+        qs = self._queues(topic)
+        st = self.progress.states.get((group, topic))
+        if st is None:
+            return sum(cq.max_offset - cq.min_offset for cq in qs)
+        return st.backlog({cq.queue_id: cq.max_offset for cq in qs})
+
+    def inflight_count(self, group: str, topic: str) -> int:
+        st = self.progress.states.get((group, topic))
+        return 0 if st is None else sum(len(q.inflight) for q in st.queues.values())
+
+    # =========================================================================== pop / ack
+    async def pop(self, group: str, topic: str, max_messages: int = 32, invisible_time_ms: int = 30_000,
+                  filter: Filter = ALL, wait_ms: int = 0) -> list[PoppedMessage]:
+        """Hand out up to `max_messages` visible messages from any queue, invisible until acked or
+        `invisible_time_ms` passes. With `wait_ms`, wait (long polling) for a matching message."""
+        if max_messages < 1:
+            raise ValueError("max_messages must be positive")
+        if invisible_time_ms < 0:
+            raise ValueError("invisible_time_ms must not be negative")
+        gconf = self.group(group)
+        self.topic(topic, create=False)
+        give_up = time.monotonic() + wait_ms / 1000
+        while True:
+            out, dlq = self._pop_now(gconf, topic, max_messages, invisible_time_ms, filter)
+            for st, qid, offset, msg in dlq:
+                await self._to_dlq(gconf.name, st, qid, offset, msg, "max attempts reached")
+            if out or time.monotonic() >= give_up or self._closed:
+                if not out and dlq and time.monotonic() < give_up:
+                    continue
+                self.metrics["pops"] += len(out)
+                return out
+            await self._wait_for(topic, filter, give_up, self.progress.get(group, topic).next_deadline())
+
+    def _pop_now(self, gconf: GroupConfig, topic: str, max_n: int, invisible: int,
+                 f: Filter) -> tuple[list[PoppedMessage], list]:
+        progress = self.progress
+        st = progress.get(gconf.name, topic)
+        now = now_ms()
+        out: list[PoppedMessage] = []
+        dlq: list = []
+        heap = st.retry_heap
+        # 1. messages whose invisible time is over
+        while heap and heap[0][0] <= now and len(out) < max_n:
+            deadline, seq, qid, offset = heapq.heappop(heap)
+            q = st.queues.get(qid)
+            inf = q.inflight.get(offset) if q else None
+            if inf is None or inf.seq != seq:
+                continue  # stale heap entry
+            cq = self.cqs.get((topic, qid))
+            if cq is None or offset < cq.min_offset:
+                progress.done(st, qid, offset)  # deleted by retention
+                continue
+            clo, size, _th, _ts = cq.entry(offset)
+            msg = self._read_entry(clo, size)
+            if msg is None:
+                progress.done(st, qid, offset)
+                continue
+            if inf.attempts >= gconf.max_attempts:
+                inf.seq = progress.next_seq()  # nobody else picks it while it moves to the DLQ
+                dlq.append((st, qid, offset, msg))
+                continue
+            new_seq = progress.next_seq()
+            progress.changed(st, qid, offset, new_seq, now + invisible, inf.attempts + 1)
+            msg.reconsume_times = inf.attempts - 1
+            out.append(PoppedMessage(msg, encode_handle(new_seq, gconf.name, topic, qid, offset), now + invisible))
+            self.metrics["redeliveries"] += 1
+        # 2. new messages, round robin over queues
+        if len(out) < max_n:
+            qs = self._queues(topic)
+            hashes = _tag_hashes(f)
+            n = len(qs)
+            start = st.rr % n
+            st.rr += 1
+            for k in range(n):
+                if len(out) >= max_n:
+                    break
+                cq = qs[(start + k) % n]
+                self._pop_queue(st, cq, gconf.name, topic, max_n, invisible, f, hashes, now, out)
+        return out, dlq
+
+    def _pop_queue(self, st: GroupTopic, cq: ConsumeQueue, group: str, topic: str, max_n: int, invisible: int,
+                   f: Filter, hashes: frozenset[int] | None, now: int, out: list[PoppedMessage]) -> None:
+        progress = self.progress
+        qid = cq.queue_id
+        q = st.queue(qid)
+        if q.cursor < cq.min_offset:
+            progress.committed(st, qid, cq.min_offset)
+        while len(out) < max_n and q.cursor < cq.max_offset:
+            base = q.cursor
+            for i, (clo, size, th, _ts) in enumerate(cq.entries(base, max_n - len(out))):
+                offset = base + i
+                if hashes is not None and th not in hashes:
+                    progress.done(st, qid, offset)
+                    continue
+                msg = self._read_entry(clo, size)
+                if msg is None or not f.matches(msg):
+                    progress.done(st, qid, offset)
+                    continue
+                mg = msg.message_group
+                if mg and mg in st.fifo_busy:
+                    return  # FIFO: this queue waits until the group's previous message is done
+                inf = Inflight(progress.next_seq(), now + invisible, 1, mg)
+                progress.popped(st, qid, offset, inf)
+                out.append(PoppedMessage(msg, encode_handle(inf.seq, group, topic, qid, offset), inf.deadline))
+                if len(out) >= max_n:
+                    return
+
+    def _resolve(self, handle: str) -> tuple[GroupTopic, int, int, Inflight]:
+        seq, group, topic, qid, offset = decode_handle(handle)
+        st = self.progress.states.get((group, topic))
+        q = st.queues.get(qid) if st else None
+        inf = q.inflight.get(offset) if q else None
+        if inf is None or inf.seq != seq:
+            raise InvalidReceiptHandle("receipt handle is expired or already acknowledged")
+        return st, qid, offset, inf
+
+    def ack(self, handle: str) -> None:
+        """Acknowledge a popped message: it is done for its group."""
+        st, qid, offset, inf = self._resolve(handle)
+        self.progress.done(st, qid, offset)
+        self.metrics["acks"] += 1
+        if inf.message_group:
+            self._wake(st.topic, None)
+
+    def change_invisible_time(self, handle: str, invisible_time_ms: int) -> str:
+        """Make a popped message visible again after `invisible_time_ms` from now; returns the new handle."""
+        if invisible_time_ms < 0:
+            raise ValueError("invisible_time_ms must not be negative")
+        st, qid, offset, inf = self._resolve(handle)
+        seq = self.progress.next_seq()
+        self.progress.changed(st, qid, offset, seq, now_ms() + invisible_time_ms)
+        if invisible_time_ms == 0:
+            self._wake(st.topic, None)
+        return encode_handle(seq, st.group, st.topic, qid, offset)
+
+    def nack(self, handle: str) -> str:
+        """Give a message back for a retry after the group's back-off for its attempt number."""
+        st, _qid, _offset, inf = self._resolve(handle)
+        delay = self.group(st.group).retry.delay_ms(inf.attempts)
+        return self.change_invisible_time(handle, delay)
+
+    async def forward_to_dlq(self, handle: str, reason: str = "forwarded") -> AppendResult:
+        """Move a popped message to `%DLQ%<group>` now and ack it."""
+        st, qid, offset, _inf = self._resolve(handle)
+        cq = self._queue(st.topic, qid)
+        clo, size, _th, _ts = cq.entry(offset)
+        return await self._to_dlq(st.group, st, qid, offset, self._read_entry(clo, size), reason)
+
+    async def _to_dlq(self, group: str, st: GroupTopic, qid: int, offset: int, msg: Message,
+                      reason: str) -> AppendResult:
+        inf = st.queue(qid).inflight.get(offset)
+        props = dict(msg.properties)
+        props.update({PROP_ORIGIN_TOPIC: msg.topic, PROP_ORIGIN_MESSAGE_ID: msg.message_id,
+                      PROP_ORIGIN_QUEUE: str(qid), PROP_ORIGIN_OFFSET: str(offset),
+                      PROP_RECONSUME_TIMES: str(inf.attempts if inf else 0), PROP_DLQ_REASON: reason})
+        dlq_topic = DLQ_PREFIX + group
+        self.topic(dlq_topic, create=True)
+        copy = _with(msg, topic=dlq_topic, properties=props, queue_id=-1, message_group="")
+        res = await self._append(copy, now_ms())
+        self.progress.done(st, qid, offset)
+        self.metrics["dlq"] += 1
+        if inf is not None and inf.message_group:
+            self._wake(st.topic, None)
+        return res
+
+    # =========================================================================== long polling
+    async def _wait_for(self, topic: str, f: Filter, give_up: float, next_due: int | None) -> None:
+        timeout = give_up - time.monotonic()
+        if next_due is not None:
+            timeout = min(timeout, max((next_due - now_ms()) / 1000, 0.001))
+        if timeout <= 0:
+            return
+        w = _Waiter(self._loop.create_future(), f)
+        ws = self._waiters.setdefault(topic, set())
+        ws.add(w)
+        try:
+            await asyncio.wait_for(w.fut, timeout)
+        except TimeoutError:
+            pass
+        finally:
+            ws.discard(w)
+
+    def _wake(self, topic: str, hashes: set[int] | None) -> None:
+        ws = self._waiters.get(topic)
+        if not ws:
+            return
+        for w in ws:
+            if w.fut.done():
+                continue
+            if hashes is None or w.hashes is None or w.has_predicate or not w.hashes.isdisjoint(hashes):
+                w.fut.set_result(None)
+
+    # =========================================================================== delay
+    def _schedule_timer(self, res: AppendResult) -> None:
+        msg = self._read_entry(res.commitlog_offset, res.size)
+        heapq.heappush(self._timer_heap, (msg.deliver_at, res.queue_offset, res.commitlog_offset))
+        if self._timer_heap[0][2] == res.commitlog_offset:
+            self._timer_wake.set()
+
+    async def _timer_loop(self) -> None:
+        heap = self._timer_heap
+        while True:
+            self._timer_wake.clear()
+            timeout = None if not heap else max((heap[0][0] - now_ms()) / 1000, 0)
+            if timeout is None or timeout > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._timer_wake.wait(), timeout)
+                continue
+            due = []
+            now = now_ms()
+            while heap and heap[0][0] <= now:
+                due.append(heapq.heappop(heap))
+            try:
+                await self._deliver_delayed(due)
+            except Exception:
+                log.exception("delayed delivery failed; retrying in 1 s")
+                for item in due:
+                    heapq.heappush(heap, (item[0] + 1000, item[1], item[2]))
+                await asyncio.sleep(1)
+
+    async def _deliver_delayed(self, due: list[tuple[int, int, int]]) -> None:
+        st = self.progress.get(SYSTEM_TIMER_GROUP, SCHEDULE_TOPIC)
+        futs, offs = [], []
+        for _when, qoff, clo in due:
+            if clo < self.commitlog.min_offset:
+                self.progress.done(st, 0, qoff)
+                continue
+            held = self._read_entry(clo, codec.record_size_at(self.commitlog.read(clo, 4), 0))
+            real = self._release(held)
+            if any(m.topic == real.topic and m.commitlog_offset > clo for m in self.get_by_id(real.message_id)):
+                self.progress.done(st, 0, qoff)  # delivered before a crash, not yet marked done
+                continue
+            futs.append(self._append(real, now_ms()))
+            offs.append(qoff)
+        for qoff, res in zip(offs, await asyncio.gather(*futs), strict=True):
+            del res
+            self.progress.done(st, 0, qoff)
+
+    def _release(self, held: Message) -> Message:
+        """The real message held under a system topic (delay or transaction)."""
+        props = dict(held.properties)
+        topic = props.pop(PROP_REAL_TOPIC)
+        qid = int(props.pop(PROP_REAL_QUEUE, "-1"))
+        if topic not in self.topic_configs:
+            self.topic(topic, create=True)
+        return _with(held, topic=topic, properties=props, queue_id=qid, msg_type=MessageType.NORMAL
+                     if not held.message_group else MessageType.FIFO)
+
+    # =========================================================================== transactions
+    async def end_transaction(self, transaction_id: int | str, commit: bool) -> AppendResult | None:
+        """Commit (deliver) or roll back (discard) a half message, by commit log offset or message id.
+
+        Returns where the committed message landed, or None for a rollback."""
+        clo, qoff, msg = self._find_half(transaction_id)
+        st = self.progress.get(SYSTEM_TXN_GROUP, HALF_TOPIC)
+        res = None
+        if commit:
+            res = await self._append(self._release(msg), now_ms())
+        self.progress.done(st, 0, qoff)
+        self._txn_checks.pop(clo, None)
+        return res
+
+    def _find_half(self, transaction_id: int | str) -> tuple[int, int, Message]:
+        if isinstance(transaction_id, str):
+            cands = [m for m in self.get_by_id(transaction_id) if m.topic == HALF_TOPIC]
+            if not cands:
+                raise TransactionNotFound(transaction_id)
+            msg = cands[-1]
+        else:
+            try:
+                msg = self.get_message(transaction_id)
+            except (KeyError, codec.CorruptRecord, ValueError):
+                raise TransactionNotFound(str(transaction_id)) from None
+            if msg.topic != HALF_TOPIC:
+                raise TransactionNotFound(str(transaction_id))
+        q = self.progress.get(SYSTEM_TXN_GROUP, HALF_TOPIC).queue(0)
+        off = msg.queue_offset
+        if off < q.ack_wm or off in q.done:
+            raise TransactionNotFound(f"transaction {transaction_id} is already resolved")
+        return msg.commitlog_offset, off, msg
+
+    async def _check_transactions(self) -> None:
+        heap = self._txn_heap
+        now = now_ms()
+        st = self.progress.get(SYSTEM_TXN_GROUP, HALF_TOPIC)
+        q = st.queue(0)
+        while heap and heap[0][0] <= now:
+            _when, qoff, clo = heapq.heappop(heap)
+            if qoff < q.ack_wm or qoff in q.done:
+                continue
+            n = self._txn_checks.get(clo, 0) + 1
+            if n > self.config.transaction_max_checks or clo < self.commitlog.min_offset:
+                log.warning("transaction at %d unresolved after %d checks: rolled back", clo, n - 1)
+                self.progress.done(st, 0, qoff)
+                self._txn_checks.pop(clo, None)
+                continue
+            self._txn_checks[clo] = n
+            heapq.heappush(heap, (now + self.config.transaction_check_interval_ms, qoff, clo))
+            if self.transaction_checker is not None:
+                msg = self.get_message(clo)
+                msg.properties[PROP_TXN_CHECK_TIMES] = str(n)
+                try:
+                    r = self.transaction_checker(msg)
+                    if asyncio.iscoroutine(r):
+                        await r
+                except Exception:
+                    log.exception("transaction check callback failed")
+
+    # =========================================================================== retention
+    async def apply_retention(self, now: int | None = None) -> int:
+        """Delete whole old segments past every contained topic's age/size limit; returns how many."""
+        now = now_ms() if now is None else now
+        seg_size = self.config.segment_size
+        active = self.commitlog.write_pos - self.commitlog.write_pos % seg_size
+        bases = sorted(b for b in self._seg_stats if b < active)
+        # bytes per topic in segments newer than each one, to apply size limits
+        newer: dict[str, int] = {}
+        expired_by_size: set[int] = set()
+        for b in sorted(self._seg_stats, reverse=True):
+            for topic, (nbytes, _ts) in self._seg_stats[b].items():
+                tc = self.topic_configs.get(topic)
+                if tc and tc.retention_bytes is not None and newer.get(topic, 0) >= tc.retention_bytes:
+                    expired_by_size.add((b, topic))
+                newer[topic] = newer.get(topic, 0) + nbytes
+        delete_before = None
+        for b in bases:
+            ok = True
+            for topic, (_nbytes, ts) in self._seg_stats[b].items():
+                tc = self.topic_configs.get(topic)
+                keep_ms = tc.retention_ms if tc and tc.retention_ms is not None else self.config.retention_ms
+                if now - ts <= keep_ms and (b, topic) not in expired_by_size:
+                    ok = False
+                    break
+            if not ok:
+                break
+            delete_before = b + seg_size
+        if delete_before is None:
+            return 0
+        n = await self._run_io(self._delete_segments, delete_before)
+        for b in [b for b in self._seg_stats if b < delete_before]:
+            del self._seg_stats[b]
+        return n
+
+    def _delete_segments(self, before: int) -> int:
+        n = self.commitlog.delete_segments_before(before)
+        low = self.commitlog.min_offset
+        for cq in self.cqs.values():
+            cq.set_min_by_commitlog(low)
+            cq.compact()
+        self.index.drop_below(low)
+        self._write_checkpoint()
+        return n
+
+    # =========================================================================== checkpoints
+    async def _checkpoint(self, consumer_snapshot: bool = False) -> None:
+        await self._run_io(self._write_checkpoint)
+        if consumer_snapshot or self.progress.ops >= self.config.consumer_checkpoint_ops:
+            self.progress.ops = 0
+            snap = self.progress.snapshot()
+            await self._run_io(self.progress.write_checkpoint, snap, self.progress.take_log())
+
+    async def _flush_progress(self) -> None:
+        data = self.progress.take_log()
+        if data:
+            await self._run_io(self.progress.write_log, data)
+
+    def _write_checkpoint(self) -> None:
+        """Flusher thread: make queue and index files durable, then record how far they are valid."""
+        if not self.sync:
+            self.commitlog.sync()
+        dirty, self._dirty_cqs = self._dirty_cqs, set()
+        for cq in dirty:
+            os.fdatasync(cq.fd)
+        self.index.sync()
+        cp = {"commitlog": self._written_end,
+              "segments": {str(k): v for k, v in list(self._seg_stats.items())}}
+        path = os.path.join(self.config.data_dir, "checkpoint.json")
+        with open(path + ".tmp", "wb") as f:
+            f.write(json.dumps(cp).encode())
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(path + ".tmp", path)
+
+    # progress is created lazily so that recovery (in the flusher thread) can run first
+    @property
+    def progress(self) -> ConsumerProgress:
+        p = self.__dict__.get("_progress")
+        if p is None:
+            p = self.__dict__["_progress"] = ConsumerProgress(os.path.join(self.config.data_dir, "consumers"))
+        return p
+
+
+def _with(msg: Message, **changes: object) -> Message:
+    """A copy of `msg` with some fields changed (dataclasses.replace is slower on the hot path)."""
+    m = Message(msg.topic, msg.body, msg.tag, msg.keys, msg.properties, msg.message_group, msg.deliver_at,
+                msg.message_id, msg.born_timestamp, msg.born_host, msg.queue_id, msg.msg_type)
+    for k, v in changes.items():
+        setattr(m, k, v)
+    return m
+
+
+def _lock_dir(d: str) -> int:
+    import fcntl
+
+    fd = os.open(os.path.join(d, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreError(f"data directory {d} is in use by another process") from None
+    return fd
