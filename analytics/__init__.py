@@ -1,0 +1,1 @@
+"""PySpark analytics over the message store (Python data source API)."""

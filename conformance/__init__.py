@@ -1,0 +1,1 @@
+"""Protocol conformance harnesses run against the gateway with real client libraries."""

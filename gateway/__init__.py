@@ -1,0 +1,1 @@
+"""Gateway process: configuration, CLI entry point and lifecycle of the broker."""

@@ -1,0 +1,1 @@
+"""Protocol-neutral message processing shared by all adapters (routing, acks, retries)."""

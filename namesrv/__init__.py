@@ -1,0 +1,1 @@
+"""Name server for RocketMQ clients: topic route and broker address lookups."""
