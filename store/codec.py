@@ -61,13 +61,14 @@ def decode_properties(buf: bytes | memoryview) -> dict[str, str]:
     return props
 
 
-def encode(msg: Message, queue_id: int, queue_offset: int, store_ts: int, flags: int = 0) -> bytes:
-    """Encode one message record; the caller supplies where it lands in its queue."""
+def encode(msg: Message, queue_id: int, queue_offset: int, store_ts: int, message_id: str, born_ts: int,
+           flags: int = 0) -> bytes:
+    """Encode one message record; the caller supplies its id, birth time and where it lands."""
     topic = msg.topic.encode()
     tag = msg.tag.encode()
     keys = KEY_SEP.join(msg.keys).encode() if msg.keys else b""
     group = msg.message_group.encode()
-    mid = msg.message_id.encode()
+    mid = message_id.encode()
     host = msg.born_host.encode()
     props = encode_properties(msg.properties) if msg.properties else b""
     body = msg.body
@@ -75,7 +76,7 @@ def encode(msg: Message, queue_id: int, queue_offset: int, store_ts: int, flags:
         (
             HEAD.pack(
                 MAGIC_MESSAGE, msg.msg_type, flags, queue_id, queue_offset, store_ts,
-                msg.born_timestamp, msg.deliver_at,
+                born_ts, msg.deliver_at,
                 len(topic), len(tag), len(keys), len(group), len(mid), len(host), len(props), len(body),
             ),
             topic, tag, keys, group, mid, host, props, body,

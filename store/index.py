@@ -27,6 +27,8 @@ class MessageIndex:
 
     def load(self, below: int) -> None:
         """Load entries for commit log offsets below `below`; cut the file there (the rest is rebuilt)."""
+        self.ids.clear()
+        self.keys.clear()
         size = os.fstat(self.fd).st_size
         data = os.pread(self.fd, size, 0)
         pos, end = 0, len(data)

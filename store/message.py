@@ -9,6 +9,7 @@ import socket
 import time
 import zlib
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
 class MessageType(enum.IntEnum):
@@ -43,8 +44,7 @@ class Message:
     reconsume_times: int = 0
 
 
-@dataclass(slots=True, frozen=True)
-class AppendResult:
+class AppendResult(NamedTuple):
     """Where an appended message landed. For a delayed or half message, `topic` is the real topic."""
 
     message_id: str

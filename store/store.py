@@ -1,8 +1,8 @@
 """The Store: the public, protocol-free API over commit log, consume queues, index and progress.
 
 Threads: everything runs in one asyncio loop except file writes, which go, in order, to one
-flusher thread (`_io`). Appends are encoded and given their offsets in the loop, queued, and the
-flusher writes and fsyncs whole batches (group commit); the appenders' futures resolve after.
+flusher thread (see flusher.py). Appends are encoded and given their offsets in the loop, queued,
+and the flusher writes and fsyncs whole batches (group commit); the appenders' futures resolve after.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from . import codec
@@ -33,8 +32,9 @@ from .config import (
     TopicConfig,
     check_name,
 )
-from .consumequeue import ENTRY_SIZE, ConsumeQueue
+from .consumequeue import ENTRY, ConsumeQueue
 from .consumer import ConsumerProgress, GroupTopic, Inflight
+from .flusher import Flusher, Rec
 from .index import MessageIndex
 from .message import AppendResult, Message, MessageIdFactory, MessageType, PoppedMessage, now_ms, tag_hash
 
@@ -141,18 +141,9 @@ class Store:
         self._topic_queues: dict[str, list[ConsumeQueue]] = {}
         self._rr: dict[str, int] = {}
         self._ids = MessageIdFactory()
-        self._io = ThreadPoolExecutor(1, thread_name_prefix="store-flush")
         self._loop: asyncio.AbstractEventLoop | None = None
-        # batch being formed
-        self._batch: list[bytes] = []
-        self._batch_start = 0
-        self._batch_meta: list[tuple] = []
-        self._batch_cqs: dict[ConsumeQueue, int] = {}
-        self._batch_index = bytearray()
-        self._flush_task: asyncio.Task | None = None
-        self._dirty_cqs: set[ConsumeQueue] = set()  # flusher thread: queue files written since checkpoint
-        self._written_end = 0  # flusher thread: commit log bytes written (and files updated) so far
-        self._failed: BaseException | None = None
+        self._flusher: Flusher | None = None
+        self._gen = 0  # bumped when a write fails: records reserved before are void
         # waiters, timers, transactions, retention
         self._waiters: dict[str, set[_Waiter]] = {}
         self._seg_stats: dict[int, dict[str, list[int]]] = {}
@@ -172,7 +163,9 @@ class Store:
         store = cls(config)
         store._loop = asyncio.get_running_loop()
         store._timer_wake = asyncio.Event()
-        await store._loop.run_in_executor(store._io, store._recover)
+        store._flusher = Flusher(store._loop, store.commitlog, store.index, store.sync,
+                                 store._on_written, store._on_failed)
+        await store._run_io(store._recover)
         store._post_recover()
         store._start_tasks()
         return store
@@ -200,8 +193,7 @@ class Store:
             self._seg_stats = {}
             self._replay_commitlog(cl.min_offset)
         cl.truncate(cl.scan_end)
-        self._written_end = cl.scan_end
-        self._batch_start = cl.scan_end
+        self._flusher.written_end = cl.scan_end
         for cq in self.cqs.values():
             cq.set_min_by_commitlog(cl.min_offset)
         self._write_checkpoint()
@@ -300,8 +292,7 @@ class Store:
         if self._closed:
             return
         self._closed = True
-        while self._flush_task is not None and not self._flush_task.done():
-            await asyncio.shield(self._flush_task)
+        await self._run_io(lambda: None)  # every queued append is written once this returns
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -313,7 +304,7 @@ class Store:
                     w.fut.set_result(None)
         await self._checkpoint(consumer_snapshot=True)
         await self._run_io(self._close_files)
-        self._io.shutdown(wait=True)
+        self._flusher.stop()
         self.meta.close()
         os.close(self._lock_fd)
 
@@ -333,7 +324,7 @@ class Store:
         await self.close()
 
     def _run_io(self, fn: Callable, *args: object) -> asyncio.Future:
-        return self._loop.run_in_executor(self._io, fn, *args)
+        return self._flusher.job(fn, *args)
 
     # =========================================================================== topics & groups
     def create_topic(self, name: str, queues: int | None = None, retention_ms: int | None = None,
@@ -430,63 +421,87 @@ class Store:
                        born_timestamp=msg.born_timestamp, born_host=msg.born_host, queue_id=0, msg_type=mtype)
 
     def _append(self, msg: Message, now: int, result_topic: str | None = None) -> asyncio.Future[AppendResult]:
-        if len(msg.body) > self.config.max_message_size:
-            raise MessageTooLarge(f"body of {len(msg.body)} bytes exceeds {self.config.max_message_size}")
-        qs = self._topic_queues.get(msg.topic) or self._queues(msg.topic)
+        """Encode, place and queue one record for the flusher (the hot path: keep it lean)."""
+        body = msg.body
+        if len(body) > self.config.max_message_size:
+            raise MessageTooLarge(f"body of {len(body)} bytes exceeds {self.config.max_message_size}")
+        topic = msg.topic
+        qs = self._topic_queues.get(topic) or self._queues(topic)
         qid = msg.queue_id
         if qid < 0:
             if msg.message_group:
                 qid = codec.zlib.crc32(msg.message_group.encode()) % len(qs)
             else:
-                qid = self._rr.get(msg.topic, 0)
-                self._rr[msg.topic] = (qid + 1) % len(qs)
+                qid = self._rr.get(topic, 0)
+                self._rr[topic] = (qid + 1) % len(qs)
         elif qid >= len(qs):
-            raise ValueError(f"topic {msg.topic} has no queue {qid}")
+            raise ValueError(f"topic {topic} has no queue {qid}")
         cq = qs[qid]
         mid = msg.message_id or self._ids.next()
-        if not msg.born_timestamp or not msg.message_id:
-            msg = _with(msg, message_id=mid, born_timestamp=msg.born_timestamp or now)
         qoff = cq.next_offset
-        rec = codec.encode(msg, qid, qoff, now)
+        rec = codec.encode(msg, qid, qoff, now, mid, msg.born_timestamp or now)
         size = len(rec)
         clo, filler = self.commitlog.reserve(size)
-        batch = self._batch
-        if filler is not None:
-            batch.append(filler)
-        batch.append(rec)
-        if cq not in self._batch_cqs:
-            self._batch_cqs[cq] = qoff
+        cq.next_offset = qoff + 1
         th = tag_hash(msg.tag) if msg.tag else 0
-        cq.reserve(clo, size, th, now)
-        self._batch_index += MessageIndex.encode(mid, msg.keys, clo)
+        keys = msg.keys
         fut = self._loop.create_future()
-        self._batch_meta.append((fut, AppendResult(mid, result_topic or msg.topic, qid, qoff, clo, size, now),
-                                 msg.keys, msg.topic, th))
-        if self._flush_task is None:
-            self._flush_task = self._loop.create_task(self._flush())
+        self._flusher.put(Rec(
+            self._gen, clo if filler is None else clo - len(filler), rec if filler is None else filler + rec,
+            cq, ENTRY.pack(clo, size, th, now), MessageIndex.encode(mid, keys, clo), fut,
+            AppendResult(mid, result_topic or topic, qid, qoff, clo, size, now), keys, th))
         return fut
 
-    async def _flush(self) -> None:
-        loop = self._loop
-        try:
-            while self._batch:
-                data = b"".join(self._batch)
-                start, metas = self._batch_start, self._batch_meta
-                cq_writes = [(cq, first, cq.take_pending()) for cq, first in self._batch_cqs.items()]
-                idx = bytes(self._batch_index)
-                self._batch, self._batch_meta, self._batch_cqs = [], [], {}
-                self._batch_index = bytearray()
-                self._batch_start = start + len(data)
-                t0 = time.perf_counter()
-                try:
-                    await loop.run_in_executor(self._io, self._write, start, data, cq_writes, idx)
-                except BaseException as e:  # noqa: BLE001 - every appender must hear of it
-                    self._fail_from(start, metas, e)
-                    continue
-                self._record_flush(time.perf_counter() - t0)
-                self._complete(metas, cq_writes)
-        finally:
-            self._flush_task = None
+    def _on_written(self, recs: list[Rec], seconds: float) -> None:
+        """Loop: a batch is durable; make it readable, index it and answer its appenders."""
+        index_add = self.index.add
+        seg_size = self.config.segment_size
+        stats = self._seg_stats
+        touched: dict[str, set[int]] = {}
+        for r in recs:
+            res = r.res
+            r.cq.max_offset = res.queue_offset + 1
+            clo = res.commitlog_offset
+            index_add(res.message_id, r.keys, clo)
+            topic = r.cq.topic
+            base = clo - clo % seg_size
+            seg = stats.get(base)
+            if seg is None:
+                seg = stats[base] = {}
+            st = seg.get(topic)
+            if st is None:
+                seg[topic] = [res.size, res.store_timestamp]
+            else:
+                st[0] += res.size
+                st[1] = res.store_timestamp
+            hs = touched.get(topic)
+            if hs is None:
+                hs = touched[topic] = set()
+            hs.add(r.th)
+            if topic == SCHEDULE_TOPIC:
+                self._schedule_timer(res)
+            elif topic == HALF_TOPIC:
+                heapq.heappush(self._txn_heap, (res.store_timestamp + self.config.transaction_timeout_ms,
+                                                res.queue_offset, clo))
+            if not r.fut.done():
+                r.fut.set_result(res)
+        self.metrics["appends"] += len(recs)
+        self._record_flush(seconds)
+        for topic, hashes in touched.items():
+            self._wake(topic, hashes)
+
+    def _on_failed(self, recs: list[Rec], start: int | None, exc: BaseException) -> None:
+        """Loop: a batch write failed. Fail it and everything reserved after it; reuse their space."""
+        if start is not None:
+            self._gen += 1
+            self.commitlog.write_pos = start
+            for cq in self.cqs.values():
+                cq.next_offset = cq.max_offset
+        if isinstance(exc, OSError) and not isinstance(exc, StoreFullError) and exc.errno in (28, 122, 27):
+            exc = StoreFullError(str(exc))
+        for r in recs:
+            if not r.fut.done():
+                r.fut.set_exception(exc)
 
     def _record_flush(self, seconds: float) -> None:
         self.metrics["flushes"] += 1
@@ -494,53 +509,6 @@ class Store:
         fl.append(seconds * 1000)
         if len(fl) > 4096:
             del fl[:2048]
-
-    def _write(self, start: int, data: bytes, cq_writes: list, idx: bytes) -> None:
-        """Flusher thread: commit log first (and fsync), then the derived queue and index files."""
-        self.commitlog.write_batch(start, data, self.sync)
-        for cq, first, entries in cq_writes:
-            cq.write_at(first, entries)
-            self._dirty_cqs.add(cq)
-        self.index.append_file(idx)
-        self._written_end = start + len(data)
-
-    def _complete(self, metas: list[tuple], cq_writes: list) -> None:
-        for cq, first, entries in cq_writes:
-            cq.max_offset = first + len(entries) // ENTRY_SIZE
-        index_add = self.index.add
-        touched: dict[str, set[int]] = {}
-        for fut, res, keys, topic, th in metas:
-            index_add(res.message_id, keys, res.commitlog_offset)
-            self._count_segment(res.commitlog_offset, topic, res.size, res.store_timestamp)
-            hs = touched.get(topic)
-            if hs is None:
-                hs = touched[topic] = set()
-            hs.add(th)
-            if topic == SCHEDULE_TOPIC:
-                self._schedule_timer(res)
-            elif topic == HALF_TOPIC:
-                heapq.heappush(self._txn_heap, (res.store_timestamp + self.config.transaction_timeout_ms,
-                                                res.queue_offset, res.commitlog_offset))
-            if not fut.done():
-                fut.set_result(res)
-        self.metrics["appends"] += len(metas)
-        for topic, hashes in touched.items():
-            self._wake(topic, hashes)
-
-    def _fail_from(self, start: int, metas: list[tuple], exc: BaseException) -> None:
-        """A batch write failed: fail it and everything queued after it, and give back their space."""
-        metas = metas + self._batch_meta
-        self.commitlog.write_pos = start
-        self._batch_start = start
-        self._batch, self._batch_meta, self._batch_cqs = [], [], {}
-        self._batch_index = bytearray()
-        for cq in self.cqs.values():
-            cq.rollback(cq.max_offset)
-        if isinstance(exc, OSError) and not isinstance(exc, StoreFullError) and exc.errno in (28, 122, 27):
-            exc = StoreFullError(str(exc))
-        for fut, *_ in metas:
-            if not fut.done():
-                fut.set_exception(exc)
 
     def _count_segment(self, clo: int, topic: str, size: int, ts: int) -> None:
         base = clo - clo % self.config.segment_size
@@ -1018,11 +986,11 @@ class Store:
         """Flusher thread: make queue and index files durable, then record how far they are valid."""
         if not self.sync:
             self.commitlog.sync()
-        dirty, self._dirty_cqs = self._dirty_cqs, set()
+        dirty, self._flusher.dirty_cqs = self._flusher.dirty_cqs, set()
         for cq in dirty:
             os.fdatasync(cq.fd)
         self.index.sync()
-        cp = {"commitlog": self._written_end,
+        cp = {"commitlog": self._flusher.written_end,
               "segments": {str(k): v for k, v in list(self._seg_stats.items())}}
         path = os.path.join(self.config.data_dir, "checkpoint.json")
         with open(path + ".tmp", "wb") as f:
