@@ -17,7 +17,22 @@ from .store import (
 )
 
 __all__ = [
-    "ALL", "AppendResult", "Filter", "GroupConfig", "GroupNotFound", "InvalidReceiptHandle", "Message",
-    "MessageTooLarge", "MessageType", "PoppedMessage", "RetryPolicy", "Store", "StoreConfig", "StoreError",
-    "StoreFullError", "TopicConfig", "TopicNotFound", "TransactionNotFound",
+    "ALL",
+    "AppendResult",
+    "Filter",
+    "GroupConfig",
+    "GroupNotFound",
+    "InvalidReceiptHandle",
+    "Message",
+    "MessageTooLarge",
+    "MessageType",
+    "PoppedMessage",
+    "RetryPolicy",
+    "Store",
+    "StoreConfig",
+    "StoreError",
+    "StoreFullError",
+    "TopicConfig",
+    "TopicNotFound",
+    "TransactionNotFound",
 ]

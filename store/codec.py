@@ -61,8 +61,15 @@ def decode_properties(buf: bytes | memoryview) -> dict[str, str]:
     return props
 
 
-def encode(msg: Message, queue_id: int, queue_offset: int, store_ts: int, message_id: str, born_ts: int,
-           flags: int = 0) -> bytes:
+def encode(
+    msg: Message,
+    queue_id: int,
+    queue_offset: int,
+    store_ts: int,
+    message_id: str,
+    born_ts: int,
+    flags: int = 0,
+) -> bytes:
     """Encode one message record; the caller supplies its id, birth time and where it lands."""
     topic = msg.topic.encode()
     tag = msg.tag.encode()
@@ -75,11 +82,31 @@ def encode(msg: Message, queue_id: int, queue_offset: int, store_ts: int, messag
     payload = b"".join(
         (
             HEAD.pack(
-                MAGIC_MESSAGE, msg.msg_type, flags, queue_id, queue_offset, store_ts,
-                born_ts, msg.deliver_at,
-                len(topic), len(tag), len(keys), len(group), len(mid), len(host), len(props), len(body),
+                MAGIC_MESSAGE,
+                msg.msg_type,
+                flags,
+                queue_id,
+                queue_offset,
+                store_ts,
+                born_ts,
+                msg.deliver_at,
+                len(topic),
+                len(tag),
+                len(keys),
+                len(group),
+                len(mid),
+                len(host),
+                len(props),
+                len(body),
             ),
-            topic, tag, keys, group, mid, host, props, body,
+            topic,
+            tag,
+            keys,
+            group,
+            mid,
+            host,
+            props,
+            body,
         )
     )
     return PREFIX.pack(len(payload) + 8, zlib.crc32(payload)) + payload
@@ -120,22 +147,42 @@ def queue_fields(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
 def decode(buf: bytes | memoryview, pos: int = 0, commitlog_offset: int = -1) -> Message:
     """Decode the message record at `pos` (already length- and CRC-checked, or trusted)."""
     (size,) = _I.unpack_from(buf, pos)
-    (_magic, mtype, _flags, qid, qoff, store_ts, born_ts, deliver_at,
-     lt, lg, lk, lgr, lm, lh, lp, lb) = HEAD.unpack_from(buf, pos + 8)
+    (_magic, mtype, _flags, qid, qoff, store_ts, born_ts, deliver_at, lt, lg, lk, lgr, lm, lh, lp, lb) = (
+        HEAD.unpack_from(buf, pos + 8)
+    )
     p = pos + HEADER_SIZE
     raw = bytes(buf[p : pos + size])
     o = 0
-    topic = raw[o : o + lt].decode(); o += lt
-    tag = raw[o : o + lg].decode(); o += lg
-    keys = tuple(raw[o : o + lk].decode().split(KEY_SEP)) if lk else (); o += lk
-    group = raw[o : o + lgr].decode(); o += lgr
-    mid = raw[o : o + lm].decode(); o += lm
-    host = raw[o : o + lh].decode(); o += lh
-    props = decode_properties(raw[o : o + lp]) if lp else {}; o += lp
+    topic = raw[o : o + lt].decode()
+    o += lt
+    tag = raw[o : o + lg].decode()
+    o += lg
+    keys = tuple(raw[o : o + lk].decode().split(KEY_SEP)) if lk else ()
+    o += lk
+    group = raw[o : o + lgr].decode()
+    o += lgr
+    mid = raw[o : o + lm].decode()
+    o += lm
+    host = raw[o : o + lh].decode()
+    o += lh
+    props = decode_properties(raw[o : o + lp]) if lp else {}
+    o += lp
     body = raw[o : o + lb]
     return Message(
-        topic=topic, body=body, tag=tag, keys=keys, properties=props, message_group=group,
-        deliver_at=deliver_at, message_id=mid, born_timestamp=born_ts, born_host=host,
-        queue_id=qid, msg_type=MessageType(mtype), store_timestamp=store_ts,
-        queue_offset=qoff, commitlog_offset=commitlog_offset, size=size,
+        topic=topic,
+        body=body,
+        tag=tag,
+        keys=keys,
+        properties=props,
+        message_group=group,
+        deliver_at=deliver_at,
+        message_id=mid,
+        born_timestamp=born_ts,
+        born_host=host,
+        queue_id=qid,
+        msg_type=MessageType(mtype),
+        store_timestamp=store_ts,
+        queue_offset=qoff,
+        commitlog_offset=commitlog_offset,
+        size=size,
     )

@@ -1,14 +1,15 @@
 """Commit log: one append-only byte sequence over fixed-size, pre-zeroed segment files.
 
 A segment is named by the 20-digit commit log offset of its first byte. The store reserves space
-in the event loop (`reserve`) and a single flusher thread writes and fsyncs whole batches
-(`write_batch`), which is what makes group commit cheap. Segments are zero-filled ahead of use:
-on ext4 an fdatasync of an overwrite in place is far cheaper than one that extends a file.
+in the event loop (`reserve`) and writes whole batches at once (`write_batch`, group commit).
+Segments are zero-filled ahead of use: on ext4 an fdatasync of an overwrite in place is far
+cheaper than one that extends a file.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import errno
 import mmap
 import os
@@ -36,7 +37,8 @@ class Segment:
 
 
 class CommitLog:
-    """Segments of one commit log directory. Thread use: `reserve` in the loop, writes in one flusher."""
+    """Segments of one commit log directory. `reserve` and writes happen in the event loop; segment
+    preallocation, deletion and recovery in other threads (the segment list is locked)."""
 
     def __init__(self, directory: str, segment_size: int, min_free_bytes: int = 0) -> None:
         if segment_size < 4096:
@@ -47,7 +49,7 @@ class CommitLog:
         os.makedirs(directory, exist_ok=True)
         self._segments: list[Segment] = []
         self._bases: list[int] = []
-        self._lock = threading.Lock()  # guards the segment list (flusher, allocator, readers)
+        self._lock = threading.Lock()  # guards the segment list (loop, allocator, io thread)
         self._prealloc_thread: threading.Thread | None = None
         for name in sorted(os.listdir(directory)):
             if name.isdigit() and len(name) == 20:
@@ -119,10 +121,9 @@ class CommitLog:
             return
 
         def run() -> None:
-            try:
+            # on failure the writer allocates it itself and reports the error to the appenders
+            with contextlib.suppress(OSError):
                 self._add(base, create=True)
-            except OSError:
-                pass  # the flusher retries and reports the error to the appenders
 
         self._prealloc_thread = threading.Thread(target=run, name="segment-prealloc", daemon=True)
         self._prealloc_thread.start()
@@ -151,8 +152,10 @@ class CommitLog:
         self.write_pos = pos + size
         return pos, filler
 
-    def write_batch(self, start: int, data: bytes, sync: bool) -> None:
-        """Write `data` at commit log offset `start` (may cross segments); fdatasync when `sync`."""
+    def write_batch(self, start: int, data: bytes, sync: bool) -> list[str]:
+        """Write `data` at commit log offset `start` (may cross segments); fdatasync when `sync`.
+
+        Returns the paths of the segments written."""
         touched = []
         pos, view = start, memoryview(data)
         while view:
@@ -175,10 +178,16 @@ class CommitLog:
                 os.fdatasync(seg.fd)
         if pos % self.segment_size > self.segment_size // 2:
             self._preallocate_next(pos - pos % self.segment_size + self.segment_size)
+        return [seg.path for seg in touched]
 
-    def sync(self) -> None:
-        seg = self.segment_for(max(self.write_pos - 1, 0))
-        if seg is not None:
+    def sync(self, paths: list[str] | None = None) -> None:
+        """fdatasync the given segments (default: the one being written)."""
+        if paths is None:
+            seg = self.segment_for(max(self.write_pos - 1, 0))
+            segs = [seg] if seg is not None else []
+        else:
+            segs = [s for s in self.segments() if s.path in paths]
+        for seg in segs:
             os.fdatasync(seg.fd)
 
     # ----- reading ----------------------------------------------------------------------------
@@ -250,7 +259,9 @@ class CommitLog:
         """Delete whole segments that end at or before `offset` (never the one being written)."""
         n = 0
         for seg in self.segments():
-            if seg.base + self.segment_size <= min(offset, self.write_pos - self.write_pos % self.segment_size):
+            if seg.base + self.segment_size <= min(
+                offset, self.write_pos - self.write_pos % self.segment_size
+            ):
                 self._drop(seg)
                 n += 1
         if n:

@@ -37,8 +37,9 @@ class ConsumeQueue:
         count = os.fstat(self.fd).st_size // ENTRY_SIZE
         self.max_offset = self.base + count
         self.next_offset = self.max_offset
+        self.written_offset = self.max_offset  # entries written to the file (durable or not)
         self.min_offset = self.base
-        self.pending = bytearray()  # entries reserved in the loop, written by the flusher
+        self.pending = bytearray()  # entries rebuilt by recovery, not yet written
 
     # ----- recovery ----------------------------------------------------------------------------
     def truncate_to_commitlog(self, clo: int) -> None:
@@ -52,7 +53,7 @@ class ConsumeQueue:
                 lo = mid + 1
         if lo < self.max_offset or os.fstat(self.fd).st_size != (lo - self.base) * ENTRY_SIZE:
             os.ftruncate(self.fd, (lo - self.base) * ENTRY_SIZE)
-        self.max_offset = self.next_offset = lo
+        self.max_offset = self.next_offset = self.written_offset = lo
 
     def rebase(self, base: int) -> None:
         """Start an empty queue at queue offset `base` (a rebuild after retention)."""
@@ -61,7 +62,7 @@ class ConsumeQueue:
         if path != self.path:
             os.rename(self.path, path)
             self.path = path
-        self.base = self.min_offset = self.max_offset = self.next_offset = base
+        self.base = self.min_offset = self.max_offset = self.next_offset = self.written_offset = base
 
     def set_min_by_commitlog(self, min_clo: int) -> None:
         """Entries pointing below `min_clo` are gone with their segment: advance `min_offset`."""
@@ -78,8 +79,11 @@ class ConsumeQueue:
         """Rewrite the file from `min_offset` when most of it is dead (after retention)."""
         if self.min_offset - self.base < 4096 or self.next_offset != self.max_offset:
             return
-        data = os.pread(self.fd, (self.max_offset - self.min_offset) * ENTRY_SIZE,
-                        (self.min_offset - self.base) * ENTRY_SIZE)
+        data = os.pread(
+            self.fd,
+            (self.max_offset - self.min_offset) * ENTRY_SIZE,
+            (self.min_offset - self.base) * ENTRY_SIZE,
+        )
         path = os.path.join(self.dir, f"{self.min_offset:020d}.cq")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         os.write(fd, data)

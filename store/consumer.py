@@ -163,8 +163,9 @@ class ConsumerProgress:
         self.buf += _ACK.pack(OP_ACK, st.id, qid, offset)
         self.ops += 1
 
-    def changed(self, st: GroupTopic, qid: int, offset: int, seq: int, deadline: int,
-                attempts: int | None = None) -> Inflight:
+    def changed(
+        self, st: GroupTopic, qid: int, offset: int, seq: int, deadline: int, attempts: int | None = None
+    ) -> Inflight:
         inf = st.queue(qid).inflight[offset]
         inf.seq = seq
         inf.deadline = deadline
@@ -210,8 +211,12 @@ class ConsumerProgress:
         for st in self.by_id.values():
             qs = {}
             for qid, q in st.queues.items():
-                qs[qid] = [q.ack_wm, q.cursor, sorted(q.done),
-                           [[o, i.seq, i.deadline, i.attempts, i.message_group] for o, i in q.inflight.items()]]
+                qs[qid] = [
+                    q.ack_wm,
+                    q.cursor,
+                    sorted(q.done),
+                    [[o, i.seq, i.deadline, i.attempts, i.message_group] for o, i in q.inflight.items()],
+                ]
             out["states"].append([st.id, st.group, st.topic, qs])
         return json.dumps(out, separators=(",", ":")).encode()
 

@@ -1,8 +1,8 @@
 """The Store: the public, protocol-free API over commit log, consume queues, index and progress.
 
-Threads: everything runs in one asyncio loop except file writes, which go, in order, to one
-flusher thread (see flusher.py). Appends are encoded and given their offsets in the loop, queued,
-and the flusher writes and fsyncs whole batches (group commit); the appenders' futures resolve after.
+Appends are encoded and given their offsets in the event loop and written in batches by the group
+commit writer (writer.py), which has a helper process fdatasync them (fsyncer.py). Rare, slow file
+work (recovery, checkpoints, segment deletion, progress log flushes) runs, in order, on one thread.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from . import codec
@@ -34,9 +35,9 @@ from .config import (
 )
 from .consumequeue import ENTRY, ConsumeQueue
 from .consumer import ConsumerProgress, GroupTopic, Inflight
-from .flusher import Flusher, Rec
 from .index import MessageIndex
 from .message import AppendResult, Message, MessageIdFactory, MessageType, PoppedMessage, now_ms, tag_hash
+from .writer import GroupCommitWriter
 
 log = logging.getLogger("store")
 
@@ -142,8 +143,8 @@ class Store:
         self._rr: dict[str, int] = {}
         self._ids = MessageIdFactory()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._flusher: Flusher | None = None
-        self._gen = 0  # bumped when a write fails: records reserved before are void
+        self._io = ThreadPoolExecutor(1, thread_name_prefix="store-io")
+        self._writer: GroupCommitWriter | None = None
         # waiters, timers, transactions, retention
         self._waiters: dict[str, set[_Waiter]] = {}
         self._seg_stats: dict[int, dict[str, list[int]]] = {}
@@ -163,9 +164,17 @@ class Store:
         store = cls(config)
         store._loop = asyncio.get_running_loop()
         store._timer_wake = asyncio.Event()
-        store._flusher = Flusher(store._loop, store.commitlog, store.index, store.sync,
-                                 store._on_written, store._on_failed)
-        await store._run_io(store._recover)
+        try:
+            await store._run_io(store._recover)
+        except BaseException:
+            store._io.shutdown()
+            store.meta.close()
+            os.close(store._lock_fd)
+            raise
+        store._writer = GroupCommitWriter(
+            store._loop, store.commitlog, store.index, store.sync, store._on_written, store._on_failed
+        )
+        store._writer.written_end = store._writer.durable_end = store.commitlog.write_pos
         store._post_recover()
         store._start_tasks()
         return store
@@ -193,10 +202,9 @@ class Store:
             self._seg_stats = {}
             self._replay_commitlog(cl.min_offset)
         cl.truncate(cl.scan_end)
-        self._flusher.written_end = cl.scan_end
         for cq in self.cqs.values():
             cq.set_min_by_commitlog(cl.min_offset)
-        self._write_checkpoint()
+        self._write_checkpoint(cl.scan_end, list(self.cqs.values()), None)
 
     def _replay_commitlog(self, start: int) -> bool:
         cl = self.commitlog
@@ -221,7 +229,7 @@ class Store:
             if cq.pending:
                 first = cq.max_offset
                 cq.write_at(first, cq.take_pending())
-                cq.max_offset = cq.next_offset
+                cq.max_offset = cq.written_offset = cq.next_offset
         self.index.append_file(bytes(idx))
         return True
 
@@ -249,8 +257,10 @@ class Store:
 
     def _post_recover(self) -> None:
         """Loop: rebuild timers and pending transactions from their system progress."""
-        for topic, group, heap in ((SCHEDULE_TOPIC, SYSTEM_TIMER_GROUP, self._timer_heap),
-                                   (HALF_TOPIC, SYSTEM_TXN_GROUP, self._txn_heap)):
+        for topic, group, heap in (
+            (SCHEDULE_TOPIC, SYSTEM_TIMER_GROUP, self._timer_heap),
+            (HALF_TOPIC, SYSTEM_TXN_GROUP, self._txn_heap),
+        ):
             cq = self.cqs.get((topic, 0))
             if cq is None:
                 continue
@@ -261,7 +271,11 @@ class Store:
                 if off in q.done:
                     continue
                 msg = codec.decode(self.commitlog.read(clo, size), 0, clo)
-                when = msg.deliver_at if topic == SCHEDULE_TOPIC else msg.store_timestamp + self.config.transaction_timeout_ms
+                when = (
+                    msg.deliver_at
+                    if topic == SCHEDULE_TOPIC
+                    else msg.store_timestamp + self.config.transaction_timeout_ms
+                )
                 heap.append((when, off, clo))
             heapq.heapify(heap)
 
@@ -271,11 +285,15 @@ class Store:
             loop.create_task(self._periodic(self.config.checkpoint_interval_ms, self._checkpoint)),
             loop.create_task(self._periodic(self.config.consumer_log_flush_ms, self._flush_progress)),
             loop.create_task(self._timer_loop()),
-            loop.create_task(self._periodic(self.config.transaction_check_interval_ms, self._check_transactions)),
+            loop.create_task(
+                self._periodic(self.config.transaction_check_interval_ms, self._check_transactions)
+            ),
             loop.create_task(self._periodic(self.config.retention_check_interval_ms, self.apply_retention)),
         ]
         if not self.sync:
-            self._tasks.append(loop.create_task(self._periodic(self.config.flush_interval_ms, self._fsync_async)))
+            self._tasks.append(
+                loop.create_task(self._periodic(self.config.flush_interval_ms, self._fsync_async))
+            )
 
     async def _periodic(self, interval_ms: int, fn: Callable[[], Awaitable[object]]) -> None:
         while True:
@@ -292,7 +310,7 @@ class Store:
         if self._closed:
             return
         self._closed = True
-        await self._run_io(lambda: None)  # every queued append is written once this returns
+        await self._writer.drain()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -304,7 +322,8 @@ class Store:
                     w.fut.set_result(None)
         await self._checkpoint(consumer_snapshot=True)
         await self._run_io(self._close_files)
-        self._flusher.stop()
+        self._writer.close()
+        self._io.shutdown(wait=True)
         self.meta.close()
         os.close(self._lock_fd)
 
@@ -324,11 +343,16 @@ class Store:
         await self.close()
 
     def _run_io(self, fn: Callable, *args: object) -> asyncio.Future:
-        return self._flusher.job(fn, *args)
+        return self._loop.run_in_executor(self._io, fn, *args)
 
     # =========================================================================== topics & groups
-    def create_topic(self, name: str, queues: int | None = None, retention_ms: int | None = None,
-                     retention_bytes: int | None = None) -> TopicConfig:
+    def create_topic(
+        self,
+        name: str,
+        queues: int | None = None,
+        retention_ms: int | None = None,
+        retention_bytes: int | None = None,
+    ) -> TopicConfig:
         check_name("topic", name)
         t = TopicConfig(name, queues or self.config.default_queues, retention_ms, retention_bytes)
         if not 1 <= t.queues <= 1024:
@@ -359,7 +383,9 @@ class Store:
             raise TopicNotFound(name)
         return t
 
-    def create_group(self, name: str, max_attempts: int = 16, retry: RetryPolicy | None = None) -> GroupConfig:
+    def create_group(
+        self, name: str, max_attempts: int = 16, retry: RetryPolicy | None = None
+    ) -> GroupConfig:
         check_name("group", name)
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
@@ -399,29 +425,45 @@ class Store:
         return qs
 
     # =========================================================================== append
-    async def append(self, msg: Message) -> AppendResult:
-        """Store one message; returns once it is durable per the flush policy."""
+    def append(self, msg: Message) -> asyncio.Future[AppendResult]:
+        """Store one message: `await store.append(msg)` returns once it is durable per the flush policy.
+
+        Invalid input (closed store, oversized body, bad queue) raises at once."""
         if self._closed:
             raise StoreError("store is closed")
+        if self._writer.broken is not None:
+            raise StoreError(f"store failed and must be reopened: {self._writer.broken}")
         now = now_ms()
-        real_topic = msg.topic
-        if msg.deliver_at > now and msg.msg_type != MessageType.TRANSACTION:
-            msg = self._redirect(msg, SCHEDULE_TOPIC, MessageType.DELAY)
-        elif msg.msg_type == MessageType.TRANSACTION:
-            msg = self._redirect(msg, HALF_TOPIC, MessageType.TRANSACTION)
-        return await self._append(msg, now, real_topic)
+        if msg.msg_type == MessageType.TRANSACTION:
+            return self._append(self._redirect(msg, HALF_TOPIC, MessageType.TRANSACTION), now, msg.topic)
+        if msg.deliver_at > now:
+            return self._append(self._redirect(msg, SCHEDULE_TOPIC, MessageType.DELAY), now, msg.topic)
+        return self._append(msg, now)
 
     def _redirect(self, msg: Message, system_topic: str, mtype: MessageType) -> Message:
         self.topic(msg.topic)  # the real topic must exist (or be auto-created) now
         props = dict(msg.properties)
         props[PROP_REAL_TOPIC] = msg.topic
         props[PROP_REAL_QUEUE] = str(msg.queue_id)
-        return Message(topic=system_topic, body=msg.body, tag=msg.tag, keys=msg.keys, properties=props,
-                       message_group=msg.message_group, deliver_at=msg.deliver_at, message_id=msg.message_id,
-                       born_timestamp=msg.born_timestamp, born_host=msg.born_host, queue_id=0, msg_type=mtype)
+        return Message(
+            topic=system_topic,
+            body=msg.body,
+            tag=msg.tag,
+            keys=msg.keys,
+            properties=props,
+            message_group=msg.message_group,
+            deliver_at=msg.deliver_at,
+            message_id=msg.message_id,
+            born_timestamp=msg.born_timestamp,
+            born_host=msg.born_host,
+            queue_id=0,
+            msg_type=mtype,
+        )
 
-    def _append(self, msg: Message, now: int, result_topic: str | None = None) -> asyncio.Future[AppendResult]:
-        """Encode, place and queue one record for the flusher (the hot path: keep it lean)."""
+    def _append(
+        self, msg: Message, now: int, result_topic: str | None = None
+    ) -> asyncio.Future[AppendResult]:
+        """Encode, place and queue one record for the writer (the hot path: keep it lean)."""
         body = msg.body
         if len(body) > self.config.max_message_size:
             raise MessageTooLarge(f"body of {len(body)} bytes exceeds {self.config.max_message_size}")
@@ -446,62 +488,100 @@ class Store:
         th = tag_hash(msg.tag) if msg.tag else 0
         keys = msg.keys
         fut = self._loop.create_future()
-        self._flusher.put(Rec(
-            self._gen, clo if filler is None else clo - len(filler), rec if filler is None else filler + rec,
-            cq, ENTRY.pack(clo, size, th, now), MessageIndex.encode(mid, keys, clo), fut,
-            AppendResult(mid, result_topic or topic, qid, qoff, clo, size, now), keys, th))
+        # record layout: see writer.py
+        self._writer.put(
+            (
+                clo if filler is None else clo - len(filler),
+                rec if filler is None else filler + rec,
+                cq,
+                ENTRY.pack(clo, size, th, now),
+                MessageIndex.encode(mid, keys, clo),
+                fut,
+                AppendResult(mid, result_topic or topic, qid, qoff, clo, size, now),
+                keys,
+                th,
+            )
+        )
         return fut
 
-    def _on_written(self, recs: list[Rec], seconds: float) -> None:
+    def _on_written(self, recs: list[tuple], seconds: float) -> None:
         """Loop: a batch is durable; make it readable, index it and answer its appenders."""
+        ids = self.index.ids
         index_add = self.index.add
-        seg_size = self.config.segment_size
-        stats = self._seg_stats
+        waiters = self._waiters
+        per_topic: dict[str, list[int]] = {}  # topic -> [bytes, last store ts]
         touched: dict[str, set[int]] = {}
-        for r in recs:
-            res = r.res
-            r.cq.max_offset = res.queue_offset + 1
-            clo = res.commitlog_offset
-            index_add(res.message_id, r.keys, clo)
-            topic = r.cq.topic
-            base = clo - clo % seg_size
-            seg = stats.get(base)
-            if seg is None:
-                seg = stats[base] = {}
-            st = seg.get(topic)
-            if st is None:
-                seg[topic] = [res.size, res.store_timestamp]
+        special = False
+        for _start, _data, cq, _entry, _idx, fut, res, keys, th in recs:
+            qoff = res[3]
+            cq.max_offset = qoff + 1
+            mid = res[0]
+            if keys or mid in ids:
+                index_add(mid, keys, res[4])
             else:
-                st[0] += res.size
-                st[1] = res.store_timestamp
-            hs = touched.get(topic)
-            if hs is None:
-                hs = touched[topic] = set()
-            hs.add(r.th)
-            if topic == SCHEDULE_TOPIC:
-                self._schedule_timer(res)
-            elif topic == HALF_TOPIC:
-                heapq.heappush(self._txn_heap, (res.store_timestamp + self.config.transaction_timeout_ms,
-                                                res.queue_offset, clo))
-            if not r.fut.done():
-                r.fut.set_result(res)
+                ids[mid] = res[4]
+            topic = cq.topic
+            st = per_topic.get(topic)
+            if st is None:
+                per_topic[topic] = [res[5], res[6]]
+                if topic[0] == "%":
+                    special = True
+            else:
+                st[0] += res[5]
+                st[1] = res[6]
+            if waiters and topic in waiters:
+                hs = touched.get(topic)
+                if hs is None:
+                    hs = touched[topic] = set()
+                hs.add(th)
+            if not fut.done():
+                fut.set_result(res)
+        seg_size = self.config.segment_size
+        first, last = recs[0][6][4], recs[-1][6][4]
+        if first - first % seg_size == last - last % seg_size:
+            seg = self._seg_stats.setdefault(last - last % seg_size, {})
+            for topic, (nbytes, ts) in per_topic.items():
+                st = seg.get(topic)
+                if st is None:
+                    seg[topic] = [nbytes, ts]
+                else:
+                    st[0] += nbytes
+                    st[1] = ts
+        else:
+            for r in recs:
+                self._count_segment(r[6][4], r[2].topic, r[6][5], r[6][6])
+        if special:
+            for r in recs:
+                topic = r[2].topic
+                if topic == SCHEDULE_TOPIC:
+                    self._schedule_timer(r[6])
+                elif topic == HALF_TOPIC:
+                    res = r[6]
+                    heapq.heappush(
+                        self._txn_heap,
+                        (
+                            res.store_timestamp + self.config.transaction_timeout_ms,
+                            res.queue_offset,
+                            res.commitlog_offset,
+                        ),
+                    )
         self.metrics["appends"] += len(recs)
         self._record_flush(seconds)
         for topic, hashes in touched.items():
             self._wake(topic, hashes)
 
-    def _on_failed(self, recs: list[Rec], start: int | None, exc: BaseException) -> None:
-        """Loop: a batch write failed. Fail it and everything reserved after it; reuse their space."""
+    def _on_failed(self, recs: list[tuple], start: int | None, exc: BaseException) -> None:
+        """Loop: a batch write failed. Fail its appenders and reuse its space (`start` given)."""
         if start is not None:
-            self._gen += 1
             self.commitlog.write_pos = start
             for cq in self.cqs.values():
-                cq.next_offset = cq.max_offset
+                cq.next_offset = cq.written_offset
         if isinstance(exc, OSError) and not isinstance(exc, StoreFullError) and exc.errno in (28, 122, 27):
             exc = StoreFullError(str(exc))
         for r in recs:
-            if not r.fut.done():
-                r.fut.set_exception(exc)
+            fut = r[5]
+            if not fut.done():
+                fut.set_exception(exc)
 
     def _record_flush(self, seconds: float) -> None:
         self.metrics["flushes"] += 1
@@ -524,7 +604,9 @@ class Store:
                 st[1] = ts
 
     async def _fsync_async(self) -> None:
-        await self._run_io(self.commitlog.sync)
+        segs = self._writer.take_unsynced_segments()
+        if segs:
+            await self._run_io(self.commitlog.sync, segs)
 
     # =========================================================================== reading
     def get_message(self, commitlog_offset: int, size: int | None = None) -> Message:
@@ -572,8 +654,15 @@ class Store:
             raise ValueError(f"topic {topic} has no queue {queue_id}")
         return qs[queue_id]
 
-    def read(self, topic: str, queue_id: int, start: int, end: int | None = None, max_messages: int = 32,
-             filter: Filter = ALL) -> list[Message]:
+    def read(
+        self,
+        topic: str,
+        queue_id: int,
+        start: int,
+        end: int | None = None,
+        max_messages: int = 32,
+        filter: Filter = ALL,
+    ) -> list[Message]:
         """Messages with queue offsets in [start, end) (clamped to what is stored), at most max_messages.
 
         Replayable: the same arguments return the same messages while they are retained.
@@ -627,8 +716,15 @@ class Store:
         return 0 if st is None else sum(len(q.inflight) for q in st.queues.values())
 
     # =========================================================================== pop / ack
-    async def pop(self, group: str, topic: str, max_messages: int = 32, invisible_time_ms: int = 30_000,
-                  filter: Filter = ALL, wait_ms: int = 0) -> list[PoppedMessage]:
+    async def pop(
+        self,
+        group: str,
+        topic: str,
+        max_messages: int = 32,
+        invisible_time_ms: int = 30_000,
+        filter: Filter = ALL,
+        wait_ms: int = 0,
+    ) -> list[PoppedMessage]:
         """Hand out up to `max_messages` visible messages from any queue, invisible until acked or
         `invisible_time_ms` passes. With `wait_ms`, wait (long polling) for a matching message."""
         if max_messages < 1:
@@ -649,8 +745,9 @@ class Store:
                 return out
             await self._wait_for(topic, filter, give_up, self.progress.get(group, topic).next_deadline())
 
-    def _pop_now(self, gconf: GroupConfig, topic: str, max_n: int, invisible: int,
-                 f: Filter) -> tuple[list[PoppedMessage], list]:
+    def _pop_now(
+        self, gconf: GroupConfig, topic: str, max_n: int, invisible: int, f: Filter
+    ) -> tuple[list[PoppedMessage], list]:
         progress = self.progress
         st = progress.get(gconf.name, topic)
         now = now_ms()
@@ -680,7 +777,9 @@ class Store:
             new_seq = progress.next_seq()
             progress.changed(st, qid, offset, new_seq, now + invisible, inf.attempts + 1)
             msg.reconsume_times = inf.attempts - 1
-            out.append(PoppedMessage(msg, encode_handle(new_seq, gconf.name, topic, qid, offset), now + invisible))
+            out.append(
+                PoppedMessage(msg, encode_handle(new_seq, gconf.name, topic, qid, offset), now + invisible)
+            )
             self.metrics["redeliveries"] += 1
         # 2. new messages, round robin over queues
         if len(out) < max_n:
@@ -696,8 +795,19 @@ class Store:
                 self._pop_queue(st, cq, gconf.name, topic, max_n, invisible, f, hashes, now, out)
         return out, dlq
 
-    def _pop_queue(self, st: GroupTopic, cq: ConsumeQueue, group: str, topic: str, max_n: int, invisible: int,
-                   f: Filter, hashes: frozenset[int] | None, now: int, out: list[PoppedMessage]) -> None:
+    def _pop_queue(
+        self,
+        st: GroupTopic,
+        cq: ConsumeQueue,
+        group: str,
+        topic: str,
+        max_n: int,
+        invisible: int,
+        f: Filter,
+        hashes: frozenset[int] | None,
+        now: int,
+        out: list[PoppedMessage],
+    ) -> None:
         progress = self.progress
         qid = cq.queue_id
         q = st.queue(qid)
@@ -719,7 +829,9 @@ class Store:
                     return  # FIFO: this queue waits until the group's previous message is done
                 inf = Inflight(progress.next_seq(), now + invisible, 1, mg)
                 progress.popped(st, qid, offset, inf)
-                out.append(PoppedMessage(msg, encode_handle(inf.seq, group, topic, qid, offset), inf.deadline))
+                out.append(
+                    PoppedMessage(msg, encode_handle(inf.seq, group, topic, qid, offset), inf.deadline)
+                )
                 if len(out) >= max_n:
                     return
 
@@ -764,13 +876,21 @@ class Store:
         clo, size, _th, _ts = cq.entry(offset)
         return await self._to_dlq(st.group, st, qid, offset, self._read_entry(clo, size), reason)
 
-    async def _to_dlq(self, group: str, st: GroupTopic, qid: int, offset: int, msg: Message,
-                      reason: str) -> AppendResult:
+    async def _to_dlq(
+        self, group: str, st: GroupTopic, qid: int, offset: int, msg: Message, reason: str
+    ) -> AppendResult:
         inf = st.queue(qid).inflight.get(offset)
         props = dict(msg.properties)
-        props.update({PROP_ORIGIN_TOPIC: msg.topic, PROP_ORIGIN_MESSAGE_ID: msg.message_id,
-                      PROP_ORIGIN_QUEUE: str(qid), PROP_ORIGIN_OFFSET: str(offset),
-                      PROP_RECONSUME_TIMES: str(inf.attempts if inf else 0), PROP_DLQ_REASON: reason})
+        props.update(
+            {
+                PROP_ORIGIN_TOPIC: msg.topic,
+                PROP_ORIGIN_MESSAGE_ID: msg.message_id,
+                PROP_ORIGIN_QUEUE: str(qid),
+                PROP_ORIGIN_OFFSET: str(offset),
+                PROP_RECONSUME_TIMES: str(inf.attempts if inf else 0),
+                PROP_DLQ_REASON: reason,
+            }
+        )
         dlq_topic = DLQ_PREFIX + group
         self.topic(dlq_topic, create=True)
         copy = _with(msg, topic=dlq_topic, properties=props, queue_id=-1, message_group="")
@@ -845,7 +965,9 @@ class Store:
                 continue
             held = self._read_entry(clo, codec.record_size_at(self.commitlog.read(clo, 4), 0))
             real = self._release(held)
-            if any(m.topic == real.topic and m.commitlog_offset > clo for m in self.get_by_id(real.message_id)):
+            if any(
+                m.topic == real.topic and m.commitlog_offset > clo for m in self.get_by_id(real.message_id)
+            ):
                 self.progress.done(st, 0, qoff)  # delivered before a crash, not yet marked done
                 continue
             futs.append(self._append(real, now_ms()))
@@ -861,8 +983,13 @@ class Store:
         qid = int(props.pop(PROP_REAL_QUEUE, "-1"))
         if topic not in self.topic_configs:
             self.topic(topic, create=True)
-        return _with(held, topic=topic, properties=props, queue_id=qid, msg_type=MessageType.NORMAL
-                     if not held.message_group else MessageType.FIFO)
+        return _with(
+            held,
+            topic=topic,
+            properties=props,
+            queue_id=qid,
+            msg_type=MessageType.NORMAL if not held.message_group else MessageType.FIFO,
+        )
 
     # =========================================================================== transactions
     async def end_transaction(self, transaction_id: int | str, commit: bool) -> AppendResult | None:
@@ -954,24 +1081,25 @@ class Store:
             delete_before = b + seg_size
         if delete_before is None:
             return 0
-        n = await self._run_io(self._delete_segments, delete_before)
+        n = await self._run_io(self.commitlog.delete_segments_before, delete_before)
         for b in [b for b in self._seg_stats if b < delete_before]:
             del self._seg_stats[b]
-        return n
-
-    def _delete_segments(self, before: int) -> int:
-        n = self.commitlog.delete_segments_before(before)
         low = self.commitlog.min_offset
-        for cq in self.cqs.values():
+        for cq in self.cqs.values():  # in the loop: the writer appends to these files here too
             cq.set_min_by_commitlog(low)
-            cq.compact()
+            if cq.written_offset == cq.max_offset:
+                cq.compact()
         self.index.drop_below(low)
-        self._write_checkpoint()
+        await self._checkpoint()
         return n
 
     # =========================================================================== checkpoints
     async def _checkpoint(self, consumer_snapshot: bool = False) -> None:
-        await self._run_io(self._write_checkpoint)
+        w = self._writer
+        dirty, w.dirty_cqs = w.dirty_cqs, set()
+        segs = None if self.sync else w.take_unsynced_segments()
+        end = w.durable_end if self.sync else w.written_end
+        await self._run_io(self._write_checkpoint, end, dirty, segs)
         if consumer_snapshot or self.progress.ops >= self.config.consumer_checkpoint_ops:
             self.progress.ops = 0
             snap = self.progress.snapshot()
@@ -982,16 +1110,15 @@ class Store:
         if data:
             await self._run_io(self.progress.write_log, data)
 
-    def _write_checkpoint(self) -> None:
-        """Flusher thread: make queue and index files durable, then record how far they are valid."""
-        if not self.sync:
-            self.commitlog.sync()
-        dirty, self._flusher.dirty_cqs = self._flusher.dirty_cqs, set()
+    def _write_checkpoint(self, end: int, dirty: Iterable[ConsumeQueue], segments: list[str] | None) -> None:
+        """IO thread: make the queue and index files durable, then record that they are valid up to
+        commit log offset `end` (everything below it was written, and under `sync` fsynced, before)."""
+        if segments:
+            self.commitlog.sync(segments)
         for cq in dirty:
             os.fdatasync(cq.fd)
         self.index.sync()
-        cp = {"commitlog": self._flusher.written_end,
-              "segments": {str(k): v for k, v in list(self._seg_stats.items())}}
+        cp = {"commitlog": end, "segments": {str(k): v for k, v in list(self._seg_stats.items())}}
         path = os.path.join(self.config.data_dir, "checkpoint.json")
         with open(path + ".tmp", "wb") as f:
             f.write(json.dumps(cp).encode())
@@ -999,7 +1126,7 @@ class Store:
             os.fsync(f.fileno())
         os.rename(path + ".tmp", path)
 
-    # progress is created lazily so that recovery (in the flusher thread) can run first
+    # progress is created lazily so that recovery (in the io thread) can run first
     @property
     def progress(self) -> ConsumerProgress:
         p = self.__dict__.get("_progress")
@@ -1010,8 +1137,20 @@ class Store:
 
 def _with(msg: Message, **changes: object) -> Message:
     """A copy of `msg` with some fields changed (dataclasses.replace is slower on the hot path)."""
-    m = Message(msg.topic, msg.body, msg.tag, msg.keys, msg.properties, msg.message_group, msg.deliver_at,
-                msg.message_id, msg.born_timestamp, msg.born_host, msg.queue_id, msg.msg_type)
+    m = Message(
+        msg.topic,
+        msg.body,
+        msg.tag,
+        msg.keys,
+        msg.properties,
+        msg.message_group,
+        msg.deliver_at,
+        msg.message_id,
+        msg.born_timestamp,
+        msg.born_host,
+        msg.queue_id,
+        msg.msg_type,
+    )
     for k, v in changes.items():
         setattr(m, k, v)
     return m

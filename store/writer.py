@@ -1,0 +1,148 @@
+"""Group commit on the event loop: records queued during one loop iteration are written to the
+page cache with one write, and one fdatasync (in the fsync helper process) covers every batch
+written while the previous one was syncing. Appenders' futures resolve when their batch is durable.
+
+A queued record is a plain tuple (cheaper to build than an object):
+    (start, data, cq, entry, idx, fut, result, keys, tag_hash)
+`data` (a padding record, maybe, then the record) lands at commit log offset `start`; `entry` is its
+consume queue entry and `idx` its index entries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+
+from .commitlog import CommitLog
+from .fsyncer import FsyncClient
+from .index import MessageIndex
+
+EARLY_RECORDS = 16  # with the disk idle, this many queued records are written and synced at once
+
+
+class GroupCommitWriter:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        commitlog: CommitLog,
+        index: MessageIndex,
+        sync: bool,
+        on_durable: Callable[[list[tuple], float], None],
+        on_failed: Callable[[list[tuple], int | None, BaseException], None],
+    ) -> None:
+        self.loop = loop
+        self.commitlog = commitlog
+        self.index = index
+        self.on_durable = on_durable
+        self.on_failed = on_failed
+        self.pending: list[tuple] = []
+        self._scheduled = False
+        self.unsynced: list[list[tuple]] = []
+        self._inflight: tuple[list[list[tuple]], float, int] | None = None
+        self.written_end = 0  # commit log bytes written to the page cache
+        self.durable_end = 0  # ... and known durable (fsynced, or written under the async policy)
+        self.dirty_cqs: set = set()  # queue files written since the last checkpoint took them
+        self.unsynced_segments: set[str] = set()
+        self.broken: BaseException | None = None
+        self._drain: list[asyncio.Future] = []
+        self.early = EARLY_RECORDS
+        self.fsync = FsyncClient(loop, self._synced) if sync else None
+
+    def put(self, rec: tuple) -> None:
+        pending = self.pending
+        pending.append(rec)
+        if len(pending) >= self.early and self._inflight is None and self.fsync is not None:
+            self._write()  # the disk is idle: start it now, later appends form the next batch
+        elif not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._write)
+
+    def _write(self) -> None:
+        self._scheduled = False
+        recs, self.pending = self.pending, []
+        if not recs:
+            return
+        t0 = time.perf_counter()
+        start = recs[0][0]
+        data = b"".join([r[1] for r in recs])
+        per_cq: dict = {}
+        for r in recs:
+            w = per_cq.get(r[2])
+            if w is None:
+                per_cq[r[2]] = (r[6][3], [r[3]])
+            else:
+                w[1].append(r[3])
+        try:
+            segs = self.commitlog.write_batch(start, data, sync=False)
+            for cq, (first, entries) in per_cq.items():
+                cq.write_at(first, b"".join(entries))
+                cq.written_offset = first + len(entries)
+            self.index.append_file(b"".join([r[4] for r in recs]))
+        except BaseException as e:  # noqa: BLE001 - every appender of the batch hears of it
+            self.on_failed(recs, start, e)
+            self._maybe_idle()
+            return
+        self.dirty_cqs.update(per_cq)
+        self.written_end = start + len(data)
+        self.unsynced_segments.update(segs)
+        if self.fsync is None:
+            self.durable_end = self.written_end
+            self.on_durable(recs, time.perf_counter() - t0)
+            self._maybe_idle()
+            return
+        self.unsynced.append(recs)
+        if self._inflight is None:
+            self._request()
+
+    def _request(self) -> None:
+        paths = list(self.unsynced_segments)
+        self.unsynced_segments.clear()
+        self._inflight = (self.unsynced, time.perf_counter(), self.written_end)
+        self.unsynced = []
+        self.fsync.request(paths)
+
+    def _synced(self, _rid: int, err: int) -> None:
+        batches, t0, end = self._inflight
+        self._inflight = None
+        if err:
+            self.broken = OSError(err, f"fdatasync failed: {os.strerror(err)}")
+            for recs in batches + self.unsynced:
+                self.on_failed(recs, None, self.broken)
+            self.unsynced = []
+        else:
+            self.durable_end = end
+            dt = time.perf_counter() - t0
+            for recs in batches:
+                self.on_durable(recs, dt)
+            if self.unsynced:
+                self._request()
+        self._maybe_idle()
+
+    @property
+    def idle(self) -> bool:
+        return not self.pending and not self.unsynced and self._inflight is None
+
+    def _maybe_idle(self) -> None:
+        if self._drain and self.idle:
+            for f in self._drain:
+                if not f.done():
+                    f.set_result(None)
+            self._drain.clear()
+
+    async def drain(self) -> None:
+        """Return once everything queued so far is durable (or failed)."""
+        while not self.idle:
+            fut = self.loop.create_future()
+            self._drain.append(fut)
+            await fut
+
+    def take_unsynced_segments(self) -> list[str]:
+        segs = list(self.unsynced_segments)
+        self.unsynced_segments.clear()
+        return segs
+
+    def close(self) -> None:
+        if self.fsync is not None:
+            self.fsync.close()
