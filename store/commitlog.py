@@ -147,7 +147,9 @@ class CommitLog:
         filler = None
         if pos + size > seg_end:
             left = seg_end - pos
-            filler = codec.encode_blank(left) if left >= codec.MIN_RECORD else None
+            # batches are written as one contiguous run, so even a gap too small for a padding
+            # record travels as (zero) bytes
+            filler = codec.encode_blank(left) if left >= codec.MIN_RECORD else bytes(left)
             pos = seg_end
         self.write_pos = pos + size
         return pos, filler

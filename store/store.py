@@ -145,6 +145,8 @@ class Store:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._io = ThreadPoolExecutor(1, thread_name_prefix="store-io")
         self._writer: GroupCommitWriter | None = None
+        self._max_size = config.max_message_size
+        self._seg_size = config.segment_size
         # waiters, timers, transactions, retention
         self._waiters: dict[str, set[_Waiter]] = {}
         self._seg_stats: dict[int, dict[str, list[int]]] = {}
@@ -464,9 +466,8 @@ class Store:
         self, msg: Message, now: int, result_topic: str | None = None
     ) -> asyncio.Future[AppendResult]:
         """Encode, place and queue one record for the writer (the hot path: keep it lean)."""
-        body = msg.body
-        if len(body) > self.config.max_message_size:
-            raise MessageTooLarge(f"body of {len(body)} bytes exceeds {self.config.max_message_size}")
+        if len(msg.body) > self._max_size:
+            raise MessageTooLarge(f"body of {len(msg.body)} bytes exceeds {self._max_size}")
         topic = msg.topic
         qs = self._topic_queues.get(topic) or self._queues(topic)
         qid = msg.queue_id
@@ -483,7 +484,13 @@ class Store:
         qoff = cq.next_offset
         rec = codec.encode(msg, qid, qoff, now, mid, msg.born_timestamp or now)
         size = len(rec)
-        clo, filler = self.commitlog.reserve(size)
+        cl = self.commitlog
+        clo = cl.write_pos
+        if clo % self._seg_size + size <= self._seg_size:  # fits the current segment
+            cl.write_pos = clo + size
+            filler = None
+        else:
+            clo, filler = cl.reserve(size)
         cq.next_offset = qoff + 1
         th = tag_hash(msg.tag) if msg.tag else 0
         keys = msg.keys

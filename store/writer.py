@@ -19,7 +19,7 @@ from .commitlog import CommitLog
 from .fsyncer import FsyncClient
 from .index import MessageIndex
 
-EARLY_RECORDS = 16  # with the disk idle, this many queued records are written and synced at once
+EARLY_RECORDS = 8  # with the disk idle, at least this many queued records are written and synced at once
 
 
 class GroupCommitWriter:
@@ -48,12 +48,15 @@ class GroupCommitWriter:
         self.broken: BaseException | None = None
         self._drain: list[asyncio.Future] = []
         self.early = EARLY_RECORDS
+        self._unsynced_n = 0
+        self._last_n = 0
         self.fsync = FsyncClient(loop, self._synced) if sync else None
 
     def put(self, rec: tuple) -> None:
         pending = self.pending
         pending.append(rec)
-        if len(pending) >= self.early and self._inflight is None and self.fsync is not None:
+        idle_disk = self._inflight is None and self.fsync is not None
+        if idle_disk and len(pending) + self._unsynced_n >= self.early:
             self._write()  # the disk is idle: start it now, later appends form the next batch
         elif not self._scheduled:
             self._scheduled = True
@@ -63,6 +66,8 @@ class GroupCommitWriter:
         self._scheduled = False
         recs, self.pending = self.pending, []
         if not recs:
+            if self.unsynced and self._inflight is None:
+                self._request()
             return
         t0 = time.perf_counter()
         start = recs[0][0]
@@ -93,6 +98,7 @@ class GroupCommitWriter:
             self._maybe_idle()
             return
         self.unsynced.append(recs)
+        self._unsynced_n += len(recs)
         if self._inflight is None:
             self._request()
 
@@ -101,6 +107,7 @@ class GroupCommitWriter:
         self.unsynced_segments.clear()
         self._inflight = (self.unsynced, time.perf_counter(), self.written_end)
         self.unsynced = []
+        self._unsynced_n = 0
         self.fsync.request(paths)
 
     def _synced(self, _rid: int, err: int) -> None:
@@ -114,10 +121,17 @@ class GroupCommitWriter:
         else:
             self.durable_end = end
             dt = time.perf_counter() - t0
+            n = 0
             for recs in batches:
+                n += len(recs)
                 self.on_durable(recs, dt)
-            if self.unsynced:
-                self._request()
+            # Aim each fsync at half the appenders: the other half encodes meanwhile.
+            self.early = max(EARLY_RECORDS, (n + self._last_n) // 2)
+            self._last_n = n
+            if self.unsynced and not self._scheduled:
+                # let the appenders just woken queue their next records first (see put)
+                self._scheduled = True
+                self.loop.call_soon(self._write)
         self._maybe_idle()
 
     @property

@@ -1,0 +1,405 @@
+"""Benchmark of the durable message store (`store`), through its public API only.
+
+What it measures, in one run:
+
+1. Sequential write bandwidth of the disk under the data directory: a Python loop writes
+   `--seq-mib` MiB (default 256) in 1 MiB blocks to a new file, then one `os.fdatasync`; the whole
+   thing is timed (the equivalent of `dd bs=1M count=256 conv=fdatasync`). Repeated `--seq-repeats`
+   times (default 3); the median is reported as `seq_write_mb_s`.
+
+2. Append throughput and latency for every combination of message body size (100 B, 4 KiB),
+   concurrent producers (1, 8, 64) and flush policy (`sync`: an append returns after fsync;
+   `async`: after the write). Each producer is an asyncio task that awaits each append before the
+   next. Each configuration gets a fresh store in a fresh directory (opened and warmed up outside the
+   timed window, so the first segment's zero-filled preallocation is excluded), runs for `--seconds`
+   after a short warm-up, and reports appends/s, MB/s of message bodies (MB = 10**6 bytes) and p50/p99
+   append latency in ms. Message objects are built before the timed window. Every 4 KiB `sync` result
+   is also given as a fraction of the sequential write bandwidth (`disk_fraction_4k_sync_{1,8,64}p`;
+   `disk_fraction_4k_sync` is the best of them).
+
+3. Pop+ack throughput for one consumer group: a topic is pre-filled (`--fill` messages of 100 B,
+   async flush), then one group drains it with one consumer task, and another group drains it with
+   4 concurrent consumer tasks. Each task loops `pop(max_messages=32)` then acks every message, until
+   the backlog is empty or `--pop-seconds` pass. `pop_ack_per_s` is the better of the two.
+
+Output: a human-readable table, or with `--json` exactly one JSON object on stdout (progress goes to
+stderr). `--quick` shrinks everything for smoke runs. uvloop is used when importable.
+
+    .venv/bin/python bench/store_bench.py [--quick] [--json] [--seconds S] [--dir PARENT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import math
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+# Run as `python bench/store_bench.py` from anywhere: make the repository importable.
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO not in sys.path:
+    sys.path.insert(0, _REPO)
+
+from store import Message, Store, StoreConfig  # noqa: E402
+
+MiB = 1024 * 1024
+MB = 1_000_000
+SIZES: tuple[tuple[str, int], ...] = (("100b", 100), ("4k", 4096))
+PRODUCERS: tuple[int, ...] = (1, 8, 64)
+FLUSHES: tuple[str, ...] = ("sync", "async")
+TOPIC = "bench"
+POP_BATCH = 32
+POP_CONSUMERS: tuple[int, ...] = (1, 4)
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+@dataclass(slots=True)
+class Settings:
+    parent: str
+    seconds: float
+    warmup: float
+    segment_size: int
+    seq_bytes: int
+    seq_repeats: int
+    fill: int
+    pop_seconds: float
+    pool_max: int
+    json: bool
+
+
+@dataclass(slots=True)
+class AppendStats:
+    count: int
+    seconds: float
+    body_bytes: int
+    latencies: list[float]  # seconds, one per append
+
+    @property
+    def per_s(self) -> float:
+        return self.count / self.seconds
+
+    @property
+    def mb_s(self) -> float:
+        return self.body_bytes / self.seconds / MB
+
+    def pct_ms(self, q: float) -> float:
+        return percentile(self.latencies, q) * 1000
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..1) of an unsorted list; sorts it in place."""
+    if not values:
+        return float("nan")
+    values.sort()
+    k = max(0, min(len(values) - 1, math.ceil(q * len(values)) - 1))
+    return values[k]
+
+
+# ============================================================================ sequential disk bandwidth
+def seq_write_mb_s(directory: str, total: int) -> float:
+    """One `dd bs=1M conv=fdatasync` equivalent: MB/s of writing `total` bytes then one fdatasync."""
+    block = os.urandom(MiB)
+    path = os.path.join(directory, "seqwrite.bin")
+    t0 = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        left = total
+        while left > 0:
+            n = os.write(fd, block if left >= MiB else block[:left])
+            left -= n
+        os.fdatasync(fd)
+        elapsed = time.perf_counter() - t0
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return total / elapsed / MB
+
+
+# ============================================================================ appends
+def build_messages(n: int, body: bytes) -> list[Message]:
+    return [Message(TOPIC, body) for _ in range(n)]
+
+
+async def produce(store: Store, producers: int, pool: list[Message], deadline: float,
+                  latencies: list[float] | None) -> int:
+    """`producers` tasks append messages from `pool` (each awaits its append) until `deadline`."""
+    counter = [0]
+    n_pool = len(pool)
+    append = store.append
+    clock = time.perf_counter
+
+    async def producer() -> None:
+        lat_add = latencies.append if latencies is not None else None
+        while True:
+            i = counter[0]
+            if i >= n_pool or clock() >= deadline:
+                return
+            counter[0] = i + 1
+            msg = pool[i]
+            t0 = clock()
+            await append(msg)
+            if lat_add is not None:
+                lat_add(clock() - t0)
+
+    await asyncio.gather(*(producer() for _ in range(producers)))
+    return counter[0]
+
+
+async def bench_append(cfg: Settings, size: int, producers: int, flush: str) -> AppendStats:
+    body = os.urandom(size)
+    data_dir = tempfile.mkdtemp(prefix=f"append-{size}-{flush}-{producers}p-", dir=cfg.parent)
+    try:
+        store = await Store.open(StoreConfig(data_dir=data_dir, flush=flush, segment_size=cfg.segment_size))
+        try:
+            store.create_topic(TOPIC, queues=8)
+            # Warm-up: first writes, page faults, lazily created files; also sizes the message pool.
+            warm_pool = build_messages(min(cfg.pool_max, 50_000), body)
+            t0 = time.perf_counter()
+            n_warm = await produce(store, producers, warm_pool, t0 + cfg.warmup, None)
+            warm_rate = n_warm / max(time.perf_counter() - t0, 1e-9)
+            del warm_pool
+            # generous: the warm-up rate underestimates the steady rate (up to 2x seen)
+            need = int(warm_rate * cfg.seconds * 3) + 50_000
+            pool = build_messages(min(need, cfg.pool_max), body)
+            latencies: list[float] = []
+            gc.collect()
+            gc.freeze()
+            try:
+                t0 = time.perf_counter()
+                count = await produce(store, producers, pool, t0 + cfg.seconds, latencies)
+                elapsed = time.perf_counter() - t0
+            finally:
+                gc.unfreeze()
+            if count >= len(pool):
+                log(f"  note: all {len(pool)} pre-built messages used before --seconds ran out "
+                    f"(timed {elapsed:.2f} s; see --pool-max)")
+        finally:
+            await store.close()
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+    return AppendStats(len(latencies), elapsed, len(latencies) * size, latencies)
+
+
+# ============================================================================ pop + ack
+async def fill_topic(store: Store, n: int, size: int) -> None:
+    body = os.urandom(size)
+    pool = build_messages(n, body)
+    await produce(store, 64, pool, float("inf"), None)
+
+
+async def drain(store: Store, group: str, consumers: int, seconds: float) -> tuple[int, float]:
+    """`consumers` tasks of one group pop (max 32) and ack until the backlog is empty or time is up."""
+    done = [0]
+    clock = time.perf_counter
+
+    async def consumer(deadline: float) -> None:
+        pop, ack = store.pop, store.ack
+        while clock() < deadline:
+            msgs = await pop(group, TOPIC, max_messages=POP_BATCH, invisible_time_ms=60_000)
+            if not msgs:
+                return
+            for m in msgs:
+                ack(m.receipt_handle)
+            done[0] += len(msgs)
+            # pop does not suspend while messages are available: let the other consumers and the
+            # store's background tasks (progress log flushes) run, as network I/O would.
+            await asyncio.sleep(0)
+
+    t0 = clock()
+    await asyncio.gather(*(consumer(t0 + seconds) for _ in range(consumers)))
+    return done[0], clock() - t0
+
+
+async def bench_pop_ack(cfg: Settings) -> dict[int, tuple[int, float]]:
+    data_dir = tempfile.mkdtemp(prefix="popack-", dir=cfg.parent)
+    out: dict[int, tuple[int, float]] = {}
+    try:
+        store = await Store.open(StoreConfig(data_dir=data_dir, flush="async", segment_size=cfg.segment_size))
+        try:
+            store.create_topic(TOPIC, queues=8)
+            t0 = time.perf_counter()
+            await fill_topic(store, cfg.fill, 100)
+            log(f"  filled {cfg.fill} messages of 100 B in {time.perf_counter() - t0:.2f} s")
+            for consumers in POP_CONSUMERS:
+                gc.collect()
+                # a separate group per run: each drains the whole backlog on its own
+                n, secs = await drain(store, f"bench-{consumers}c", consumers, cfg.pop_seconds)
+                out[consumers] = (n, secs)
+                log(f"  pop+ack {consumers} consumer(s): {n} msgs in {secs:.2f} s = {n / secs:,.0f}/s")
+        finally:
+            await store.close()
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+    return out
+
+
+# ============================================================================ driver
+async def run(cfg: Settings) -> dict[str, Any]:
+    res: dict[str, Any] = {}
+    seq = []
+    for i in range(cfg.seq_repeats):
+        v = seq_write_mb_s(cfg.parent, cfg.seq_bytes)
+        seq.append(v)
+        log(f"seq write {cfg.seq_bytes // MiB} MiB + fdatasync, run {i + 1}: {v:,.1f} MB/s")
+    res["seq_write_mb_s"] = statistics.median(seq)
+
+    for flush in FLUSHES:
+        for label, size in SIZES:
+            for producers in PRODUCERS:
+                key = f"append_{label}_{flush}_{producers}p"
+                r = await bench_append(cfg, size, producers, flush)
+                res[f"{key}_per_s"] = r.per_s
+                res[f"{key}_mb_s"] = r.mb_s
+                res[f"{key}_p50_ms"] = r.pct_ms(0.50)
+                res[f"{key}_p99_ms"] = r.pct_ms(0.99)
+                res[f"{key}_count"] = r.count
+                log(f"{key}: {r.per_s:,.0f}/s {r.mb_s:,.2f} MB/s p50 {res[f'{key}_p50_ms']:.3f} ms "
+                    f"p99 {res[f'{key}_p99_ms']:.3f} ms ({r.count} in {r.seconds:.2f} s)")
+
+    fractions = []
+    for producers in PRODUCERS:
+        f = res[f"append_4k_sync_{producers}p_mb_s"] / res["seq_write_mb_s"]
+        res[f"disk_fraction_4k_sync_{producers}p"] = f
+        fractions.append(f)
+    res["disk_fraction_4k_sync"] = max(fractions)
+
+    log(f"pop+ack: pre-filling {cfg.fill} messages")
+    pops = await bench_pop_ack(cfg)
+    for consumers, (n, secs) in pops.items():
+        res[f"pop_ack_{consumers}c_per_s"] = n / secs
+        res[f"pop_ack_{consumers}c_count"] = n
+    res["pop_ack_per_s"] = max(res[f"pop_ack_{c}c_per_s"] for c in POP_CONSUMERS)
+    return res
+
+
+def table(res: dict[str, Any], cfg: Settings, loop_name: str, total: float) -> str:
+    lines = [
+        f"store benchmark  (loop: {loop_name}, {cfg.seconds:g} s per config, segment "
+        f"{cfg.segment_size // MiB} MiB, dir {cfg.parent})",
+        f"sequential write + fdatasync ({cfg.seq_bytes // MiB} MiB, median of {cfg.seq_repeats}): "
+        f"{res['seq_write_mb_s']:,.1f} MB/s",
+        "",
+        f"{'size':>5} {'flush':>5} {'prod':>4} {'appends/s':>11} {'MB/s':>8} {'p50 ms':>8} {'p99 ms':>8}"
+        f" {'disk frac':>9}",
+    ]
+    for flush in FLUSHES:
+        for label, _size in SIZES:
+            for p in PRODUCERS:
+                k = f"append_{label}_{flush}_{p}p"
+                frac = res.get(f"disk_fraction_4k_sync_{p}p") if (label, flush) == ("4k", "sync") else None
+                lines.append(
+                    f"{label:>5} {flush:>5} {p:>4} {res[k + '_per_s']:>11,.0f} {res[k + '_mb_s']:>8,.2f} "
+                    f"{res[k + '_p50_ms']:>8.3f} {res[k + '_p99_ms']:>8.3f} "
+                    f"{'' if frac is None else f'{frac:.3f}':>9}"
+                )
+    lines.append("")
+    lines.append(f"pop+ack (backlog {cfg.fill} x 100 B, batch {POP_BATCH}): "
+                 + ", ".join(f"{c} consumer{'s' if c > 1 else ''} {res[f'pop_ack_{c}c_per_s']:,.0f}/s"
+                             for c in POP_CONSUMERS)
+                 + f"; best {res['pop_ack_per_s']:,.0f}/s")
+    lines.append(f"total runtime {total:.1f} s")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> Settings:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: 1 s per config, short warm-up, small fill, 64 MiB segments and seq file")
+    p.add_argument("--seconds", type=float, help="timed seconds per append config (default 3, quick 1)")
+    p.add_argument("--warmup", type=float, help="warm-up seconds per append config (default 0.5, quick 0.1)")
+    p.add_argument("--dir", default="./data",
+                   help="parent directory for temporary data dirs (default ./data); a fresh temp dir is "
+                        "made inside and removed afterwards")
+    p.add_argument("--segment-mib", type=int, help="commit log segment size in MiB (default 256, quick 64)")
+    p.add_argument("--seq-mib", type=int, help="sequential write size in MiB (default 256, quick 64)")
+    p.add_argument("--seq-repeats", type=int, default=3, help="sequential write repeats (median; default 3)")
+    p.add_argument("--fill", type=int, help="messages pre-filled for pop+ack (default 200000, quick 20000)")
+    p.add_argument("--pop-seconds", type=float, help="time bound per pop+ack run (default 30, quick 5)")
+    p.add_argument("--pool-max", type=int, default=2_000_000,
+                   help="max pre-built messages per append config (default 2000000)")
+    a = p.parse_args(argv)
+    q = a.quick
+
+    def pick(v: Any, full: Any, quick: Any) -> Any:
+        return v if v is not None else (quick if q else full)
+
+    return Settings(
+        parent=a.dir,
+        seconds=pick(a.seconds, 3.0, 1.0),
+        warmup=pick(a.warmup, 0.5, 0.1),
+        segment_size=pick(a.segment_mib, 256, 64) * MiB,
+        seq_bytes=pick(a.seq_mib, 256, 64) * MiB,
+        seq_repeats=max(1, a.seq_repeats),
+        fill=pick(a.fill, 200_000, 20_000),
+        pop_seconds=pick(a.pop_seconds, 30.0, 5.0),
+        pool_max=a.pool_max,
+        json=a.json,
+    )
+
+
+def event_loop_factory() -> tuple[Callable[[], asyncio.AbstractEventLoop], str]:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop, "asyncio"
+    return uvloop.new_event_loop, "uvloop"
+
+
+def run_in_loop(coro: Coroutine[Any, Any, dict[str, Any]],
+                factory: Callable[[], asyncio.AbstractEventLoop]) -> dict[str, Any]:
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(coro)
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_args(argv)
+    parent = os.path.abspath(cfg.parent)
+    # Remember which directories we create so that they can go again afterwards.
+    created: list[str] = []
+    d = parent
+    while not os.path.exists(d):
+        created.append(d)
+        d = os.path.dirname(d)
+    os.makedirs(parent, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="store-bench-", dir=parent)
+    cfg.parent = work
+    factory, loop_name = event_loop_factory()
+    log(f"store bench: loop {loop_name}, work dir {work}")
+    t0 = time.perf_counter()
+    try:
+        res = run_in_loop(run(cfg), factory)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        for d in created:  # innermost first
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
+    total = time.perf_counter() - t0
+    res["event_loop"] = loop_name
+    res["seconds_per_config"] = cfg.seconds
+    res["total_runtime_s"] = total
+    if cfg.json:
+        print(json.dumps(res, sort_keys=True))
+    else:
+        cfg.parent = parent
+        print(table(res, cfg, loop_name, total))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
