@@ -158,23 +158,32 @@ class CommitLog:
         """Write `data` at commit log offset `start` (may cross segments); fdatasync when `sync`.
 
         Returns the paths of the segments written."""
-        touched = []
+        touched: list[Segment] = []
         pos, view = start, memoryview(data)
-        while view:
-            base = pos - pos % self.segment_size
-            seg = self._ensure_segment(base)
-            n = min(len(view), base + self.segment_size - pos)
-            done = 0
-            while done < n:
-                try:
-                    done += os.pwrite(seg.fd, view[done:n], pos - base + done)
-                except OSError as e:
-                    if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-                        raise StoreFullError(e.strerror or "no space") from e
-                    raise
-            touched.append(seg)
-            pos += n
-            view = view[n:]
+        try:
+            while view:
+                base = pos - pos % self.segment_size
+                seg = self._ensure_segment(base)
+                n = min(len(view), base + self.segment_size - pos)
+                done = 0
+                while done < n:
+                    try:
+                        done += os.pwrite(seg.fd, view[done:n], pos - base + done)
+                    except OSError as e:
+                        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                            raise StoreFullError(e.strerror or "no space") from e
+                        raise
+                touched.append(seg)
+                pos += n
+                view = view[n:]
+        except BaseException:
+            # the batch is refused: what of it reached a segment must not be recovered later
+            with contextlib.suppress(OSError):
+                for seg in touched:
+                    lo = max(start, seg.base) - seg.base
+                    hi = min(pos, seg.base + self.segment_size) - seg.base
+                    os.pwrite(seg.fd, bytes(hi - lo), lo)
+            raise
         if sync:
             for seg in touched:
                 os.fdatasync(seg.fd)

@@ -254,7 +254,10 @@ class ConsumerProgress:
         log = self._log_path(self.gen)
         if os.path.exists(log):
             with open(log, "rb") as f:
-                self._replay(f.read())
+                data = f.read()
+            valid = self._replay(data)
+            if valid < len(data):  # cut a torn tail, or new records would land behind it
+                os.truncate(log, valid)
         for st in self.by_id.values():  # derived: retry heap and FIFO busy groups
             for qid, q in st.queues.items():
                 for o, inf in q.inflight.items():
@@ -262,10 +265,13 @@ class ConsumerProgress:
                     if inf.message_group:
                         st.fifo_busy[inf.message_group] = st.fifo_busy.get(inf.message_group, 0) + 1
 
-    def _replay(self, data: bytes) -> None:
+    def _replay(self, data: bytes) -> int:
+        """Apply logged operations; returns how many bytes were valid."""
         pos, end = 0, len(data)
+        good = 0
         try:
             while pos < end:
+                good = pos
                 op = data[pos]
                 if op == OP_NAME:
                     _, gt_id, lg = _NAME.unpack_from(data, pos)
@@ -307,8 +313,11 @@ class ConsumerProgress:
                     self.seq = max(self.seq, seq)
                 else:
                     break  # torn or foreign bytes: the rest is not trusted
+            else:
+                good = pos
         except (struct.error, KeyError, UnicodeDecodeError):
             pass  # a torn last record
+        return good
 
     def close(self) -> None:
         os.close(self.log_fd)

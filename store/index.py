@@ -89,13 +89,14 @@ class MessageIndex:
                         del d[k]
                     else:
                         d[k] = kept[0] if len(kept) == 1 else kept
-        parts = []
+        entries = []
         for kind, d in ((KIND_ID, self.ids), (KIND_KEY, self.keys)):
             for k, v in d.items():
                 kb = k.encode()
                 for c in [v] if isinstance(v, int) else v:
-                    parts.append(_HEAD.pack(kind, len(kb)) + kb + _CLO.pack(c))
-        data = b"".join(parts)
+                    entries.append((c, kind, kb))
+        entries.sort()  # the file is in commit log order: recovery cuts it by offset
+        data = b"".join(_HEAD.pack(kind, len(kb)) + kb + _CLO.pack(c) for c, kind, kb in entries)
         tmp = self.path + ".tmp"
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         os.write(fd, data)

@@ -154,6 +154,7 @@ class Store:
         self._timer_wake: asyncio.Event | None = None
         self._txn_heap: list[tuple[int, int, int]] = []  # (next check at, queue offset, clo)
         self._txn_checks: dict[int, int] = {}
+        self._resolving: set[int] = set()  # half messages whose commit append is under way
         self.transaction_checker: Callable[[Message], Awaitable[None] | None] | None = None
         self._tasks: list[asyncio.Task] = []
         self._closed = False
@@ -191,24 +192,32 @@ class Store:
         cl = self.commitlog
         start = max(cp.get("commitlog", 0), cl.min_offset)
         self._seg_stats = {int(k): v for k, v in cp.get("segments", {}).items()}
-        for name in self._existing_queues():
+        expected = {}  # entries each queue had at the checkpoint: a shorter queue file was damaged
+        for name, count in cp.get("queues", {}).items():
+            topic, _, qid = name.rpartition("/")
+            expected[(topic, int(qid))] = count
+        for name in set(self._existing_queues()) | set(expected):
             self._cq(*name)
         if not self._tail_is_valid():
             start = max(start - start % cl.segment_size, cl.min_offset)
             log.warning("data before the checkpoint is damaged: recovering from offset %d", start)
-        if not self._replay_commitlog(start):
+        ok = self._replay_commitlog(start)
+        if ok and any(self.cqs[k].max_offset < n for k, n in expected.items()):
+            ok = False
+        if not ok:
             log.warning("consume queues do not match the commit log: rebuilding them from %d", cl.min_offset)
             for cq in self.cqs.values():
                 cq.truncate_to_commitlog(-1)
                 cq.rebase(0)
             self._seg_stats = {}
-            self._replay_commitlog(cl.min_offset)
+            self._replay_commitlog(cl.min_offset, rebuild=True)
         cl.truncate(cl.scan_end)
         for cq in self.cqs.values():
             cq.set_min_by_commitlog(cl.min_offset)
-        self._write_checkpoint(cl.scan_end, list(self.cqs.values()), None)
+        queues = {f"{t}/{q}": cq.max_offset for (t, q), cq in self.cqs.items()}
+        self._write_checkpoint(cl.scan_end, list(self.cqs.values()), None, queues)
 
-    def _replay_commitlog(self, start: int) -> bool:
+    def _replay_commitlog(self, start: int, rebuild: bool = False) -> bool:
         cl = self.commitlog
         for cq in self.cqs.values():
             cq.truncate_to_commitlog(start)
@@ -217,7 +226,7 @@ class Store:
         for clo, buf, pos, size in cl.scan(start):
             msg = codec.decode(buf, pos, clo)
             cq = self._cq(msg.topic, msg.queue_id)
-            if cq.next_offset == cq.base == 0 and msg.queue_offset > 0 and not cq.pending:
+            if rebuild and cq.next_offset == cq.base == 0 and msg.queue_offset > 0 and not cq.pending:
                 cq.rebase(msg.queue_offset)  # rebuilt after retention removed the first entries
             if msg.queue_offset != cq.next_offset:
                 if msg.queue_offset < cq.next_offset:
@@ -484,6 +493,8 @@ class Store:
         qoff = cq.next_offset
         rec = codec.encode(msg, qid, qoff, now, mid, msg.born_timestamp or now)
         size = len(rec)
+        if size > self._seg_size - codec.MIN_RECORD:
+            raise MessageTooLarge(f"a record of {size} bytes does not fit a {self._seg_size}-byte segment")
         cl = self.commitlog
         clo = cl.write_pos
         if clo % self._seg_size + size <= self._seg_size:  # fits the current segment
@@ -878,7 +889,8 @@ class Store:
 
     async def forward_to_dlq(self, handle: str, reason: str = "forwarded") -> AppendResult:
         """Move a popped message to `%DLQ%<group>` now and ack it."""
-        st, qid, offset, _inf = self._resolve(handle)
+        st, qid, offset, inf = self._resolve(handle)
+        inf.seq = self.progress.next_seq()  # the handle stops working now, not after the append
         cq = self._queue(st.topic, qid)
         clo, size, _th, _ts = cq.entry(offset)
         return await self._to_dlq(st.group, st, qid, offset, self._read_entry(clo, size), reason)
@@ -1004,10 +1016,16 @@ class Store:
 
         Returns where the committed message landed, or None for a rollback."""
         clo, qoff, msg = self._find_half(transaction_id)
+        if clo in self._resolving:
+            raise TransactionNotFound(f"transaction {transaction_id} is being resolved")
         st = self.progress.get(SYSTEM_TXN_GROUP, HALF_TOPIC)
         res = None
-        if commit:
-            res = await self._append(self._release(msg), now_ms())
+        self._resolving.add(clo)
+        try:
+            if commit:
+                res = await self._append(self._release(msg), now_ms())
+        finally:
+            self._resolving.discard(clo)
         self.progress.done(st, 0, qoff)
         self._txn_checks.pop(clo, None)
         return res
@@ -1106,7 +1124,10 @@ class Store:
         dirty, w.dirty_cqs = w.dirty_cqs, set()
         segs = None if self.sync else w.take_unsynced_segments()
         end = w.durable_end if self.sync else w.written_end
-        await self._run_io(self._write_checkpoint, end, dirty, segs)
+        queues = {
+            f"{t}/{q}": cq.max_offset if self.sync else cq.written_offset for (t, q), cq in self.cqs.items()
+        }
+        await self._run_io(self._write_checkpoint, end, dirty, segs, queues)
         if consumer_snapshot or self.progress.ops >= self.config.consumer_checkpoint_ops:
             self.progress.ops = 0
             snap = self.progress.snapshot()
@@ -1117,7 +1138,9 @@ class Store:
         if data:
             await self._run_io(self.progress.write_log, data)
 
-    def _write_checkpoint(self, end: int, dirty: Iterable[ConsumeQueue], segments: list[str] | None) -> None:
+    def _write_checkpoint(
+        self, end: int, dirty: Iterable[ConsumeQueue], segments: list[str] | None, queues: dict[str, int]
+    ) -> None:
         """IO thread: make the queue and index files durable, then record that they are valid up to
         commit log offset `end` (everything below it was written, and under `sync` fsynced, before)."""
         if segments:
@@ -1125,7 +1148,11 @@ class Store:
         for cq in dirty:
             os.fdatasync(cq.fd)
         self.index.sync()
-        cp = {"commitlog": end, "segments": {str(k): v for k, v in list(self._seg_stats.items())}}
+        cp = {
+            "commitlog": end,
+            "queues": queues,
+            "segments": {str(k): v for k, v in list(self._seg_stats.items())},
+        }
         path = os.path.join(self.config.data_dir, "checkpoint.json")
         with open(path + ".tmp", "wb") as f:
             f.write(json.dumps(cp).encode())

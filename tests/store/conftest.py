@@ -1,0 +1,28 @@
+"""Shared fixtures for the store tests. Helpers live in storetestlib.py (next to this file)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from storetestlib import open_store  # noqa: E402
+
+
+@pytest.fixture
+async def make_store(tmp_path):
+    """`await make_store(**config)`: open a Store (data_dir defaults to tmp_path/"data"); closed at teardown."""
+    opened = []
+
+    async def factory(**kw):
+        kw.setdefault("data_dir", str(tmp_path / "data"))
+        s = await open_store(**kw)
+        opened.append(s)
+        return s
+
+    yield factory
+    for s in opened:
+        await s.close()

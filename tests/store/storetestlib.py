@@ -1,0 +1,107 @@
+"""Helpers for the store tests (imported by the tests and by the child scripts in this directory).
+
+A few helpers reach into the store's internals to simulate a crash in-process: `crash_copy` copies
+the data directory from the flusher thread (so no write races the copy) after the consumer
+operations log was flushed; the copy is what a SIGKILL at that moment would leave on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+from pathlib import Path
+
+from store import Message, Store, StoreConfig
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository (so child processes can import `store`)
+HERE = Path(__file__).resolve().parent
+
+# Background jobs that would otherwise run during a test are pushed far out unless a test wants them.
+QUIET = 3_600_000
+
+
+def config(data_dir: str, **kw) -> StoreConfig:
+    defaults = dict(flush="sync", segment_size=64 * 1024, default_queues=4, min_free_bytes=0,
+                    retention_check_interval_ms=QUIET)
+    defaults.update(kw)
+    return StoreConfig(data_dir=str(data_dir), **defaults)
+
+
+async def open_store(**kw) -> Store:
+    data_dir = kw.pop("data_dir")
+    return await Store.open(config(data_dir, **kw))
+
+
+async def append(store: Store, msg: Message):
+    """`await store.append(msg)` as a coroutine (errors raised at call time land in gather results)."""
+    return await store.append(msg)
+
+
+def read_queue(store: Store, topic: str, qid: int, start: int | None = None, end: int | None = None) -> list[Message]:
+    """Every message of one queue in [start, end) (default: all retained), page by page."""
+    lo = store.min_offset(topic, qid) if start is None else start
+    hi = store.max_offset(topic, qid) if end is None else end
+    out: list[Message] = []
+    while lo < hi:
+        page = store.read(topic, qid, lo, hi, max_messages=500)
+        if not page:
+            break
+        out.extend(page)
+        lo = page[-1].queue_offset + 1
+    return out
+
+
+def read_all(store: Store, topic: str) -> list[Message]:
+    """Every retained message of a topic, queue by queue (empty if the topic does not exist)."""
+    if topic not in {t.name for t in store.topics()}:
+        return []
+    out: list[Message] = []
+    for qid in range(store.queue_count(topic)):
+        out.extend(read_queue(store, topic, qid))
+    return out
+
+
+def bodies(msgs) -> list[bytes]:
+    return [m.body for m in msgs]
+
+
+async def flush_progress(store: Store) -> None:
+    """Write and fdatasync the consumer operations log now (internal; normally every few ms)."""
+    await store._flush_progress()
+
+
+async def crash_copy(store: Store, dst: str | os.PathLike) -> None:
+    """Copy the data directory as a crash right now would leave it (appends done so far are written)."""
+    await flush_progress(store)
+    src = store.config.data_dir
+
+    def copy() -> None:  # runs on the store's io thread: ordered after its queued file jobs
+        t = getattr(store.commitlog, "_prealloc_thread", None)
+        if t is not None:
+            t.join()
+        shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.tmp", "LOCK"))
+
+    await store._run_io(copy)
+
+
+def segment_files(data_dir: str | os.PathLike) -> list[Path]:
+    d = Path(data_dir) / "commitlog"
+    return sorted(p for p in d.iterdir() if p.name.isdigit() and len(p.name) == 20)
+
+
+def segment_path(data_dir: str | os.PathLike, segment_size: int, clo: int) -> tuple[Path, int]:
+    """(segment file, position in it) of a commit log offset."""
+    base = clo - clo % segment_size
+    return Path(data_dir) / "commitlog" / f"{base:020d}", clo - base
+
+
+async def wait_until(cond, timeout: float = 5.0, interval: float = 0.01) -> bool:
+    """Poll `cond()` (for state the store exposes no event for); True once it holds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        await asyncio.sleep(interval)
+    return bool(cond())
