@@ -14,7 +14,9 @@ from storetestlib import open_store  # noqa: E402
 
 @pytest.fixture
 async def make_store(tmp_path):
-    """`await make_store(**config)`: open a Store (data_dir defaults to tmp_path/"data"); closed at teardown."""
+    """`await make_store(**config)`: open a Store (data_dir defaults to tmp_path/"data").
+
+    Every store opened is closed at teardown."""
     opened = []
 
     async def factory(**kw):

@@ -64,9 +64,18 @@ async def consume(store: Store, rng: random.Random) -> None:
 
 
 async def main(data_dir: str, rnd: int) -> None:
-    store = await Store.open(StoreConfig(data_dir=data_dir, flush="sync", segment_size=SEG, default_queues=4,
-                                         checkpoint_interval_ms=100, consumer_log_flush_ms=30,
-                                         consumer_checkpoint_ops=500, retention_check_interval_ms=3_600_000))
+    store = await Store.open(
+        StoreConfig(
+            data_dir=data_dir,
+            flush="sync",
+            segment_size=SEG,
+            default_queues=4,
+            checkpoint_interval_ms=100,
+            consumer_log_flush_ms=30,
+            consumer_checkpoint_ops=500,
+            retention_check_interval_ms=3_600_000,
+        )
+    )
     store.create_topic(TOPIC, queues=4)
     store.create_group(GROUP, max_attempts=1000)
     out("READY")

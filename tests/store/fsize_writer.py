@@ -40,8 +40,15 @@ async def append(store: Store, tag: str) -> None:
 
 
 async def main(data_dir: str) -> None:
-    store = await Store.open(StoreConfig(data_dir=data_dir, segment_size=SEG, default_queues=2,
-                                         checkpoint_interval_ms=3_600_000, retention_check_interval_ms=3_600_000))
+    store = await Store.open(
+        StoreConfig(
+            data_dir=data_dir,
+            segment_size=SEG,
+            default_queues=2,
+            checkpoint_interval_ms=3_600_000,
+            retention_check_interval_ms=3_600_000,
+        )
+    )
     store.create_topic("full", queues=2)
     for i in range(5):
         await append(store, f"pre-{i}")
@@ -59,8 +66,9 @@ async def main(data_dir: str) -> None:
         except Exception as e:  # noqa: BLE001 - reported to the parent
             out(f"ERR {e!r}")
             break
-    batch = await asyncio.gather(*[append_coro(store, msg(f"batch-{i}")) for i in range(8)],
-                                 return_exceptions=True)
+    batch = await asyncio.gather(
+        *[append_coro(store, msg(f"batch-{i}")) for i in range(8)], return_exceptions=True
+    )
     batch_refused = 0
     for i, r in enumerate(batch):
         if isinstance(r, StoreFullError):

@@ -23,8 +23,13 @@ QUIET = 3_600_000
 
 
 def config(data_dir: str, **kw) -> StoreConfig:
-    defaults = dict(flush="sync", segment_size=64 * 1024, default_queues=4, min_free_bytes=0,
-                    retention_check_interval_ms=QUIET)
+    defaults = dict(
+        flush="sync",
+        segment_size=64 * 1024,
+        default_queues=4,
+        min_free_bytes=0,
+        retention_check_interval_ms=QUIET,
+    )
     defaults.update(kw)
     return StoreConfig(data_dir=str(data_dir), **defaults)
 
@@ -39,7 +44,9 @@ async def append(store: Store, msg: Message):
     return await store.append(msg)
 
 
-def read_queue(store: Store, topic: str, qid: int, start: int | None = None, end: int | None = None) -> list[Message]:
+def read_queue(
+    store: Store, topic: str, qid: int, start: int | None = None, end: int | None = None
+) -> list[Message]:
     """Every message of one queue in [start, end) (default: all retained), page by page."""
     lo = store.min_offset(topic, qid) if start is None else start
     hi = store.max_offset(topic, qid) if end is None else end

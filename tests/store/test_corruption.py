@@ -10,7 +10,15 @@ import shutil
 from pathlib import Path
 
 import pytest
-from storetestlib import QUIET, append, crash_copy, open_store, read_all, read_queue, segment_files, segment_path
+from storetestlib import (
+    QUIET,
+    append,
+    crash_copy,
+    open_store,
+    read_queue,
+    segment_files,
+    segment_path,
+)
 
 from store import InvalidReceiptHandle, Message
 from store.message import now_ms
@@ -44,8 +52,11 @@ async def _populate(s, n: int = 150) -> list:
 
 def _layout(s) -> dict:
     """(topic, queue) -> [(queue offset, body), ...] of everything readable."""
-    return {(t, q): [(m.queue_offset, m.body) for m in read_queue(s, t, q)] for t, n in TOPICS.items()
-            for q in range(n)}
+    return {
+        (t, q): [(m.queue_offset, m.body) for m in read_queue(s, t, q)]
+        for t, n in TOPICS.items()
+        for q in range(n)
+    }
 
 
 def _assert_layout(got: dict, want: dict) -> None:
@@ -58,8 +69,10 @@ def _assert_layout(got: dict, want: dict) -> None:
             missing = sorted(set(wi) - set(gi))
             extra = sorted(set(gi) - set(wi))
             changed = sorted(o for o in set(gi) & set(wi) if gi[o] != wi[o])
-            diffs.append(f"{key}: {len(g)} readable, {len(w)} expected; missing offsets {missing[:8]}"
-                         f"{'...' if len(missing) > 8 else ''}, unexpected {extra[:8]}, different {changed[:8]}")
+            diffs.append(
+                f"{key}: {len(g)} readable, {len(w)} expected; missing offsets {missing[:8]}"
+                f"{'...' if len(missing) > 8 else ''}, unexpected {extra[:8]}, different {changed[:8]}"
+            )
     assert not diffs, "\n".join(diffs)
 
 
@@ -79,9 +92,16 @@ async def _check_reopened(data_dir, results, bodies, keep: int) -> None:
             assert s.get_by_id(r.message_id) == []
         for r in results[:keep][-5:]:
             assert [m.body for m in s.get_by_id(r.message_id)] == [bodies[r.commitlog_offset]]
-        new = [await s.append(Message(t, f"new-{t}-{i}".encode(), keys=("new",))) for t in TOPICS for i in range(4)]
+        new = [
+            await s.append(Message(t, f"new-{t}-{i}".encode(), keys=("new",)))
+            for t in TOPICS
+            for i in range(4)
+        ]
         for r in new:
-            assert s.read(r.topic, r.queue_id, r.queue_offset)[0].body == f"new-{r.topic}-{new.index(r) % 4}".encode()
+            assert (
+                s.read(r.topic, r.queue_id, r.queue_offset)[0].body
+                == f"new-{r.topic}-{new.index(r) % 4}".encode()
+            )
     finally:
         await s.close()
     s = await _open(data_dir)
@@ -92,7 +112,8 @@ async def _check_reopened(data_dir, results, bodies, keep: int) -> None:
             assert got[: len(entries)] == entries
             assert [o for o, _ in got] == list(range(len(got)))  # contiguous queue offsets
         assert sorted(m.body for m in s.get_by_key("new")) == sorted(
-            f"new-{t}-{i}".encode() for t in TOPICS for i in range(4))
+            f"new-{t}-{i}".encode() for t in TOPICS for i in range(4)
+        )
         assert sum(len(v) for v in layout.values()) == keep + len(new)
     finally:
         await s.close()
@@ -210,13 +231,16 @@ async def test_key_index_survives_retention_then_torn_tail(tmp_path):
     s = await _open(data)
     s.create_topic("old", queues=1, retention_ms=1)
     s.create_topic("keep", queues=1)
-    for i in range(70):  # fills the first segment
+    for _ in range(70):  # fills the first segment
         await s.append(Message("old", b"o" * 1000))
-    keep = [await s.append(Message("keep", f"k{i}|".encode() + b"k" * 1000, keys=(f"k-{i}",)))
-            for i in range(150)]
+    keep = [
+        await s.append(Message("keep", f"k{i}|".encode() + b"k" * 1000, keys=(f"k-{i}",))) for i in range(150)
+    ]
     assert await s.apply_retention(now=now_ms() + 1000) == 1
-    keep += [await s.append(Message("keep", f"k{i}|".encode() + b"k" * 1000, keys=(f"k-{i}",)))
-             for i in range(150, 153)]
+    keep += [
+        await s.append(Message("keep", f"k{i}|".encode() + b"k" * 1000, keys=(f"k-{i}",)))
+        for i in range(150, 153)
+    ]
     low = s.commitlog.min_offset
     retained = [r for r in keep if r.commitlog_offset >= low]
     assert len(retained) > 60 and retained[0].commitlog_offset // SEG < keep[-1].commitlog_offset // SEG

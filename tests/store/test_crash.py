@@ -25,12 +25,23 @@ from crash_writer import GROUP, SEG, TOPIC, body_for  # noqa: E402
 pytestmark = pytest.mark.timeout(150)
 
 
+def _tail(path: str) -> str:
+    with open(path) as f:
+        return f.read()[-3000:]
+
+
 def run_and_kill(data_dir: str, rnd: int, rng: random.Random, err_path: str) -> tuple[list[str], bool]:
     """Run one child, SIGKILL it at a random moment; return its complete output lines and whether
     it got as far as READY."""
     with open(err_path, "wb") as err:
-        proc = subprocess.Popen([sys.executable, str(WRITER), data_dir, str(rnd)], cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=err, text=True, bufsize=1)
+        proc = subprocess.Popen(
+            [sys.executable, str(WRITER), data_dir, str(rnd)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            bufsize=1,
+        )
     lines: list[str] = []
     ready = threading.Event()
 
@@ -50,14 +61,14 @@ def run_and_kill(data_dir: str, rnd: int, rng: random.Random, err_path: str) -> 
         if not ready.wait(20):
             proc.kill()
             proc.wait()
-            raise AssertionError(f"round {rnd}: child never got ready: {open(err_path).read()[-3000:]}")
+            raise AssertionError(f"round {rnd}: child never got ready: {_tail(err_path)}")
         time.sleep(rng.uniform(0.05, 0.5))
     proc.send_signal(signal.SIGKILL)
     rc = proc.wait(20)
     t.join(20)
     proc.stdout.close()
     if rc != -signal.SIGKILL or "TIMEOUT" in lines:
-        raise AssertionError(f"round {rnd}: child exited by itself (rc={rc}): {open(err_path).read()[-3000:]}")
+        raise AssertionError(f"round {rnd}: child exited by itself (rc={rc}): {_tail(err_path)}")
     return lines, ready.is_set()
 
 
@@ -91,9 +102,16 @@ def test_kill9_rounds(tmp_path):
             elif kind == "A":
                 acked.add(rest)
     assert ready_rounds >= ROUNDS * 3 // 4
-    assert len(positions) > 1000 and len(acked) > 100 and redelivered > 0, (len(positions), len(acked), redelivered)
+    assert len(positions) > 1000 and len(acked) > 100 and redelivered > 0, (
+        len(positions),
+        len(acked),
+        redelivered,
+    )
     assert time.monotonic() - t0 < 110
-    print(f"{len(positions)} acknowledged appends, {consumed} pops ({redelivered} redelivered), {len(acked)} acks")
+    print(
+        f"{len(positions)} acknowledged appends, {consumed} pops ({redelivered} redelivered), "
+        f"{len(acked)} acks"
+    )
 
     async def verify() -> None:
         s = await open_store(data_dir=data, segment_size=SEG)
@@ -127,7 +145,9 @@ def test_kill9_rounds(tmp_path):
             # (acks that were not yet reported durable may or may not have survived)
             never_popped = set(positions) - popped_tags
             missing = never_popped - set(again) - _inflight_tags(s)
-            assert not missing, f"{len(missing)} never-consumed messages are not available: {sorted(missing)[:5]}"
+            assert not missing, (
+                f"{len(missing)} never-consumed messages are not available: {sorted(missing)[:5]}"
+            )
         finally:
             await s.close()
 

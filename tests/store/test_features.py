@@ -94,7 +94,12 @@ async def test_lookup_by_id_key_and_offset(make_store):
     assert sorted(m.body for m in s.get_by_key("shared")) == [b"one", b"two"]
     assert s.get_by_key("nokey") == [] and s.get_by_id("0" * 32) == []
     m = s.get_message(r2.commitlog_offset)
-    assert (m.body, m.keys, m.message_id, m.queue_offset) == (b"two", ("k2", "shared"), "MYID", r2.queue_offset)
+    assert (m.body, m.keys, m.message_id, m.queue_offset) == (
+        b"two",
+        ("k2", "shared"),
+        "MYID",
+        r2.queue_offset,
+    )
     await s.close()
     s = await make_store()  # the index survives a reopen
     assert [m.body for m in s.get_by_id(r1.message_id)] == [b"one"]
@@ -103,14 +108,31 @@ async def test_lookup_by_id_key_and_offset(make_store):
 
 async def test_message_fields_roundtrip(make_store):
     s = await make_store()
-    msg = Message("t", bytes(range(256)), tag="T", keys=("a", "b"), properties={"x": "1", "ü": "ß"},
-                  born_host="h:1", born_timestamp=12345)
+    msg = Message(
+        "t",
+        bytes(range(256)),
+        tag="T",
+        keys=("a", "b"),
+        properties={"x": "1", "ü": "ß"},
+        born_host="h:1",
+        born_timestamp=12345,
+    )
     r = await s.append(msg)
     m = s.read("t", r.queue_id, r.queue_offset)[0]
     assert (m.body, m.tag, m.keys, m.properties, m.born_host, m.born_timestamp) == (
-        msg.body, "T", ("a", "b"), {"x": "1", "ü": "ß"}, "h:1", 12345)
+        msg.body,
+        "T",
+        ("a", "b"),
+        {"x": "1", "ü": "ß"},
+        "h:1",
+        12345,
+    )
     assert (m.message_id, m.store_timestamp, m.commitlog_offset, m.size) == (
-        r.message_id, r.store_timestamp, r.commitlog_offset, r.size)
+        r.message_id,
+        r.store_timestamp,
+        r.commitlog_offset,
+        r.size,
+    )
 
 
 # ============================================================================ offsets
@@ -153,8 +175,11 @@ async def test_offsets_read_ranges_search_and_commit(make_store):
     assert s.committed_offset("g3", "t", 0) == 3
     await s.close()
     s = await make_store()
-    assert (s.committed_offset("g", "t", 0), s.committed_offset("g2", "t", 0), s.committed_offset("g3", "t", 0)) \
-        == (4, 10, 3)
+    assert (
+        s.committed_offset("g", "t", 0),
+        s.committed_offset("g2", "t", 0),
+        s.committed_offset("g3", "t", 0),
+    ) == (4, 10, 3)
     assert bodies(s.read("t", 0, 3, 7)) == everything[3:7]
 
 
@@ -363,8 +388,9 @@ async def test_forward_to_dlq_twice_concurrently_moves_one_copy(make_store):
     s = await make_store()
     await s.append(Message("t", b"bad"))
     (p,) = await s.pop("g", "t")
-    out = await asyncio.gather(s.forward_to_dlq(p.receipt_handle), s.forward_to_dlq(p.receipt_handle),
-                               return_exceptions=True)
+    out = await asyncio.gather(
+        s.forward_to_dlq(p.receipt_handle), s.forward_to_dlq(p.receipt_handle), return_exceptions=True
+    )
     assert sum(isinstance(o, InvalidReceiptHandle) for o in out) == 1, out
     assert len(read_all(s, "%DLQ%g")) == 1
 
@@ -500,13 +526,19 @@ async def test_transaction_resolved_concurrently_only_once(make_store):
     s = await make_store()
     s.create_topic("t", queues=1)
     r = await s.append(Message("t", b"tx", msg_type=MessageType.TRANSACTION))
-    out = await asyncio.gather(s.end_transaction(r.commitlog_offset, True),
-                               s.end_transaction(r.commitlog_offset, True), return_exceptions=True)
+    out = await asyncio.gather(
+        s.end_transaction(r.commitlog_offset, True),
+        s.end_transaction(r.commitlog_offset, True),
+        return_exceptions=True,
+    )
     assert sum(isinstance(o, TransactionNotFound) for o in out) == 1, out
     assert bodies(read_all(s, "t")) == [b"tx"]
     r = await s.append(Message("t", b"tx-rolled-back", msg_type=MessageType.TRANSACTION))
-    out = await asyncio.gather(s.end_transaction(r.commitlog_offset, True),
-                               s.end_transaction(r.commitlog_offset, False), return_exceptions=True)
+    out = await asyncio.gather(
+        s.end_transaction(r.commitlog_offset, True),
+        s.end_transaction(r.commitlog_offset, False),
+        return_exceptions=True,
+    )
     assert sum(isinstance(o, TransactionNotFound) for o in out) == 1, out
     delivered = b"tx-rolled-back" in bodies(read_all(s, "t"))
     assert delivered == (not isinstance(out[0], TransactionNotFound))
@@ -536,10 +568,14 @@ async def test_transaction_check_callback(make_store):
 
 
 async def test_transaction_unresolved_after_max_checks_is_rolled_back(make_store):
-    s = await make_store(transaction_timeout_ms=100, transaction_check_interval_ms=50, transaction_max_checks=2)
+    s = await make_store(
+        transaction_timeout_ms=100, transaction_check_interval_ms=50, transaction_max_checks=2
+    )
     s.create_topic("t", queues=1)
     calls: list[str] = []
-    s.transaction_checker = lambda msg: calls.append(msg.properties["TRANSACTION_CHECK_TIMES"])  # sync checker
+    s.transaction_checker = lambda msg: calls.append(
+        msg.properties["TRANSACTION_CHECK_TIMES"]
+    )  # sync checker
     r = await s.append(Message("t", b"orphan", msg_type=MessageType.TRANSACTION))
 
     def resolved() -> bool:
@@ -555,8 +591,10 @@ async def test_transaction_unresolved_after_max_checks_is_rolled_back(make_store
 
 # ============================================================================ retention
 async def _fill(s, topic: str, n: int, size: int = 1000, **kw) -> list:
-    return [await s.append(Message(topic, f"{i:06d}".encode() + b"x" * size, keys=(f"{topic}-{i}",), **kw))
-            for i in range(n)]
+    return [
+        await s.append(Message(topic, f"{i:06d}".encode() + b"x" * size, keys=(f"{topic}-{i}",), **kw))
+        for i in range(n)
+    ]
 
 
 async def test_retention_by_age(make_store):
@@ -668,7 +706,9 @@ async def test_async_flush_policy(make_store):
     await s.close()
     s = await make_store(flush="async", flush_interval_ms=20)
     stored = bodies(read_all(s, "t"))
-    assert sorted(stored) == sorted([f"s{i}".encode() for i in range(50)] + [f"c{i}".encode() for i in range(200)])
+    assert sorted(stored) == sorted(
+        [f"s{i}".encode() for i in range(50)] + [f"c{i}".encode() for i in range(200)]
+    )
     assert s.backlog("g", "t") == 240
 
 
@@ -676,8 +716,13 @@ async def test_async_flush_policy(make_store):
 def test_store_full_when_a_segment_cannot_be_created(tmp_path):
     """RLIMIT_FSIZE below the segment size: the next segment cannot be written (EFBIG)."""
     data = tmp_path / "data"
-    proc = subprocess.run([sys.executable, str(HERE / "fsize_writer.py"), str(data)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "fsize_writer.py"), str(data)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[-1] == "CLOSED", proc.stdout[-2000:] + proc.stderr
@@ -691,6 +736,7 @@ def test_store_full_when_a_segment_cannot_be_created(tmp_path):
 
     async def check():
         from storetestlib import open_store
+
         s = await open_store(data_dir=str(data), segment_size=64 * 1024)
         try:
             stored = [m.body.split(b"|")[0].decode() for m in read_all(s, "full")]
@@ -739,10 +785,13 @@ async def test_refused_batch_does_not_reappear_after_reopen(make_store):
     first = await s.append(Message("t", b"ok-0000" + b"x" * 900))
     s.commitlog.min_free_bytes = 1 << 62  # no new segment can be created (nor preallocated)
     per_seg = seg // first.size
-    acked = [first] + [await s.append(Message("t", f"ok-{i:04d}".encode() + b"x" * 900))
-                       for i in range(1, per_seg - 3)]
-    outcome = await asyncio.gather(*[append(s, Message("t", f"no-{i:04d}".encode() + b"x" * 900))
-                                     for i in range(30)], return_exceptions=True)
+    acked = [first] + [
+        await s.append(Message("t", f"ok-{i:04d}".encode() + b"x" * 900)) for i in range(1, per_seg - 3)
+    ]
+    outcome = await asyncio.gather(
+        *[append(s, Message("t", f"no-{i:04d}".encode() + b"x" * 900)) for i in range(30)],
+        return_exceptions=True,
+    )
     refused = [o for o in outcome if isinstance(o, StoreFullError)]
     acked += [o for o in outcome if not isinstance(o, BaseException)]
     assert refused and all(isinstance(o, StoreFullError) or not isinstance(o, BaseException) for o in outcome)
