@@ -160,12 +160,15 @@ class CommitLog:
         Returns the paths of the segments written."""
         touched: list[Segment] = []
         pos, view = start, memoryview(data)
+        cur: tuple[Segment, int] | None = None
+        done = 0
         try:
             while view:
                 base = pos - pos % self.segment_size
                 seg = self._ensure_segment(base)
                 n = min(len(view), base + self.segment_size - pos)
                 done = 0
+                cur = (seg, pos)
                 while done < n:
                     try:
                         done += os.pwrite(seg.fd, view[done:n], pos - base + done)
@@ -176,6 +179,7 @@ class CommitLog:
                 touched.append(seg)
                 pos += n
                 view = view[n:]
+                cur = None
         except BaseException:
             # the batch is refused: what of it reached a segment must not be recovered later
             with contextlib.suppress(OSError):
@@ -183,6 +187,9 @@ class CommitLog:
                     lo = max(start, seg.base) - seg.base
                     hi = min(pos, seg.base + self.segment_size) - seg.base
                     os.pwrite(seg.fd, bytes(hi - lo), lo)
+                if cur is not None and done:  # a short write in the failing segment
+                    seg, at = cur
+                    os.pwrite(seg.fd, bytes(done), at - seg.base)
             raise
         if sync:
             for seg in touched:

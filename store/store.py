@@ -755,7 +755,12 @@ class Store:
         while True:
             out, dlq = self._pop_now(gconf, topic, max_messages, invisible_time_ms, filter)
             for st, qid, offset, msg in dlq:
-                await self._to_dlq(gconf.name, st, qid, offset, msg, "max attempts reached")
+                try:
+                    await self._to_dlq(gconf.name, st, qid, offset, msg, "max attempts reached")
+                except StoreError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - the message stays for a later try
+                    log.warning("moving %s:%d:%d to the DLQ failed: %s", st.topic, qid, offset, e)
             if out or time.monotonic() >= give_up or self._closed:
                 if not out and dlq and time.monotonic() < give_up:
                     continue
@@ -877,8 +882,7 @@ class Store:
         st, qid, offset, inf = self._resolve(handle)
         seq = self.progress.next_seq()
         self.progress.changed(st, qid, offset, seq, now_ms() + invisible_time_ms)
-        if invisible_time_ms == 0:
-            self._wake(st.topic, None)
+        self._wake(st.topic, None)  # waiting pops recompute their next retry deadline
         return encode_handle(seq, st.group, st.topic, qid, offset)
 
     def nack(self, handle: str) -> str:
@@ -913,7 +917,13 @@ class Store:
         dlq_topic = DLQ_PREFIX + group
         self.topic(dlq_topic, create=True)
         copy = _with(msg, topic=dlq_topic, properties=props, queue_id=-1, message_group="")
-        res = await self._append(copy, now_ms())
+        try:
+            res = await self._append(copy, now_ms())
+        except BaseException:
+            if inf is not None and offset in st.queue(qid).inflight:
+                inf.seq = self.progress.next_seq()  # visible again at its deadline: retried later
+                st.track(qid, offset, inf)
+            raise
         self.progress.done(st, qid, offset)
         self.metrics["dlq"] += 1
         if inf is not None and inf.message_group:
@@ -1104,7 +1114,11 @@ class Store:
             if not ok:
                 break
             delete_before = b + seg_size
-        if delete_before is None:
+        held = [clo for _when, _off, clo in self._timer_heap + self._txn_heap]
+        if held and delete_before is not None:  # never delete undelivered delayed / unresolved half messages
+            low = min(held)
+            delete_before = min(delete_before, low - low % seg_size)
+        if not delete_before:
             return 0
         n = await self._run_io(self.commitlog.delete_segments_before, delete_before)
         for b in [b for b in self._seg_stats if b < delete_before]:

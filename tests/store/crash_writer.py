@@ -1,12 +1,13 @@
 """Child process for test_crash.py: append and consume as fast as possible until SIGKILLed.
 
-Usage: crash_writer.py DATA_DIR ROUND
+Usage: crash_writer.py DATA_DIR ROUND [sync|async]
 
 Prints (each line flushed, so the parent sees exactly what returned before the kill):
   READY                     the store is open
   P <tag> <queue> <offset>  an append of message <tag> returned (acknowledged) at that position
   C <tag> <reconsume>       group "cg" popped message <tag>
   A <tag>                   ... and its ack is durable (acked, then the progress log was flushed)
+  D <tag> <deliver_at>      an append of delayed message <tag> returned
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ SEG = 256 * 1024
 
 
 def body_for(tag: str) -> bytes:
-    """A deterministic body whose content can be verified after recovery (200 .. 4000 bytes)."""
+    """A deterministic body whose content can be verified after recovery (100 .. 1600 bytes)."""
     h = hashlib.sha256(tag.encode()).digest()
-    n = 200 + int.from_bytes(h[:2], "little") % 3800
+    n = 100 + int.from_bytes(h[:2], "little") % 1500
     return tag.encode() + b"|" + (h * (n // 32 + 1))[:n]
 
 
@@ -44,6 +45,18 @@ async def produce(store: Store, rnd: int, worker: int) -> None:
         res = await store.append(Message(TOPIC, body_for(tag), keys=(tag,), tag=f"w{worker % 3}"))
         out(f"P {tag} {res.queue_id} {res.queue_offset}")
         i += 1
+
+
+async def produce_delayed(store: Store, rnd: int, rng: random.Random) -> None:
+    """Delayed messages (due within 400 ms) to the same topic: delivered by the store's timer."""
+    i = 0
+    while True:
+        tag = f"d{rnd}-{i}"
+        deliver_at = int(time.time() * 1000) + rng.randint(0, 400)
+        await store.append(Message(TOPIC, body_for(tag), keys=(tag,), deliver_at=deliver_at))
+        out(f"D {tag} {deliver_at}")
+        i += 1
+        await asyncio.sleep(rng.uniform(0, 0.01))
 
 
 async def consume(store: Store, rng: random.Random) -> None:
@@ -63,11 +76,11 @@ async def consume(store: Store, rng: random.Random) -> None:
         await asyncio.sleep(rng.uniform(0, 0.02))
 
 
-async def main(data_dir: str, rnd: int) -> None:
+async def main(data_dir: str, rnd: int, flush: str) -> None:
     store = await Store.open(
         StoreConfig(
             data_dir=data_dir,
-            flush="sync",
+            flush=flush,
             segment_size=SEG,
             default_queues=4,
             checkpoint_interval_ms=100,
@@ -82,6 +95,7 @@ async def main(data_dir: str, rnd: int) -> None:
     rng = random.Random(rnd)
     tasks = [asyncio.create_task(produce(store, rnd, w)) for w in range(PRODUCERS)]
     tasks.append(asyncio.create_task(consume(store, rng)))
+    tasks.append(asyncio.create_task(produce_delayed(store, rnd, random.Random(rnd + 1000))))
     deadline = time.monotonic() + 10  # the parent kills us long before; never run away
     while time.monotonic() < deadline:
         await asyncio.sleep(0.1)
@@ -92,4 +106,4 @@ async def main(data_dir: str, rnd: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+    asyncio.run(main(sys.argv[1], int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "sync"))

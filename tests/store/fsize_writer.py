@@ -1,12 +1,13 @@
 """Child process for test_features.test_store_full_when_a_segment_cannot_be_created.
 
-Usage: fsize_writer.py DATA_DIR
+Usage: fsize_writer.py DATA_DIR [sequential|batches]
 
 Opens a store with 64 KiB segments, appends a few messages, then sets RLIMIT_FSIZE just below the
 segment size (SIGXFSZ ignored, so writes fail with EFBIG): the current segment fills up and the
 next one cannot be created. Prints "A <tag>" per append that returned, "FULL <sequential refusals>
 <refused of a concurrent batch>", "ERR <repr>" for any other error, lifts the limit, appends
-again and prints "CLOSED" after a clean close.
+again and prints "CLOSED" after a clean close. Mode `batches`: appends in concurrent batches of 8
+until one is refused, then closes at once (nothing overwrites what the refused batch left behind).
 """
 
 from __future__ import annotations
@@ -39,7 +40,24 @@ async def append(store: Store, tag: str) -> None:
     out(f"A {tag}")
 
 
-async def main(data_dir: str) -> None:
+async def fill_in_batches(store: Store) -> None:
+    """Concurrent batches of 8 until one is refused (it straddles the limit), then close at once."""
+    for b in range(200):
+        tags = [f"b{b}-{i}" for i in range(8)]
+        res = await asyncio.gather(*[append_coro(store, msg(t)) for t in tags], return_exceptions=True)
+        for t, r in zip(tags, res, strict=True):
+            if not isinstance(r, BaseException):
+                out(f"A {t}")
+            elif not isinstance(r, StoreFullError):
+                out(f"ERR {r!r}")
+        if any(isinstance(r, StoreFullError) for r in res):
+            out(f"FULL {b}")
+            break
+    await store.close()
+    out("CLOSED")
+
+
+async def main(data_dir: str, mode: str) -> None:
     store = await Store.open(
         StoreConfig(
             data_dir=data_dir,
@@ -55,6 +73,9 @@ async def main(data_dir: str) -> None:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     resource.setrlimit(resource.RLIMIT_FSIZE, (SEG - 1, hard))
+    if mode == "batches":
+        await fill_in_batches(store)
+        return
     refused = 0
     for i in range(1000):
         try:
@@ -90,4 +111,4 @@ async def main(data_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1]))
+    asyncio.run(main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "sequential"))
