@@ -1,1 +1,64 @@
-"""Protocol-neutral message processing shared by all adapters (routing, acks, retries)."""
+"""The protocol-neutral MessagingProcessor every adapter calls (send, pop, ack, change invisible
+time, DLQ, transactions, routes, admin, client registry, authorization) and its delivery loop."""
+
+from store import ALL, Filter, Message, MessageType, RetryPolicy
+
+from .delivery import DeliveryLoop, Handler, Outcome
+from .errors import ErrorKind, ProcessorError
+from .metrics import Metrics
+from .model import (
+    ANONYMOUS,
+    Action,
+    ClientContext,
+    ClientInfo,
+    ClientKind,
+    Delivery,
+    GroupInfo,
+    Identity,
+    Permission,
+    QueueRoute,
+    Resource,
+    Route,
+    SendReceipt,
+    TopicInfo,
+)
+from .processor import Authorizer, MessagingProcessor, allow_all, store_error
+from .registry import ClientRegistry
+from .store_client import LocalStoreClient, StoreClient
+from .validation import Limits
+
+__all__ = [
+    "ALL",
+    "ANONYMOUS",
+    "Action",
+    "Authorizer",
+    "ClientContext",
+    "ClientInfo",
+    "ClientKind",
+    "ClientRegistry",
+    "Delivery",
+    "DeliveryLoop",
+    "ErrorKind",
+    "Filter",
+    "GroupInfo",
+    "Handler",
+    "Identity",
+    "Limits",
+    "LocalStoreClient",
+    "Message",
+    "MessageType",
+    "MessagingProcessor",
+    "Metrics",
+    "Outcome",
+    "Permission",
+    "ProcessorError",
+    "QueueRoute",
+    "Resource",
+    "RetryPolicy",
+    "Route",
+    "SendReceipt",
+    "StoreClient",
+    "TopicInfo",
+    "allow_all",
+    "store_error",
+]

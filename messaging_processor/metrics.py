@@ -1,0 +1,35 @@
+"""Counters the processor keeps per protocol (and topic); the HTTP adapter renders them for Prometheus.
+
+Plain dict counters: an increment on the send path costs one dict update, no locks."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Metrics:
+    messages_in: Counter = field(default_factory=Counter)  # (protocol, topic) -> messages stored
+    messages_out: Counter = field(default_factory=Counter)  # (protocol, topic) -> messages delivered
+    pops: Counter = field(default_factory=Counter)  # protocol -> pop calls that returned messages
+    acks: Counter = field(default_factory=Counter)  # protocol -> acks
+    nacks: Counter = field(default_factory=Counter)  # protocol -> nacks / invisible-time changes
+    redeliveries: Counter = field(default_factory=Counter)  # (protocol, topic) -> deliveries with attempt > 1
+    dlq: Counter = field(default_factory=Counter)  # (protocol, topic) -> messages forwarded to a DLQ
+    errors: Counter = field(default_factory=Counter)  # (protocol, operation, error kind) -> failures
+
+    def snapshot(self) -> dict[str, dict]:
+        return {
+            name: dict(getattr(self, name))
+            for name in (
+                "messages_in",
+                "messages_out",
+                "pops",
+                "acks",
+                "nacks",
+                "redeliveries",
+                "dlq",
+                "errors",
+            )
+        }

@@ -1,0 +1,513 @@
+"""MessagingProcessor: the one protocol-neutral API every adapter calls.
+
+It validates requests, authorizes them through a pluggable hook, maps store failures to
+`ErrorKind`s, counts traffic, keeps the client registry and routes transaction checks back to
+connected producers. Storage is reached only through a `StoreClient`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+
+from store import (
+    ALL,
+    AppendResult,
+    Filter,
+    GroupNotFound,
+    InvalidReceiptHandle,
+    Message,
+    MessageTooLarge,
+    MessageType,
+    RetryPolicy,
+    StoreError,
+    StoreFullError,
+    TopicNotFound,
+    TransactionNotFound,
+)
+from store.message import now_ms
+
+from .errors import ErrorKind, ProcessorError
+from .metrics import Metrics
+from .model import (
+    Action,
+    ClientContext,
+    Delivery,
+    GroupInfo,
+    Identity,
+    QueueRoute,
+    Resource,
+    Route,
+    SendReceipt,
+    TopicInfo,
+)
+from .registry import ClientRegistry
+from .store_client import StoreClient
+from .validation import Limits, check_group, check_invisible_time, check_message, check_topic
+
+log = logging.getLogger("messaging_processor")
+
+Authorizer = Callable[[Identity, Action, Resource], bool | Awaitable[bool]]
+
+# Internal properties the store adds to redirected (delayed / half) messages.
+_INTERNAL_PROPS = ("__REAL_TOPIC", "__REAL_QID", "TRANSACTION_CHECK_TIMES")
+
+
+def allow_all(identity: Identity, action: Action, resource: Resource) -> bool:
+    """The default authorizer: every identity may do everything."""
+    return True
+
+
+def store_error(exc: BaseException) -> ProcessorError:
+    """Map a store (or argument) exception to a ProcessorError."""
+    if isinstance(exc, ProcessorError):
+        return exc
+    if isinstance(exc, TopicNotFound):
+        return ProcessorError(ErrorKind.TOPIC_NOT_FOUND, f"topic {exc} does not exist")
+    if isinstance(exc, GroupNotFound):
+        return ProcessorError(ErrorKind.GROUP_NOT_FOUND, f"consumer group {exc} does not exist")
+    if isinstance(exc, InvalidReceiptHandle):
+        return ProcessorError(ErrorKind.INVALID_RECEIPT_HANDLE, str(exc))
+    if isinstance(exc, MessageTooLarge):
+        return ProcessorError(ErrorKind.BODY_TOO_LARGE, str(exc))
+    if isinstance(exc, TransactionNotFound):
+        return ProcessorError(ErrorKind.TRANSACTION_NOT_FOUND, f"transaction {exc} not found or resolved")
+    if isinstance(exc, StoreFullError):
+        return ProcessorError(ErrorKind.STORE_FULL, f"the store refuses writes: {exc}")
+    if isinstance(exc, StoreError):
+        return ProcessorError(ErrorKind.UNAVAILABLE, str(exc))
+    if isinstance(exc, ValueError):
+        return ProcessorError(ErrorKind.BAD_REQUEST, str(exc))
+    log.error("unexpected store failure", exc_info=exc)
+    return ProcessorError(ErrorKind.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+
+
+class MessagingProcessor:
+    """Protocol-neutral send / pop / ack / route / admin over a StoreClient.
+
+    `auto_create_topics`: whether sending to (or routing) an unknown topic creates it. Adapters
+    whose protocol has no topic declaration (MQTT) pass `auto_create=True` per call."""
+
+    def __init__(
+        self,
+        store: StoreClient,
+        *,
+        limits: Limits | None = None,
+        auto_create_topics: bool = False,
+        authorizer: Authorizer | None = None,
+        client_idle_expiry_s: float = 120.0,
+    ) -> None:
+        self.store = store
+        self.limits = limits or Limits()
+        self.auto_create_topics = auto_create_topics
+        self.authorizer: Authorizer | None = authorizer
+        self.clients = ClientRegistry()
+        self.metrics = Metrics()
+        self.client_idle_expiry_s = client_idle_expiry_s
+        self._known_topics: set[str] = set()
+        self._tasks: list[asyncio.Task] = []
+        self._closing = False
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Hook into the store (transaction checks) and start housekeeping."""
+        self.store.set_transaction_checker(self._check_transaction)
+        self._tasks.append(asyncio.get_running_loop().create_task(self._expire_clients()))
+
+    async def close(self) -> None:
+        """Stop housekeeping. The store is closed by whoever opened it."""
+        self._closing = True
+        self.store.set_transaction_checker(None)
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks.clear()
+
+    async def _expire_clients(self) -> None:
+        while True:
+            await asyncio.sleep(max(self.client_idle_expiry_s / 4, 1))
+            for c in self.clients.expire(self.client_idle_expiry_s):
+                log.info(
+                    "client %s (%s) expired after %.0f s idle",
+                    c.client_id,
+                    c.protocol,
+                    self.client_idle_expiry_s,
+                )
+
+    # ------------------------------------------------------------------ authorization
+    async def authorize(self, identity: Identity, action: Action, resource: Resource) -> None:
+        """Raise ProcessorError(FORBIDDEN) unless the authorizer allows `action` on `resource`."""
+        fn = self.authorizer
+        if fn is None:
+            return
+        ok = fn(identity, action, resource)
+        if inspect.isawaitable(ok):
+            ok = await ok
+        if not ok:
+            raise ProcessorError(
+                ErrorKind.FORBIDDEN, f"{identity.username or 'anonymous'} may not {action.value} {resource}"
+            )
+
+    # ------------------------------------------------------------------ topics
+    async def _ensure_topic(self, topic: str, auto_create: bool | None) -> None:
+        if topic in self._known_topics:
+            return
+        if await self.store.get_topic(topic) is None:
+            if not (self.auto_create_topics if auto_create is None else auto_create):
+                raise ProcessorError(ErrorKind.TOPIC_NOT_FOUND, f"topic {topic} does not exist")
+            try:
+                await self.store.create_topic(topic, None, None, None)
+            except Exception as e:  # noqa: BLE001
+                raise store_error(e) from e
+            log.info("topic %s created on first use", topic)
+        self._known_topics.add(topic)
+
+    # ------------------------------------------------------------------ send
+    async def send(
+        self, ctx: ClientContext, messages: Sequence[Message], *, auto_create: bool | None = None
+    ) -> list[SendReceipt]:
+        """Store messages; returns once every one is durable per the store's flush policy.
+
+        All messages are validated before any is stored. A store failure raises ProcessorError;
+        messages of the batch stored before it stay stored (producers retry, as in RocketMQ)."""
+        limits = self.limits
+        now = now_ms()
+        topics: set[str] = set()
+        for m in messages:
+            check_message(m, limits, now)
+            if m.msg_type == MessageType.FIFO and not m.message_group:
+                raise ProcessorError(ErrorKind.ILLEGAL_MESSAGE_GROUP, "a FIFO message needs a message group")
+            topics.add(m.topic)
+        if not messages:
+            raise ProcessorError(ErrorKind.BAD_REQUEST, "no messages to send")
+        if len(messages) > limits.max_batch:
+            raise ProcessorError(ErrorKind.BAD_REQUEST, f"more than {limits.max_batch} messages in one send")
+        for t in topics:
+            if self.authorizer is not None:
+                await self.authorize(ctx.identity, Action.PUBLISH, Resource("topic", t))
+            await self._ensure_topic(t, auto_create)
+        append = self.store.append
+        try:
+            if len(messages) == 1:
+                results: list[AppendResult] = [await append(messages[0])]
+            else:
+                results = list(await asyncio.gather(*[append(m) for m in messages]))
+        except Exception as e:  # noqa: BLE001
+            err = store_error(e)
+            self.metrics.errors[(ctx.protocol, "send", err.kind.value)] += 1
+            if err.kind is ErrorKind.TOPIC_NOT_FOUND:
+                self._known_topics.difference_update(topics)
+            raise err from e
+        counts = self.metrics.messages_in
+        out = []
+        for m, r in zip(messages, results, strict=True):
+            counts[(ctx.protocol, m.topic)] += 1
+            out.append(
+                SendReceipt(
+                    r.message_id,
+                    r.topic,
+                    r.queue_id,
+                    r.queue_offset,
+                    r.commitlog_offset,
+                    r.store_timestamp,
+                    str(r.commitlog_offset) if m.msg_type == MessageType.TRANSACTION else "",
+                )
+            )
+        return out
+
+    # ------------------------------------------------------------------ consume
+    async def pop(
+        self,
+        ctx: ClientContext,
+        group: str,
+        topic: str,
+        *,
+        filter: Filter = ALL,
+        max_messages: int = 32,
+        invisible_time_ms: int = 30_000,
+        long_poll_ms: int = 0,
+    ) -> list[Delivery]:
+        """Pop up to `max_messages` visible messages of `topic` for `group` (any queue), each
+        invisible until acked or `invisible_time_ms` passes. `long_poll_ms` waits for arrivals."""
+        limits = self.limits
+        check_group(group, limits)
+        check_topic(topic, limits)
+        check_invisible_time(invisible_time_ms, limits)
+        if not 1 <= max_messages <= limits.max_batch:
+            raise ProcessorError(ErrorKind.BAD_REQUEST, f"max messages must be 1 to {limits.max_batch}")
+        if long_poll_ms < 0:
+            raise ProcessorError(ErrorKind.ILLEGAL_POLLING_TIME, "long polling time must not be negative")
+        long_poll_ms = min(long_poll_ms, limits.max_long_poll_ms)
+        if self.authorizer is not None:
+            await self.authorize(ctx.identity, Action.SUBSCRIBE, Resource("topic", topic))
+            await self.authorize(ctx.identity, Action.SUBSCRIBE, Resource("group", group))
+        try:
+            popped = await self.store.pop(group, topic, max_messages, invisible_time_ms, filter, long_poll_ms)
+        except Exception as e:  # noqa: BLE001
+            err = store_error(e)
+            self.metrics.errors[(ctx.protocol, "pop", err.kind.value)] += 1
+            raise err from e
+        if not popped:
+            return []
+        m = self.metrics
+        m.pops[ctx.protocol] += 1
+        m.messages_out[(ctx.protocol, topic)] += len(popped)
+        out = []
+        for p in popped:
+            d = Delivery(p.message, p.receipt_handle, p.invisible_until, p.message.reconsume_times + 1)
+            if d.delivery_attempt > 1:
+                m.redeliveries[(ctx.protocol, topic)] += 1
+            out.append(d)
+        return out
+
+    async def ack(self, ctx: ClientContext, handle: str) -> None:
+        """Acknowledge a delivery: it is done for its group."""
+        try:
+            await self.store.ack(handle)
+        except Exception as e:  # noqa: BLE001
+            err = store_error(e)
+            self.metrics.errors[(ctx.protocol, "ack", err.kind.value)] += 1
+            raise err from e
+        self.metrics.acks[ctx.protocol] += 1
+
+    async def change_invisible_time(self, ctx: ClientContext, handle: str, invisible_time_ms: int) -> str:
+        """Make a delivery visible again `invisible_time_ms` from now; returns the new handle
+        (the old one stops working)."""
+        check_invisible_time(invisible_time_ms, self.limits)
+        try:
+            new = await self.store.change_invisible_time(handle, invisible_time_ms)
+        except Exception as e:  # noqa: BLE001
+            err = store_error(e)
+            self.metrics.errors[(ctx.protocol, "change_invisible_time", err.kind.value)] += 1
+            raise err from e
+        self.metrics.nacks[ctx.protocol] += 1
+        return new
+
+    async def nack(self, ctx: ClientContext, handle: str) -> str:
+        """Give a delivery back for a retry after its group's back-off; returns the new handle."""
+        try:
+            new = await self.store.nack(handle)
+        except Exception as e:  # noqa: BLE001
+            err = store_error(e)
+            self.metrics.errors[(ctx.protocol, "nack", err.kind.value)] += 1
+            raise err from e
+        self.metrics.nacks[ctx.protocol] += 1
+        return new
+
+    async def forward_to_dlq(self, ctx: ClientContext, handle: str, reason: str = "forwarded") -> SendReceipt:
+        """Move a delivery to its group's dead-letter topic `%DLQ%<group>` now, and ack it."""
+        try:
+            r = await self.store.forward_to_dlq(handle, reason)
+        except Exception as e:  # noqa: BLE001
+            err = store_error(e)
+            self.metrics.errors[(ctx.protocol, "forward_to_dlq", err.kind.value)] += 1
+            raise err from e
+        self.metrics.dlq[(ctx.protocol, r.topic)] += 1
+        return SendReceipt(
+            r.message_id, r.topic, r.queue_id, r.queue_offset, r.commitlog_offset, r.store_timestamp
+        )
+
+    # ------------------------------------------------------------------ transactions
+    async def end_transaction(
+        self, ctx: ClientContext, transaction_id: str, commit: bool, *, message_id: str = ""
+    ) -> SendReceipt | None:
+        """Commit (deliver) or roll back a half message. `transaction_id` is the one the send
+        receipt gave; `message_id` is a fallback. Returns where a committed message landed."""
+        tid: int | str
+        try:
+            tid = int(transaction_id)
+        except ValueError:
+            if not message_id:
+                raise ProcessorError(
+                    ErrorKind.TRANSACTION_NOT_FOUND, f"unknown transaction id {transaction_id!r}"
+                ) from None
+            tid = message_id
+        try:
+            r = await self.store.end_transaction(tid, commit)
+        except Exception as e:  # noqa: BLE001
+            err = store_error(e)
+            self.metrics.errors[(ctx.protocol, "end_transaction", err.kind.value)] += 1
+            raise err from e
+        if r is None:
+            return None
+        self.metrics.messages_in[(ctx.protocol, r.topic)] += 1
+        return SendReceipt(
+            r.message_id, r.topic, r.queue_id, r.queue_offset, r.commitlog_offset, r.store_timestamp
+        )
+
+    async def _check_transaction(self, half: Message) -> None:
+        """Store callback for an unresolved half message: ask one connected producer of its topic."""
+        topic = half.properties.get("__REAL_TOPIC", half.topic)
+        tid = str(half.commitlog_offset)
+        props = {k: v for k, v in half.properties.items() if k not in _INTERNAL_PROPS}
+        msg = Message(
+            topic=topic,
+            body=half.body,
+            tag=half.tag,
+            keys=half.keys,
+            properties=props,
+            message_group=half.message_group,
+            message_id=half.message_id,
+            born_timestamp=half.born_timestamp,
+            born_host=half.born_host,
+            msg_type=MessageType.TRANSACTION,
+            store_timestamp=half.store_timestamp,
+            queue_offset=half.queue_offset,
+            commitlog_offset=half.commitlog_offset,
+        )
+        for client in self.clients.transaction_checkers(topic):
+            try:
+                await client.transaction_check(msg, tid)  # type: ignore[misc]
+                return
+            except Exception as e:  # noqa: BLE001 - try the next producer
+                log.warning("transaction check via %s failed: %s", client.client_id, e)
+        log.info("no producer of %s can check transaction %s now; asking again later", topic, tid)
+
+    # ------------------------------------------------------------------ routes and admin
+    async def query_route(self, ctx: ClientContext, topic: str, *, auto_create: bool | None = None) -> Route:
+        """The queues of `topic` (creating it when allowed)."""
+        check_topic(topic, self.limits)
+        await self._ensure_topic(topic, auto_create)
+        t = await self.store.get_topic(topic)
+        if t is None:
+            self._known_topics.discard(topic)
+            raise ProcessorError(ErrorKind.TOPIC_NOT_FOUND, f"topic {topic} does not exist")
+        return Route(topic, tuple(QueueRoute(i) for i in range(t.queues)))
+
+    async def create_topic(
+        self,
+        name: str,
+        queues: int | None = None,
+        retention_ms: int | None = None,
+        retention_bytes: int | None = None,
+    ) -> TopicInfo:
+        check_topic(name, self.limits, for_send=True)
+        try:
+            t = await self.store.create_topic(name, queues, retention_ms, retention_bytes)
+        except Exception as e:  # noqa: BLE001
+            raise store_error(e) from e
+        self._known_topics.add(name)
+        return TopicInfo(t.name, t.queues, t.retention_ms, t.retention_bytes)
+
+    async def delete_topic(self, name: str) -> None:
+        self._known_topics.discard(name)
+        try:
+            await self.store.delete_topic(name)
+        except Exception as e:  # noqa: BLE001
+            raise store_error(e) from e
+
+    async def get_topic(self, name: str) -> TopicInfo:
+        t = await self.store.get_topic(name)
+        if t is None:
+            raise ProcessorError(ErrorKind.TOPIC_NOT_FOUND, f"topic {name} does not exist")
+        n = 0
+        for q in range(t.queues):
+            n += await self.store.max_offset(name, q) - await self.store.min_offset(name, q)
+        return TopicInfo(t.name, t.queues, t.retention_ms, t.retention_bytes, n)
+
+    async def list_topics(self, *, include_system: bool = False) -> list[TopicInfo]:
+        return [
+            TopicInfo(t.name, t.queues, t.retention_ms, t.retention_bytes)
+            for t in await self.store.list_topics()
+            if include_system or not t.name.startswith("%") or t.name.startswith("%DLQ%")
+        ]
+
+    async def create_group(
+        self, name: str, max_attempts: int = 16, retry: RetryPolicy | None = None
+    ) -> GroupInfo:
+        check_group(name, self.limits)
+        try:
+            g = await self.store.create_group(name, max_attempts, retry)
+        except Exception as e:  # noqa: BLE001
+            raise store_error(e) from e
+        return GroupInfo(g.name, g.max_attempts, g.retry.initial_ms, g.retry.multiplier, g.retry.max_ms)
+
+    async def delete_group(self, name: str) -> None:
+        try:
+            await self.store.delete_group(name)
+        except Exception as e:  # noqa: BLE001
+            raise store_error(e) from e
+
+    async def get_group(self, name: str) -> GroupInfo:
+        """A group with backlog and in-flight counts for each topic it has consumed."""
+        g = await self.store.get_group(name)
+        if g is None:
+            raise ProcessorError(ErrorKind.GROUP_NOT_FOUND, f"consumer group {name} does not exist")
+        info = GroupInfo(g.name, g.max_attempts, g.retry.initial_ms, g.retry.multiplier, g.retry.max_ms)
+        for grp, topic in await self.store.subscriptions():
+            if grp != name or await self.store.get_topic(topic) is None:
+                continue
+            info.topics[topic] = {
+                "backlog": await self.store.backlog(name, topic),
+                "inflight": await self.store.inflight_count(name, topic),
+            }
+        return info
+
+    async def list_groups(self) -> list[GroupInfo]:
+        return [
+            await self.get_group(g.name) for g in await self.store.list_groups() if not g.name.startswith("%")
+        ]
+
+    async def get_max_attempts(self, group: str) -> int:
+        g = await self.store.get_group(group)
+        return g.max_attempts if g is not None else 16
+
+    # ------------------------------------------------------------------ offset reads (pull, analytics)
+    async def read(
+        self,
+        ctx: ClientContext,
+        topic: str,
+        queue_id: int,
+        start: int,
+        end: int | None = None,
+        max_messages: int = 32,
+        filter: Filter = ALL,
+    ) -> list[Message]:
+        """Messages of one queue with offsets in [start, end): replayable range reads."""
+        if self.authorizer is not None:
+            await self.authorize(ctx.identity, Action.SUBSCRIBE, Resource("topic", topic))
+        try:
+            msgs = await self.store.read(topic, queue_id, start, end, max_messages, filter)
+        except Exception as e:  # noqa: BLE001
+            raise store_error(e) from e
+        if msgs:
+            self.metrics.messages_out[(ctx.protocol, topic)] += len(msgs)
+        return msgs
+
+    async def queue_offsets(self, topic: str, queue_id: int) -> tuple[int, int]:
+        """(min, max) offsets of a queue: [min, max) are readable."""
+        try:
+            return await self.store.min_offset(topic, queue_id), await self.store.max_offset(topic, queue_id)
+        except Exception as e:  # noqa: BLE001
+            raise store_error(e) from e
+
+    async def search_offset(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        try:
+            return await self.store.search_offset(topic, queue_id, timestamp_ms)
+        except Exception as e:  # noqa: BLE001
+            raise store_error(e) from e
+
+    async def commit_offset(
+        self, ctx: ClientContext, group: str, topic: str, queue_id: int, offset: int
+    ) -> None:
+        check_group(group, self.limits)
+        try:
+            await self.store.commit_offset(group, topic, queue_id, offset)
+        except Exception as e:  # noqa: BLE001
+            raise store_error(e) from e
+
+    async def committed_offset(self, group: str, topic: str, queue_id: int) -> int:
+        try:
+            return await self.store.committed_offset(group, topic, queue_id)
+        except Exception as e:  # noqa: BLE001
+            raise store_error(e) from e
+
+    async def get_message_by_id(self, message_id: str) -> list[Message]:
+        return await self.store.get_by_id(message_id)
+
+    def store_stats(self) -> dict[str, object]:
+        return self.store.stats()

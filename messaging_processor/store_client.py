@@ -1,0 +1,180 @@
+"""The processor's only view of storage: the `StoreClient` interface and its in-process
+implementation over `store.Store` (a network implementation comes with CLUSTER mode)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from store import (
+    ALL,
+    AppendResult,
+    Filter,
+    GroupConfig,
+    Message,
+    PoppedMessage,
+    RetryPolicy,
+    Store,
+    TopicConfig,
+)
+
+
+class StoreClient(Protocol):
+    """Everything the processor asks of a store. All methods are coroutines so that a remote
+    implementation fits; store exceptions (store.StoreError and subclasses, StoreFullError,
+    ValueError for bad arguments) pass through and the processor maps them."""
+
+    async def append(self, msg: Message) -> AppendResult: ...
+    async def pop(
+        self, group: str, topic: str, max_messages: int, invisible_time_ms: int, filter: Filter, wait_ms: int
+    ) -> list[PoppedMessage]: ...
+    async def ack(self, handle: str) -> None: ...
+    async def change_invisible_time(self, handle: str, invisible_time_ms: int) -> str: ...
+    async def nack(self, handle: str) -> str: ...
+    async def forward_to_dlq(self, handle: str, reason: str) -> AppendResult: ...
+    async def end_transaction(self, transaction_id: int | str, commit: bool) -> AppendResult | None: ...
+    def set_transaction_checker(self, fn: Callable[[Message], Awaitable[None]] | None) -> None: ...
+
+    async def get_topic(self, name: str) -> TopicConfig | None: ...
+    async def create_topic(
+        self, name: str, queues: int | None, retention_ms: int | None, retention_bytes: int | None
+    ) -> TopicConfig: ...
+    async def delete_topic(self, name: str) -> None: ...
+    async def list_topics(self) -> list[TopicConfig]: ...
+    async def get_group(self, name: str) -> GroupConfig | None: ...
+    async def create_group(self, name: str, max_attempts: int, retry: RetryPolicy | None) -> GroupConfig: ...
+    async def delete_group(self, name: str) -> None: ...
+    async def list_groups(self) -> list[GroupConfig]: ...
+    async def subscriptions(self) -> list[tuple[str, str]]: ...  # (group, topic) pairs with progress
+
+    async def min_offset(self, topic: str, queue_id: int) -> int: ...
+    async def max_offset(self, topic: str, queue_id: int) -> int: ...
+    async def read(
+        self, topic: str, queue_id: int, start: int, end: int | None, max_messages: int, filter: Filter
+    ) -> list[Message]: ...
+    async def search_offset(self, topic: str, queue_id: int, timestamp_ms: int) -> int: ...
+    async def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None: ...
+    async def committed_offset(self, group: str, topic: str, queue_id: int) -> int: ...
+    async def backlog(self, group: str, topic: str) -> int: ...
+    async def inflight_count(self, group: str, topic: str) -> int: ...
+    async def get_by_id(self, message_id: str) -> list[Message]: ...
+    async def get_message(self, commitlog_offset: int) -> Message: ...
+    def stats(self) -> dict[str, object]: ...
+    async def close(self) -> None: ...
+
+
+class LocalStoreClient:
+    """StoreClient over a Store in this process and event loop (LOCAL mode)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.append = store.append  # returns a future: awaiting it is the same as awaiting a coroutine
+
+    async def pop(
+        self,
+        group: str,
+        topic: str,
+        max_messages: int = 32,
+        invisible_time_ms: int = 30_000,
+        filter: Filter = ALL,
+        wait_ms: int = 0,
+    ) -> list[PoppedMessage]:
+        return await self.store.pop(group, topic, max_messages, invisible_time_ms, filter, wait_ms)
+
+    async def ack(self, handle: str) -> None:
+        self.store.ack(handle)
+
+    async def change_invisible_time(self, handle: str, invisible_time_ms: int) -> str:
+        return self.store.change_invisible_time(handle, invisible_time_ms)
+
+    async def nack(self, handle: str) -> str:
+        return self.store.nack(handle)
+
+    async def forward_to_dlq(self, handle: str, reason: str = "forwarded") -> AppendResult:
+        return await self.store.forward_to_dlq(handle, reason)
+
+    async def end_transaction(self, transaction_id: int | str, commit: bool) -> AppendResult | None:
+        return await self.store.end_transaction(transaction_id, commit)
+
+    def set_transaction_checker(self, fn: Callable[[Message], Awaitable[None]] | None) -> None:
+        self.store.transaction_checker = fn
+
+    async def get_topic(self, name: str) -> TopicConfig | None:
+        return self.store.topic_configs.get(name)
+
+    async def create_topic(
+        self,
+        name: str,
+        queues: int | None = None,
+        retention_ms: int | None = None,
+        retention_bytes: int | None = None,
+    ) -> TopicConfig:
+        return self.store.create_topic(name, queues, retention_ms, retention_bytes)
+
+    async def delete_topic(self, name: str) -> None:
+        self.store.delete_topic(name)
+
+    async def list_topics(self) -> list[TopicConfig]:
+        return self.store.topics()
+
+    async def get_group(self, name: str) -> GroupConfig | None:
+        return self.store.group_configs.get(name)
+
+    async def create_group(
+        self, name: str, max_attempts: int = 16, retry: RetryPolicy | None = None
+    ) -> GroupConfig:
+        return self.store.create_group(name, max_attempts, retry)
+
+    async def delete_group(self, name: str) -> None:
+        self.store.delete_group(name)
+
+    async def list_groups(self) -> list[GroupConfig]:
+        return self.store.groups()
+
+    async def subscriptions(self) -> list[tuple[str, str]]:
+        return sorted(k for k in self.store.progress.states if not k[0].startswith("%"))
+
+    async def min_offset(self, topic: str, queue_id: int) -> int:
+        return self.store.min_offset(topic, queue_id)
+
+    async def max_offset(self, topic: str, queue_id: int) -> int:
+        return self.store.max_offset(topic, queue_id)
+
+    async def read(
+        self,
+        topic: str,
+        queue_id: int,
+        start: int,
+        end: int | None = None,
+        max_messages: int = 32,
+        filter: Filter = ALL,
+    ) -> list[Message]:
+        return self.store.read(topic, queue_id, start, end, max_messages, filter)
+
+    async def search_offset(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        return self.store.search_offset(topic, queue_id, timestamp_ms)
+
+    async def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        self.store.commit_offset(group, topic, queue_id, offset)
+
+    async def committed_offset(self, group: str, topic: str, queue_id: int) -> int:
+        return self.store.committed_offset(group, topic, queue_id)
+
+    async def backlog(self, group: str, topic: str) -> int:
+        return self.store.backlog(group, topic)
+
+    async def inflight_count(self, group: str, topic: str) -> int:
+        return self.store.inflight_count(group, topic)
+
+    async def get_by_id(self, message_id: str) -> list[Message]:
+        return self.store.get_by_id(message_id)
+
+    async def get_message(self, commitlog_offset: int) -> Message:
+        return self.store.get_message(commitlog_offset)
+
+    def stats(self) -> dict[str, object]:
+        """Store counters (appends, flushes, pops, acks, redeliveries, dlq) and recent flush latencies."""
+        return {**self.store.metrics, "flush_latency_ms": list(self.store.flush_latency_ms[-1024:])}
+
+    async def close(self) -> None:
+        await self.store.close()
