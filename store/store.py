@@ -389,8 +389,9 @@ class Store:
     def topic(self, name: str, create: bool | None = None) -> TopicConfig:
         t = self.topic_configs.get(name)
         if t is None:
-            if create if create is not None else self.config.auto_create_topics:
-                return self.create_topic(name, 1 if name.startswith("%") else None)
+            system = name.startswith("%")  # %HALF%, %SCHEDULE%, %DLQ%...: always created on demand
+            if system or (create if create is not None else self.config.auto_create_topics):
+                return self.create_topic(name, 1 if system else None)
             raise TopicNotFound(name)
         return t
 
