@@ -509,5 +509,26 @@ class MessagingProcessor:
     async def get_message_by_id(self, message_id: str) -> list[Message]:
         return await self.store.get_by_id(message_id)
 
+    # ------------------------------------------------------------------ durable protocol metadata
+    # Adapters keep what must outlive a proxy (MQTT sessions and retained messages, AMQP
+    # declarations, webhook subscriptions) here, under a namespace of their own ("mqtt.session").
+    async def kv_put(self, ns: str, key: str, value: bytes) -> None:
+        """Store `value` under (ns, key); returns once durable."""
+        await self.store.kv_put(ns, key, value)
+
+    async def kv_put_many(self, ns: str, items: dict[str, bytes | None]) -> None:
+        """Set several keys (None deletes) in one durable transaction."""
+        await self.store.kv_put_many(ns, items)
+
+    async def kv_get(self, ns: str, key: str) -> bytes | None:
+        return await self.store.kv_get(ns, key)
+
+    async def kv_delete(self, ns: str, key: str) -> bool:
+        return await self.store.kv_delete(ns, key)
+
+    async def kv_scan(self, ns: str, prefix: str = "") -> list[tuple[str, bytes]]:
+        """(key, value) pairs of `ns` whose key starts with `prefix`, in key order."""
+        return await self.store.kv_scan(ns, prefix)
+
     def store_stats(self) -> dict[str, object]:
         return self.store.stats()

@@ -59,6 +59,11 @@ class StoreClient(Protocol):
     async def inflight_count(self, group: str, topic: str) -> int: ...
     async def get_by_id(self, message_id: str) -> list[Message]: ...
     async def get_message(self, commitlog_offset: int) -> Message: ...
+    async def kv_put(self, ns: str, key: str, value: bytes) -> None: ...
+    async def kv_put_many(self, ns: str, items: dict[str, bytes | None]) -> None: ...
+    async def kv_get(self, ns: str, key: str) -> bytes | None: ...
+    async def kv_delete(self, ns: str, key: str) -> bool: ...
+    async def kv_scan(self, ns: str, prefix: str) -> list[tuple[str, bytes]]: ...
     def stats(self) -> dict[str, object]: ...
     async def close(self) -> None: ...
 
@@ -171,6 +176,21 @@ class LocalStoreClient:
 
     async def get_message(self, commitlog_offset: int) -> Message:
         return self.store.get_message(commitlog_offset)
+
+    async def kv_put(self, ns: str, key: str, value: bytes) -> None:
+        await self.store.kv.put(ns, key, value)
+
+    async def kv_put_many(self, ns: str, items: dict[str, bytes | None]) -> None:
+        await self.store.kv.put_many(ns, items)
+
+    async def kv_get(self, ns: str, key: str) -> bytes | None:
+        return await self.store.kv.get(ns, key)
+
+    async def kv_delete(self, ns: str, key: str) -> bool:
+        return await self.store.kv.delete(ns, key)
+
+    async def kv_scan(self, ns: str, prefix: str = "") -> list[tuple[str, bytes]]:
+        return await self.store.kv.scan(ns, prefix)
 
     def stats(self) -> dict[str, object]:
         """Store counters (appends, flushes, pops, acks, redeliveries, dlq) and recent flush latencies."""

@@ -36,6 +36,7 @@ from .config import (
 from .consumequeue import ENTRY, ConsumeQueue
 from .consumer import ConsumerProgress, GroupTopic, Inflight
 from .index import MessageIndex
+from .kv import KeyValueStore
 from .message import AppendResult, Message, MessageIdFactory, MessageType, PoppedMessage, now_ms, tag_hash
 from .writer import GroupCommitWriter
 
@@ -134,6 +135,7 @@ class Store:
         os.makedirs(d, exist_ok=True)
         self._lock_fd = _lock_dir(d)
         self.meta = Metadata(d)
+        self.kv = KeyValueStore(d)
         self.topic_configs = self.meta.load_topics()
         self.group_configs = self.meta.load_groups()
         self.commitlog = CommitLog(os.path.join(d, "commitlog"), config.segment_size, config.min_free_bytes)
@@ -172,6 +174,7 @@ class Store:
         except BaseException:
             store._io.shutdown()
             store.meta.close()
+            store.kv.close()
             os.close(store._lock_fd)
             raise
         store._writer = GroupCommitWriter(
@@ -336,6 +339,7 @@ class Store:
         self._writer.close()
         self._io.shutdown(wait=True)
         self.meta.close()
+        self.kv.close()
         os.close(self._lock_fd)
 
     def _close_files(self) -> None:

@@ -303,3 +303,22 @@ async def test_delivery_loop_ends_when_topic_is_deleted(proc):
     err = await asyncio.wait_for(ended, 5)
     assert err.kind is ErrorKind.TOPIC_NOT_FOUND
     assert not loop.running or await asyncio.wait_for(loop.stop(), 5) is None
+
+
+async def test_durable_key_value_metadata(tmp_path):
+    data = str(tmp_path / "kvdata")
+    store = await Store.open(StoreConfig(data_dir=data))
+    p = MessagingProcessor(LocalStoreClient(store))
+    await p.kv_put("mqtt.session", "dev/1", b"\x00one")
+    await p.kv_put_many("mqtt.session", {"dev/2": b"two", "other": b"x", "dev/1": None})
+    await p.kv_put("mqtt.retained", "dev/2", b"r")
+    assert await p.kv_get("mqtt.session", "dev/1") is None
+    assert await p.kv_scan("mqtt.session", "dev/") == [("dev/2", b"two")]
+    assert await p.kv_delete("mqtt.session", "other") is True
+    assert await p.kv_delete("mqtt.session", "other") is False
+    await store.close()
+    store = await Store.open(StoreConfig(data_dir=data))
+    p = MessagingProcessor(LocalStoreClient(store))
+    assert await p.kv_scan("mqtt.session") == [("dev/2", b"two")]
+    assert await p.kv_get("mqtt.retained", "dev/2") == b"r"
+    await store.close()
