@@ -3,7 +3,8 @@
 Entry (28 bytes, little endian): i64 commit log offset, u32 size, u64 tag hash, i64 store timestamp.
 A queue file is named by the queue offset of its first entry (`<base:020d>.cq`); retention rewrites
 it from a later base. Entries are derived data: recovery truncates them to the recovery checkpoint
-and rebuilds the rest from the commit log, so they are written to the page cache, not fsynced.
+and rebuilds the rest from the commit log. New entries are kept in memory (`mem`) when their
+record is durable and written to the file by the next checkpoint, off the event loop.
 """
 
 from __future__ import annotations
@@ -37,7 +38,10 @@ class ConsumeQueue:
         count = os.fstat(self.fd).st_size // ENTRY_SIZE
         self.max_offset = self.base + count
         self.next_offset = self.max_offset
-        self.written_offset = self.max_offset  # entries written to the file (durable or not)
+        self.written_offset = self.max_offset  # entries whose records the writer has written
+        self.file_offset = self.max_offset  # entries in the file; [file_offset, max_offset) in memory
+        self.flushing = b""  # entries [file_offset, +len/ENTRY_SIZE) being written by a checkpoint
+        self.mem = bytearray()  # entries after those, up to max_offset
         self.min_offset = self.base
         self.pending = bytearray()  # entries rebuilt by recovery, not yet written
 
@@ -53,7 +57,7 @@ class ConsumeQueue:
                 lo = mid + 1
         if lo < self.max_offset or os.fstat(self.fd).st_size != (lo - self.base) * ENTRY_SIZE:
             os.ftruncate(self.fd, (lo - self.base) * ENTRY_SIZE)
-        self.max_offset = self.next_offset = self.written_offset = lo
+        self.max_offset = self.next_offset = self.written_offset = self.file_offset = lo
 
     def rebase(self, base: int) -> None:
         """Start an empty queue at queue offset `base` (a rebuild after retention)."""
@@ -63,6 +67,7 @@ class ConsumeQueue:
             os.rename(self.path, path)
             self.path = path
         self.base = self.min_offset = self.max_offset = self.next_offset = self.written_offset = base
+        self.file_offset = base
 
     def set_min_by_commitlog(self, min_clo: int) -> None:
         """Entries pointing below `min_clo` are gone with their segment: advance `min_offset`."""
@@ -77,7 +82,11 @@ class ConsumeQueue:
 
     def compact(self) -> None:
         """Rewrite the file from `min_offset` when most of it is dead (after retention)."""
-        if self.min_offset - self.base < 4096 or self.next_offset != self.max_offset:
+        if (
+            self.min_offset - self.base < 4096
+            or self.next_offset != self.max_offset
+            or self.file_offset != self.max_offset
+        ):
             return
         data = os.pread(
             self.fd,
@@ -107,13 +116,35 @@ class ConsumeQueue:
     def write_at(self, first_offset: int, data: bytes) -> None:
         os.pwrite(self.fd, data, (first_offset - self.base) * ENTRY_SIZE)
 
+    def take_flush(self) -> tuple[int, bytes]:
+        """Loop: hand the in-memory entries to a checkpoint as (first offset, data); they stay
+        readable until `flushed()`."""
+        assert not self.flushing
+        self.flushing = bytes(self.mem)
+        self.mem = bytearray()
+        return self.file_offset, self.flushing
+
+    def flushed(self) -> None:
+        """Loop: the checkpoint wrote (and synced) what `take_flush` returned."""
+        self.file_offset += len(self.flushing) // ENTRY_SIZE
+        self.flushing = b""
+
     def rollback(self, to_offset: int) -> None:
         self.next_offset = to_offset
         self.pending.clear()
 
     # ----- reading -----------------------------------------------------------------------------
     def entry(self, offset: int) -> tuple[int, int, int, int]:
-        return ENTRY.unpack(os.pread(self.fd, ENTRY_SIZE, (offset - self.base) * ENTRY_SIZE))
+        i = offset - self.file_offset
+        if i < 0:
+            return ENTRY.unpack(os.pread(self.fd, ENTRY_SIZE, (offset - self.base) * ENTRY_SIZE))
+        fl = self.flushing
+        if fl:
+            n = len(fl) // ENTRY_SIZE
+            if i < n:
+                return ENTRY.unpack_from(fl, i * ENTRY_SIZE)
+            i -= n
+        return ENTRY.unpack_from(self.mem, i * ENTRY_SIZE)
 
     def entries(self, start: int, count: int) -> Iterator[tuple[int, int, int, int]]:
         """Up to `count` entries from queue offset `start` (clamped to the readable range)."""
@@ -121,8 +152,17 @@ class ConsumeQueue:
         end = min(start + count, self.max_offset)
         if end <= start:
             return iter(())
-        data = os.pread(self.fd, (end - start) * ENTRY_SIZE, (start - self.base) * ENTRY_SIZE)
-        return ENTRY.iter_unpack(data)
+        fo = self.file_offset
+        if end <= fo:
+            data = os.pread(self.fd, (end - start) * ENTRY_SIZE, (start - self.base) * ENTRY_SIZE)
+            return ENTRY.iter_unpack(data)
+        parts = []
+        if start < fo:
+            parts.append(os.pread(self.fd, (fo - start) * ENTRY_SIZE, (start - self.base) * ENTRY_SIZE))
+        tail = self.flushing + self.mem if self.flushing else self.mem
+        lo = max(start - fo, 0) * ENTRY_SIZE
+        parts.append(tail[lo : (end - fo) * ENTRY_SIZE])
+        return ENTRY.iter_unpack(b"".join(parts) if len(parts) > 1 else bytes(parts[0]))
 
     def offset_for_timestamp(self, ts: int) -> int:
         """First queue offset whose store timestamp is >= ts (max_offset when none)."""

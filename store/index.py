@@ -24,6 +24,7 @@ class MessageIndex:
         self.ids: dict[str, int | list[int]] = {}
         self.keys: dict[str, int | list[int]] = {}
         self.length = 0  # bytes of the file that are loaded and valid
+        self.mem = bytearray()  # entries of durable records not yet in the file (see take_flush)
 
     def load(self, below: int) -> None:
         """Load entries for commit log offsets below `below`; cut the file there (the rest is rebuilt)."""
@@ -58,6 +59,12 @@ class MessageIndex:
             out += _HEAD.pack(KIND_KEY, len(kb)) + kb + _CLO.pack(clo)
         return out
 
+    def take_flush(self) -> bytes:
+        """Loop: the in-memory entries, for a checkpoint to `append_file` and `sync`."""
+        data = bytes(self.mem)
+        self.mem = bytearray()
+        return data
+
     def append_file(self, data: bytes) -> None:
         os.pwrite(self.fd, data, self.length)
         self.length += len(data)
@@ -76,7 +83,9 @@ class MessageIndex:
         return [] if v is None else [v] if isinstance(v, int) else list(v)
 
     def drop_below(self, min_clo: int) -> None:
-        """Forget entries below `min_clo` and rewrite the file without them."""
+        """Forget entries below `min_clo` and rewrite the file without them (and without `mem`,
+        whose entries the dicts hold too). Not while a checkpoint writes the file."""
+        self.mem = bytearray()
         for d in (self.ids, self.keys):
             for k in list(d):
                 v = d[k]

@@ -159,6 +159,7 @@ class Store:
         self._resolving: set[int] = set()  # half messages whose commit append is under way
         self.transaction_checker: Callable[[Message], Awaitable[None] | None] | None = None
         self._tasks: list[asyncio.Task] = []
+        self._cp_lock = asyncio.Lock()  # one checkpoint (or retention file rewrite) at a time
         self._closed = False
         self.metrics = {"appends": 0, "flushes": 0, "pops": 0, "acks": 0, "redeliveries": 0, "dlq": 0}
         self.flush_latency_ms: list[float] = []
@@ -218,7 +219,10 @@ class Store:
         for cq in self.cqs.values():
             cq.set_min_by_commitlog(cl.min_offset)
         queues = {f"{t}/{q}": cq.max_offset for (t, q), cq in self.cqs.items()}
-        self._write_checkpoint(cl.scan_end, list(self.cqs.values()), None, queues)
+        for cq in self.cqs.values():
+            os.fdatasync(cq.fd)
+        self.index.sync()
+        self._write_checkpoint(cl.scan_end, [], b"", None, queues)
 
     def _replay_commitlog(self, start: int, rebuild: bool = False) -> bool:
         cl = self.commitlog
@@ -243,7 +247,7 @@ class Store:
             if cq.pending:
                 first = cq.max_offset
                 cq.write_at(first, cq.take_pending())
-                cq.max_offset = cq.written_offset = cq.next_offset
+                cq.max_offset = cq.written_offset = cq.file_offset = cq.next_offset
         self.index.append_file(bytes(idx))
         return True
 
@@ -535,9 +539,11 @@ class Store:
         per_topic: dict[str, list[int]] = {}  # topic -> [bytes, last store ts]
         touched: dict[str, set[int]] = {}
         special = False
-        for _start, _data, cq, _entry, _idx, fut, res, keys, th in recs:
-            qoff = res[3]
-            cq.max_offset = qoff + 1
+        index_mem = self.index.mem
+        for _start, _data, cq, entry, idx, fut, res, keys, th in recs:
+            cq.mem += entry
+            cq.max_offset = res[3] + 1
+            index_mem += idx
             mid = res[0]
             if keys or mid in ids:
                 index_add(mid, keys, res[4])
@@ -1128,25 +1134,36 @@ class Store:
         n = await self._run_io(self.commitlog.delete_segments_before, delete_before)
         for b in [b for b in self._seg_stats if b < delete_before]:
             del self._seg_stats[b]
-        low = self.commitlog.min_offset
-        for cq in self.cqs.values():  # in the loop: the writer appends to these files here too
-            cq.set_min_by_commitlog(low)
-            if cq.written_offset == cq.max_offset:
-                cq.compact()
-        self.index.drop_below(low)
-        await self._checkpoint()
+        async with self._cp_lock:
+            await self._checkpoint_locked()  # entries into their files: compaction rewrites files
+            low = self.commitlog.min_offset
+            for cq in self.cqs.values():
+                cq.set_min_by_commitlog(low)
+                if cq.file_offset == cq.max_offset:
+                    cq.compact()
+            self.index.drop_below(low)
+            await self._checkpoint_locked()
         return n
 
     # =========================================================================== checkpoints
     async def _checkpoint(self, consumer_snapshot: bool = False) -> None:
+        async with self._cp_lock:
+            await self._checkpoint_locked(consumer_snapshot)
+
+    async def _checkpoint_locked(self, consumer_snapshot: bool = False) -> None:
         w = self._writer
-        dirty, w.dirty_cqs = w.dirty_cqs, set()
+        # Everything below `end` is durable and its queue / index entries are in memory or files:
+        # hand the in-memory ones to the IO thread, which writes and syncs them before recording.
         segs = None if self.sync else w.take_unsynced_segments()
         end = w.durable_end if self.sync else w.written_end
-        queues = {
-            f"{t}/{q}": cq.max_offset if self.sync else cq.written_offset for (t, q), cq in self.cqs.items()
-        }
-        await self._run_io(self._write_checkpoint, end, dirty, segs, queues)
+        flushes = [(cq, *cq.take_flush()) for cq in self.cqs.values() if cq.mem]
+        idx = self.index.take_flush()
+        queues = {f"{t}/{q}": cq.max_offset for (t, q), cq in self.cqs.items()}
+        try:
+            await self._run_io(self._write_checkpoint, end, flushes, idx, segs, queues)
+        finally:
+            for cq, _first, _data in flushes:
+                cq.flushed()
         if consumer_snapshot or self.progress.ops >= self.config.consumer_checkpoint_ops:
             self.progress.ops = 0
             snap = self.progress.snapshot()
@@ -1158,15 +1175,23 @@ class Store:
             await self._run_io(self.progress.write_log, data)
 
     def _write_checkpoint(
-        self, end: int, dirty: Iterable[ConsumeQueue], segments: list[str] | None, queues: dict[str, int]
+        self,
+        end: int,
+        flushes: list[tuple[ConsumeQueue, int, bytes]],
+        idx: bytes,
+        segments: list[str] | None,
+        queues: dict[str, int],
     ) -> None:
-        """IO thread: make the queue and index files durable, then record that they are valid up to
-        commit log offset `end` (everything below it was written, and under `sync` fsynced, before)."""
+        """IO thread: write and sync queue and index entries, then record that the files are valid
+        up to commit log offset `end` (everything below it was written, and under `sync` fsynced)."""
         if segments:
             self.commitlog.sync(segments)
-        for cq in dirty:
+        for cq, first, data in flushes:
+            cq.write_at(first, data)
             os.fdatasync(cq.fd)
-        self.index.sync()
+        if idx:
+            self.index.append_file(idx)
+            self.index.sync()
         cp = {
             "commitlog": end,
             "queues": queues,

@@ -5,7 +5,8 @@ written while the previous one was syncing. Appenders' futures resolve when thei
 A queued record is a plain tuple (cheaper to build than an object):
     (start, data, cq, entry, idx, fut, result, keys, tag_hash)
 `data` (a padding record, maybe, then the record) lands at commit log offset `start`; `entry` is its
-consume queue entry and `idx` its index entries.
+consume queue entry and `idx` its index entries, which the store keeps in memory once the record is
+durable and its checkpoints write to their files.
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ class GroupCommitWriter:
         self._inflight: tuple[list[list[tuple]], float, int] | None = None
         self.written_end = 0  # commit log bytes written to the page cache
         self.durable_end = 0  # ... and known durable (fsynced, or written under the async policy)
-        self.dirty_cqs: set = set()  # queue files written since the last checkpoint took them
         self.unsynced_segments: set[str] = set()
         self.broken: BaseException | None = None
         self._drain: list[asyncio.Future] = []
@@ -72,24 +72,14 @@ class GroupCommitWriter:
         t0 = time.perf_counter()
         start = recs[0][0]
         data = b"".join([r[1] for r in recs])
-        per_cq: dict = {}
-        for r in recs:
-            w = per_cq.get(r[2])
-            if w is None:
-                per_cq[r[2]] = (r[6][3], [r[3]])
-            else:
-                w[1].append(r[3])
         try:
             segs = self.commitlog.write_batch(start, data, sync=False)
-            for cq, (first, entries) in per_cq.items():
-                cq.write_at(first, b"".join(entries))
-                cq.written_offset = first + len(entries)
-            self.index.append_file(b"".join([r[4] for r in recs]))
         except BaseException as e:  # noqa: BLE001 - every appender of the batch hears of it
             self.on_failed(recs, start, e)
             self._maybe_idle()
             return
-        self.dirty_cqs.update(per_cq)
+        for r in recs:
+            r[2].written_offset = r[6][3] + 1
         self.written_end = start + len(data)
         self.unsynced_segments.update(segs)
         if self.fsync is None:
