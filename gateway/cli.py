@@ -1,78 +1,227 @@
-"""Command line entry point: ``gateway start [--config FILE] [--data-dir DIR] [--host ADDR] [--flush P]``."""
+"""Command line entry point.
+
+``gateway start [--config FILE] [--data-dir DIR] [--host ADDR] [--grpc-port N] ... [--flush P]``
+serves until SIGTERM/SIGINT. ``gateway topic|group|client ...`` talk to a running gateway's HTTP
+admin API (``--url``, default ``$GATEWAY_URL`` or http://127.0.0.1:8082)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
-import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from gateway.config import FLUSH_POLICIES, ConfigError, Settings, load
+from gateway.config import (
+    EVENT_LOOPS,
+    FLUSH_POLICIES,
+    LOG_LEVELS,
+    ConfigError,
+    Settings,
+    load,
+    parse_protocols,
+)
 
 log = logging.getLogger("gateway")
+
+# Settings fields that `gateway start` takes as flags (all of them), with argparse types.
+_START_FLAGS: dict[str, dict[str, Any]] = {
+    "data_dir": {"metavar": "DIR", "help": "store directory (default ./data)"},
+    "host": {"metavar": "ADDR", "help": "address every listener binds (default 127.0.0.1)"},
+    "flush": {"choices": FLUSH_POLICIES, "help": "store flush policy (default sync)"},
+    "grpc_port": {"type": int, "metavar": "N", "help": "RocketMQ 5 gRPC port (default 8081; 0 = ephemeral)"},
+    "remoting_port": {"type": int, "metavar": "N", "help": "RocketMQ 4.x remoting port (default 8080)"},
+    "http_port": {"type": int, "metavar": "N", "help": "HTTP port: health, metrics, admin (default 8082)"},
+    "mqtt_port": {"type": int, "metavar": "N", "help": "MQTT port (default 1883)"},
+    "amqp_port": {"type": int, "metavar": "N", "help": "AMQP 0-9-1 port (default 5672)"},
+    "protocols": {
+        "type": parse_protocols,
+        "metavar": "LIST",
+        "help": "comma list of listeners to enable (default grpc,http)",
+    },
+    "advertise_host": {"metavar": "ADDR", "help": "host clients are told to connect to (default: --host)"},
+    "auto_create_topics": {
+        "action": argparse.BooleanOptionalAction,
+        "help": "create unknown topics on first send (default off)",
+    },
+    "max_body_size": {"type": int, "metavar": "BYTES", "help": "largest message body (default 4 MiB)"},
+    "default_queues": {"type": int, "metavar": "N", "help": "queues of a new topic (default 8)"},
+    "transaction_timeout_ms": {"type": int, "metavar": "MS", "help": "first transaction check (6000)"},
+    "transaction_check_interval_ms": {"type": int, "metavar": "MS", "help": "between checks (5000)"},
+    "drain_timeout_s": {"type": float, "metavar": "S", "help": "shutdown drain time (default 5)"},
+    "event_loop": {"choices": EVENT_LOOPS, "help": "asyncio event loop (default uvloop)"},
+    "log_level": {"choices": LOG_LEVELS, "help": "log level (default info)"},
+}
+
+
+def _arg_type(fn: Callable[[str], Any]) -> Callable[[str], Any]:
+    """Wrap a parser so that argparse reports its ConfigError/ValueError as a usage error."""
+
+    def parse(text: str) -> Any:
+        try:
+            return fn(text)
+        except (ConfigError, ValueError) as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    parse.__name__ = getattr(fn, "__name__", "value")
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gateway", description="Multi-protocol messaging gateway.")
     sub = parser.add_subparsers(dest="command", required=True)
+
     start = sub.add_parser("start", help="open the store and serve until SIGTERM/SIGINT")
     start.add_argument("--config", metavar="FILE", help="TOML settings file")
-    start.add_argument("--data-dir", metavar="DIR", help="store directory (default ./data)")
-    start.add_argument("--host", metavar="ADDR", help="address to listen on (default 127.0.0.1)")
-    start.add_argument("--flush", choices=FLUSH_POLICIES, help="store flush policy (default sync)")
+    for field, opts in _START_FLAGS.items():
+        opts = dict(opts)
+        if "type" in opts and opts["type"] is not int and opts["type"] is not float:
+            opts["type"] = _arg_type(opts["type"])
+        start.add_argument("--" + field.replace("_", "-"), dest=field, default=None, **opts)
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--url",
+        default=None,
+        help="the gateway's HTTP address (default $GATEWAY_URL, else http://127.0.0.1:8082)",
+    )
+    common.add_argument("--json", action="store_true", help="print the API's JSON answer")
+
+    topic = sub.add_parser("topic", help="manage topics of a running gateway").add_subparsers(
+        dest="action", required=True
+    )
+    p = topic.add_parser("create", parents=[common], help="create (or update) a topic")
+    p.add_argument("name")
+    p.add_argument("--queues", type=int, metavar="N", help="number of queues (default: gateway default)")
+    p.add_argument("--retention-ms", type=int, metavar="MS", help="keep messages this long")
+    p.add_argument("--retention-bytes", type=int, metavar="BYTES", help="keep at most this much")
+    topic.add_parser("list", parents=[common], help="list topics")
+    p = topic.add_parser("get", parents=[common], help="a topic's queues, offsets and group backlogs")
+    p.add_argument("name")
+    p = topic.add_parser("delete", parents=[common], help="delete a topic")
+    p.add_argument("name")
+
+    group = sub.add_parser("group", help="manage consumer groups of a running gateway").add_subparsers(
+        dest="action", required=True
+    )
+    p = group.add_parser("create", parents=[common], help="create (or update) a consumer group")
+    p.add_argument("name")
+    p.add_argument("--max-attempts", type=int, metavar="N", help="deliveries before the DLQ (default 16)")
+    p.add_argument("--retry-initial-ms", type=int, metavar="MS", help="first retry back-off (default 1000)")
+    p.add_argument("--retry-multiplier", type=float, metavar="X", help="back-off growth (default 2)")
+    p.add_argument("--retry-max-ms", type=int, metavar="MS", help="back-off cap (default 60000)")
+    group.add_parser("list", parents=[common], help="list consumer groups with backlog")
+    p = group.add_parser("get", parents=[common], help="a group's settings and backlog per topic")
+    p.add_argument("name")
+    p = group.add_parser("delete", parents=[common], help="delete a consumer group")
+    p.add_argument("name")
+
+    client = sub.add_parser("client", help="connected clients of a running gateway").add_subparsers(
+        dest="action", required=True
+    )
+    client.add_parser("list", parents=[common], help="list registered clients")
     return parser
 
 
 def settings_from_args(args: argparse.Namespace, env: dict[str, str] | None = None) -> Settings:
-    overrides = {"data_dir": args.data_dir, "host": args.host, "flush": args.flush}
+    overrides = {field: getattr(args, field, None) for field in _START_FLAGS}
     return load(overrides, dict(os.environ) if env is None else env, args.config)
 
 
-async def serve(settings: Settings) -> None:
-    """Open the store, wait for SIGTERM/SIGINT, close the store."""
-    from store import Store, StoreConfig  # imported late: the CLI must parse even if the store is broken
-
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-
-    store = await Store.open(StoreConfig(data_dir=settings.data_dir, flush=settings.flush))
-    try:
-        log.info("store opened at %s (flush=%s)", settings.data_dir, settings.flush)
-        await stop.wait()
-        log.info("shutting down")
-    finally:
-        await store.close()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
-
-
-def _loop_factory():
-    with contextlib.suppress(ImportError):
-        import uvloop
-
+def _loop_factory(settings: Settings) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    # grpc.aio runs on uvloop (checked with grpcio 1.85: unary, bidi streaming, graceful stop);
+    # `--event-loop asyncio` is the fallback should an adapter misbehave on it.
+    if settings.event_loop == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            log.warning("uvloop is not installed; using the default asyncio event loop")
+            return None
         return uvloop.new_event_loop
     return None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def _start(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_args(args)
     except ConfigError as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 2
-    if args.command == "start":
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            runner.run(serve(settings))
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if settings.log_level != "debug":
+        logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
+    from gateway.server import run  # imported late: `gateway --help` must work even if a module is broken
+
+    with asyncio.Runner(loop_factory=_loop_factory(settings)) as runner:
+        return runner.run(run(settings))
+
+
+def _admin(args: argparse.Namespace) -> int:
+    from gateway import admin_client as ac
+
+    url = args.url or os.environ.get("GATEWAY_URL") or ac.DEFAULT_URL
+    client = ac.AdminClient(url)
+    cmd = (args.command, args.action)
+    try:
+        if cmd == ("topic", "create"):
+            out = client.create_topic(
+                args.name,
+                queues=args.queues,
+                retention_ms=args.retention_ms,
+                retention_bytes=args.retention_bytes,
+            )
+            text = ac.render_topics([out])
+        elif cmd == ("topic", "list"):
+            out = client.list_topics()
+            text = ac.render_topics(out)
+        elif cmd == ("topic", "get"):
+            out = client.get_topic(args.name)
+            text = ac.render_topic(out)
+        elif cmd == ("topic", "delete"):
+            client.delete_topic(args.name)
+            out, text = {"deleted": args.name}, f"deleted topic {args.name}"
+        elif cmd == ("group", "create"):
+            out = client.create_group(
+                args.name,
+                max_attempts=args.max_attempts,
+                retry_initial_ms=args.retry_initial_ms,
+                retry_multiplier=args.retry_multiplier,
+                retry_max_ms=args.retry_max_ms,
+            )
+            text = ac.render_groups([out])
+        elif cmd == ("group", "list"):
+            out = client.list_groups()
+            text = ac.render_groups(out)
+        elif cmd == ("group", "get"):
+            out = client.get_group(args.name)
+            text = ac.render_group(out)
+        elif cmd == ("group", "delete"):
+            client.delete_group(args.name)
+            out, text = {"deleted": args.name}, f"deleted group {args.name}"
+        elif cmd == ("client", "list"):
+            out = client.list_clients()
+            text = ac.render_clients(out)
+        else:  # pragma: no cover - argparse only produces the commands above
+            raise ac.AdminError(f"unknown command {' '.join(cmd)}")
+    except ac.AdminError as e:
+        print(f"gateway: {e}", file=sys.stderr)
+        return 1
+    print(ac.dumps(out) if args.json else text)
     return 0
 
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "start":
+        return _start(args)
+    return _admin(args)
+
+
+__all__ = ["build_parser", "main", "settings_from_args"]
 
 if __name__ == "__main__":
     sys.exit(main())

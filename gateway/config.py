@@ -1,4 +1,7 @@
-"""Gateway settings, layered in rising precedence: defaults < TOML file < GATEWAY_* env < CLI flags."""
+"""Gateway settings, layered in rising precedence: defaults < TOML file < GATEWAY_* env < CLI flags.
+
+Every field of `Settings` is a TOML key of the same name, an environment variable
+``GATEWAY_<NAME>`` and a flag ``--<name-with-dashes>`` of ``gateway start``."""
 
 from __future__ import annotations
 
@@ -10,11 +13,48 @@ from pathlib import Path
 from typing import Any
 
 FLUSH_POLICIES = ("sync", "async")
+EVENT_LOOPS = ("uvloop", "asyncio")
+LOG_LEVELS = ("debug", "info", "warning", "error")
 ENV_PREFIX = "GATEWAY_"
+
+# Listener names, in start order. IMPLEMENTED are those this build can serve.
+PROTOCOLS = ("grpc", "remoting", "mqtt", "amqp", "http")
+IMPLEMENTED_PROTOCOLS = ("grpc", "http")
+DEFAULT_PROTOCOLS = ("grpc", "http")
+
+MIB = 1024 * 1024
+MAX_BODY_LIMIT = 100 * MIB  # a record must fit one 128 MiB commit log segment
+
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
 
 
 class ConfigError(ValueError):
     """Raised for an unreadable config file, an unknown key or an invalid value."""
+
+
+def parse_protocols(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """A comma list (or list) of listener names -> normalized tuple; rejects unknown and unbuilt ones."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    out: list[str] = []
+    for item in items:
+        if not isinstance(item, str):
+            raise ConfigError(f"protocols must be names, got {item!r}")
+        name = item.strip().lower()
+        if not name:
+            continue
+        if name not in PROTOCOLS:
+            raise ConfigError(f"unknown protocol {name!r} in protocols (known: {', '.join(PROTOCOLS)})")
+        if name not in IMPLEMENTED_PROTOCOLS:
+            raise ConfigError(
+                f"protocol {name!r} is not available yet in this build "
+                f"(available: {', '.join(IMPLEMENTED_PROTOCOLS)})"
+            )
+        if name not in out:
+            out.append(name)
+    if not out:
+        raise ConfigError("protocols must name at least one listener")
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -22,19 +62,100 @@ class Settings:
     data_dir: str = "./data"
     host: str = "127.0.0.1"
     flush: str = "sync"
+    grpc_port: int = 8081
+    remoting_port: int = 8080
+    http_port: int = 8082
+    mqtt_port: int = 1883
+    amqp_port: int = 5672
+    protocols: tuple[str, ...] = DEFAULT_PROTOCOLS
+    advertise_host: str | None = None
+    auto_create_topics: bool = False
+    max_body_size: int = 4 * MIB
+    default_queues: int = 8
+    transaction_timeout_ms: int = 6000
+    transaction_check_interval_ms: int = 5000
+    drain_timeout_s: float = 5.0
+    event_loop: str = "uvloop"
+    log_level: str = "info"
 
     def __post_init__(self) -> None:
-        if self.flush not in FLUSH_POLICIES:
-            raise ConfigError(f"flush must be one of {', '.join(FLUSH_POLICIES)}, got {self.flush!r}")
+        for name, choices in (
+            ("flush", FLUSH_POLICIES),
+            ("event_loop", EVENT_LOOPS),
+            ("log_level", LOG_LEVELS),
+        ):
+            if getattr(self, name) not in choices:
+                raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
         for name in ("data_dir", "host"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
                 raise ConfigError(f"{name} must be a non-empty string, got {value!r}")
+        if self.advertise_host is not None and (
+            not isinstance(self.advertise_host, str) or not self.advertise_host
+        ):
+            raise ConfigError(f"advertise_host must be a non-empty string, got {self.advertise_host!r}")
+        for name in ("grpc_port", "remoting_port", "http_port", "mqtt_port", "amqp_port"):
+            _check_int(name, getattr(self, name), 0, 65535)
+        _check_int("max_body_size", self.max_body_size, 1, MAX_BODY_LIMIT)
+        _check_int("default_queues", self.default_queues, 1, 1024)
+        _check_int("transaction_timeout_ms", self.transaction_timeout_ms, 1, None)
+        _check_int("transaction_check_interval_ms", self.transaction_check_interval_ms, 1, None)
+        if not isinstance(self.auto_create_topics, bool):
+            raise ConfigError(f"auto_create_topics must be true or false, got {self.auto_create_topics!r}")
+        d = self.drain_timeout_s
+        if isinstance(d, bool) or not isinstance(d, int | float) or not 0 <= d <= 3600:
+            raise ConfigError(f"drain_timeout_s must be a number of seconds in [0, 3600], got {d!r}")
+        object.__setattr__(self, "drain_timeout_s", float(d))
+        if not isinstance(self.protocols, tuple):
+            if not isinstance(self.protocols, str | list):
+                raise ConfigError(f"protocols must be a comma list of names, got {self.protocols!r}")
+            object.__setattr__(self, "protocols", parse_protocols(self.protocols))
+        else:
+            parse_protocols(self.protocols)
+
+    def port(self, protocol: str) -> int:
+        return getattr(self, f"{protocol}_port")
+
+
+def _check_int(name: str, value: Any, lo: int, hi: int | None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+    if value < lo or (hi is not None and value > hi):
+        bound = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+        raise ConfigError(f"{name} must be {bound}, got {value}")
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(Settings))
-# Environment variables read by load(): GATEWAY_DATA_DIR, GATEWAY_HOST, GATEWAY_FLUSH.
+_TYPES = {f.name: f.type for f in dataclasses.fields(Settings)}
+# Environment variables read by load(): GATEWAY_DATA_DIR, GATEWAY_HOST, GATEWAY_GRPC_PORT, ...
 ENV_VARS = {ENV_PREFIX + name.upper(): name for name in FIELDS}
+
+
+def parse_bool(text: str) -> bool:
+    t = text.strip().lower()
+    if t in _TRUE:
+        return True
+    if t in _FALSE:
+        return False
+    raise ValueError(f"expected true/false/1/0, got {text!r}")
+
+
+def _from_text(field: str, text: str, source: str) -> Any:
+    """Convert an env var's text to the field's type; ConfigError naming `source` if it does not parse."""
+    kind = _TYPES[field]
+    try:
+        if kind == "int":
+            return int(text.strip())
+        if kind == "float":
+            return float(text.strip())
+        if kind == "bool":
+            return parse_bool(text)
+    except ValueError:
+        want = {"int": "an integer", "float": "a number", "bool": "true/false/1/0"}[kind]
+        raise ConfigError(f"{source} must be {want}, got {text!r}") from None
+    if field == "protocols":
+        return parse_protocols(text)
+    return text
 
 
 def _from_toml(path: str | Path) -> dict[str, Any]:
@@ -48,12 +169,14 @@ def _from_toml(path: str | Path) -> dict[str, Any]:
     unknown = sorted(set(data) - set(FIELDS))
     if unknown:
         raise ConfigError(f"unknown key(s) in {path}: {', '.join(unknown)}")
+    if isinstance(data.get("drain_timeout_s"), int) and not isinstance(data["drain_timeout_s"], bool):
+        data["drain_timeout_s"] = float(data["drain_timeout_s"])
     return data
 
 
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
     # An empty variable counts as unset, so `GATEWAY_HOST= gateway start` falls back to lower layers.
-    return {field: env[var] for var, field in ENV_VARS.items() if env.get(var)}
+    return {field: _from_text(field, env[var], var) for var, field in ENV_VARS.items() if env.get(var)}
 
 
 def load(

@@ -409,6 +409,17 @@ class MessagingProcessor:
             n += await self.store.max_offset(name, q) - await self.store.min_offset(name, q)
         return TopicInfo(t.name, t.queues, t.retention_ms, t.retention_bytes, n)
 
+    async def topic_consumers(self, name: str) -> dict[str, dict[str, int]]:
+        """{group: {backlog, inflight}} for every group that has consumed topic `name`."""
+        out = {}
+        for group, topic in await self.store.subscriptions():
+            if topic == name:
+                out[group] = {
+                    "backlog": await self.store.backlog(group, name),
+                    "inflight": await self.store.inflight_count(group, name),
+                }
+        return out
+
     async def list_topics(self, *, include_system: bool = False) -> list[TopicInfo]:
         return [
             TopicInfo(t.name, t.queues, t.retention_ms, t.retention_bytes)

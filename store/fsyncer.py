@@ -71,6 +71,7 @@ class FsyncClient:
             stdout=subprocess.PIPE,
             bufsize=0,
             close_fds=True,
+            start_new_session=True,  # a Ctrl-C for the terminal's process group must not kill it
         )
         self._out = self.proc.stdin.fileno()
         self._in = self.proc.stdout.fileno()

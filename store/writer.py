@@ -101,6 +101,13 @@ class GroupCommitWriter:
         self.fsync.request(paths)
 
     def _synced(self, _rid: int, err: int) -> None:
+        if self._inflight is None:  # the helper died with no sync in flight
+            self.broken = OSError(err or 5, "the fsync helper process exited")
+            for recs in self.unsynced:
+                self.on_failed(recs, None, self.broken)
+            self.unsynced = []
+            self._maybe_idle()
+            return
         batches, t0, end = self._inflight
         self._inflight = None
         if err:

@@ -85,3 +85,179 @@ def test_cli_rejects_unknown_flush_policy(capsys):
     with pytest.raises(SystemExit) as exc:
         build_parser().parse_args(["start", "--flush", "maybe"])
     assert exc.value.code == 2
+
+
+# ------------------------------------------------------------------ gateway settings (listeners etc.)
+def test_new_defaults():
+    s = load()
+    assert (s.grpc_port, s.remoting_port, s.http_port, s.mqtt_port, s.amqp_port) == (
+        8081,
+        8080,
+        8082,
+        1883,
+        5672,
+    )
+    assert s.protocols == ("grpc", "http")
+    assert s.advertise_host is None
+    assert s.auto_create_topics is False
+    assert s.max_body_size == 4 * 1024 * 1024
+    assert s.default_queues == 8
+    assert (s.transaction_timeout_ms, s.transaction_check_interval_ms) == (6000, 5000)
+    assert s.drain_timeout_s == 5.0
+
+
+def test_new_keys_precedence_each_layer(tmp_path):
+    path = write_toml(
+        tmp_path,
+        "grpc_port = 9001\nhttp_port = 9002\nprotocols = ['http']\nmax_body_size = 1000\n"
+        "default_queues = 2\ndrain_timeout_s = 1\nauto_create_topics = true\n",
+    )
+    env = {"GATEWAY_HTTP_PORT": "9102", "GATEWAY_DEFAULT_QUEUES": "3", "GATEWAY_AUTO_CREATE_TOPICS": "false"}
+    flags = {"default_queues": 4, "grpc_port": None, "advertise_host": "gw.example"}
+    s = load(flags, env, path)
+    assert s.grpc_port == 9001  # TOML
+    assert s.http_port == 9102  # env over TOML
+    assert s.default_queues == 4  # flag over env and TOML
+    assert s.auto_create_topics is False  # env "false" over TOML true
+    assert s.protocols == ("http",)
+    assert s.max_body_size == 1000
+    assert s.drain_timeout_s == 1.0 and isinstance(s.drain_timeout_s, float)
+    assert s.advertise_host == "gw.example"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), [("true", True), ("1", True), ("TRUE", True), ("false", False), ("0", False)]
+)
+def test_bool_from_env(text, expected):
+    assert load(env={"GATEWAY_AUTO_CREATE_TOPICS": text}).auto_create_topics is expected
+
+
+def test_env_values_are_typed():
+    env = {
+        "GATEWAY_GRPC_PORT": "0",
+        "GATEWAY_MAX_BODY_SIZE": "2048",
+        "GATEWAY_DRAIN_TIMEOUT_S": "0.5",
+        "GATEWAY_TRANSACTION_TIMEOUT_MS": "100",
+        "GATEWAY_TRANSACTION_CHECK_INTERVAL_MS": "50",
+        "GATEWAY_PROTOCOLS": " HTTP , grpc,http ",
+        "GATEWAY_ADVERTISE_HOST": "10.1.2.3",
+    }
+    s = load(env=env)
+    assert s.grpc_port == 0
+    assert s.max_body_size == 2048
+    assert s.drain_timeout_s == 0.5
+    assert (s.transaction_timeout_ms, s.transaction_check_interval_ms) == (100, 50)
+    assert s.protocols == ("http", "grpc")
+    assert s.advertise_host == "10.1.2.3"
+
+
+@pytest.mark.parametrize(
+    ("env", "match"),
+    [
+        ({"GATEWAY_GRPC_PORT": "eighty"}, "GATEWAY_GRPC_PORT must be an integer"),
+        ({"GATEWAY_HTTP_PORT": "70000"}, r"http_port must be \[0, 65535\]"),
+        ({"GATEWAY_AUTO_CREATE_TOPICS": "maybe"}, "GATEWAY_AUTO_CREATE_TOPICS must be true/false"),
+        ({"GATEWAY_DRAIN_TIMEOUT_S": "soon"}, "GATEWAY_DRAIN_TIMEOUT_S must be a number"),
+        ({"GATEWAY_DEFAULT_QUEUES": "0"}, "default_queues"),
+        ({"GATEWAY_MAX_BODY_SIZE": "0"}, "max_body_size"),
+        ({"GATEWAY_PROTOCOLS": "http,smtp"}, "unknown protocol 'smtp'"),
+        ({"GATEWAY_PROTOCOLS": ","}, "at least one"),
+    ],
+)
+def test_bad_env_values_name_the_variable(env, match):
+    with pytest.raises(ConfigError, match=match):
+        load(env=env)
+
+
+@pytest.mark.parametrize("name", ["mqtt", "amqp", "remoting"])
+def test_unbuilt_protocols_are_reported_as_not_available_yet(name):
+    with pytest.raises(ConfigError, match=f"protocol '{name}' is not available yet"):
+        load({"protocols": f"http,{name}"})
+
+
+def test_toml_protocols_as_string_or_list_and_type_errors(tmp_path):
+    assert load(toml_path=write_toml(tmp_path, 'protocols = "grpc"\n')).protocols == ("grpc",)
+    assert load(toml_path=write_toml(tmp_path, "protocols = ['http', 'grpc']\n")).protocols == (
+        "http",
+        "grpc",
+    )
+    with pytest.raises(ConfigError, match="grpc_port must be an integer"):
+        load(toml_path=write_toml(tmp_path, 'grpc_port = "8081"\n'))
+    with pytest.raises(ConfigError, match="auto_create_topics must be true or false"):
+        load(toml_path=write_toml(tmp_path, 'auto_create_topics = "yes"\n'))
+    with pytest.raises(ConfigError, match="not available yet"):
+        load(toml_path=write_toml(tmp_path, "protocols = ['mqtt']\n"))
+
+
+NON_DEFAULT = {
+    "data_dir": "/x",
+    "host": "0.0.0.0",
+    "flush": "async",
+    "grpc_port": 1,
+    "remoting_port": 2,
+    "http_port": 3,
+    "mqtt_port": 4,
+    "amqp_port": 5,
+    "protocols": "http",
+    "advertise_host": "adv",
+    "auto_create_topics": True,
+    "max_body_size": 10,
+    "default_queues": 2,
+    "transaction_timeout_ms": 7,
+    "transaction_check_interval_ms": 8,
+    "drain_timeout_s": 0.5,
+    "event_loop": "asyncio",
+    "log_level": "debug",
+}
+
+
+def test_every_setting_has_a_flag_env_var_and_toml_key(tmp_path):
+    from gateway.config import FIELDS
+
+    assert set(NON_DEFAULT) == set(FIELDS)
+    defaults = Settings()
+    # TOML: every key by its own name.
+    lines = [f"{k} = {str(v).lower() if isinstance(v, bool) else repr(v)}" for k, v in NON_DEFAULT.items()]
+    from_toml = load(toml_path=write_toml(tmp_path, "\n".join(lines).replace("'", '"') + "\n"))
+    # Env: GATEWAY_<NAME> for every key.
+    env = {f"GATEWAY_{k.upper()}": str(v) for k, v in NON_DEFAULT.items()}
+    from_env = load(env=env)
+    # Flags: --<name-with-dashes> for every key.
+    argv = ["start"]
+    for k, v in NON_DEFAULT.items():
+        argv += [f"--{k.replace('_', '-')}"] if v is True else [f"--{k.replace('_', '-')}", str(v)]
+    from_flags = settings_from_args(build_parser().parse_args(argv), {})
+    assert from_toml == from_env == from_flags
+    for f in FIELDS:
+        assert getattr(from_toml, f) != getattr(defaults, f), f
+
+
+def test_cli_start_flags_for_all_new_settings():
+    argv = [
+        "start",
+        "--grpc-port", "1", "--remoting-port", "2", "--http-port", "3", "--mqtt-port", "4",
+        "--amqp-port", "5", "--protocols", "http", "--advertise-host", "adv", "--auto-create-topics",
+        "--max-body-size", "77", "--default-queues", "6", "--transaction-timeout-ms", "8",
+        "--transaction-check-interval-ms", "9", "--drain-timeout-s", "2.5", "--event-loop", "asyncio",
+        "--log-level", "debug",
+    ]  # fmt: skip
+    s = settings_from_args(build_parser().parse_args(argv), {"GATEWAY_HTTP_PORT": "99"})
+    assert (s.grpc_port, s.remoting_port, s.http_port, s.mqtt_port, s.amqp_port) == (1, 2, 3, 4, 5)
+    assert s.protocols == ("http",)
+    assert s.advertise_host == "adv"
+    assert s.auto_create_topics is True
+    assert (s.max_body_size, s.default_queues) == (77, 6)
+    assert (s.transaction_timeout_ms, s.transaction_check_interval_ms) == (8, 9)
+    assert s.drain_timeout_s == 2.5
+    assert (s.event_loop, s.log_level) == ("asyncio", "debug")
+    off = build_parser().parse_args(["start", "--no-auto-create-topics"])
+    assert settings_from_args(off, {"GATEWAY_AUTO_CREATE_TOPICS": "1"}).auto_create_topics is False
+    unset = build_parser().parse_args(["start"])
+    assert settings_from_args(unset, {"GATEWAY_AUTO_CREATE_TOPICS": "1"}).auto_create_topics is True
+
+
+def test_cli_rejects_bad_protocols_as_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["start", "--protocols", "mqtt"])
+    assert exc.value.code == 2
+    assert "not available yet" in capsys.readouterr().err

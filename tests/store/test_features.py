@@ -936,3 +936,19 @@ async def test_failed_dlq_move_does_not_strand_the_message(make_store):
     assert [m.body for m in dlq] + [x.message.body for x in got] == [b"victim"], (
         f"stranded: dlq={len(dlq)}, redelivered={len(got)}, in flight={s.inflight_count('g', 't')}"
     )
+
+
+async def test_fsync_helper_death_fails_appends_cleanly(make_store):
+    import signal as _signal
+
+    from store import StoreError
+
+    s = await make_store()
+    await s.append(Message("T", b"before"))
+    s._writer.fsync.proc.send_signal(_signal.SIGKILL)
+    deadline = asyncio.get_running_loop().time() + 10
+    while s._writer.broken is None:  # the loop notices the closed pipe with no sync in flight
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.01)
+    with pytest.raises(StoreError):
+        s.append(Message("T", b"after"))

@@ -1,0 +1,179 @@
+"""Admin subcommands of the CLI: talk to a running gateway's HTTP admin API (the running gateway
+holds the store directory's lock, so admin goes through it rather than opening the store)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+DEFAULT_URL = "http://127.0.0.1:8082"
+
+
+class AdminError(Exception):
+    """A one-line reason the admin call failed (unreachable gateway, error answer)."""
+
+
+class AdminClient:
+    def __init__(self, url: str, timeout: float = 10.0) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+
+    def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        try:
+            r = httpx.request(method, self.url + path, json=body, timeout=self.timeout)
+        except httpx.HTTPError as e:
+            raise AdminError(f"cannot reach the gateway at {self.url}: {e}") from e
+        if r.status_code >= 400:
+            raise AdminError(f"{r.status_code} {_detail(r)}")
+        if r.status_code == 204 or not r.content:
+            return None
+        try:
+            return r.json()
+        except ValueError as e:
+            raise AdminError(f"{self.url}{path} answered {r.status_code} with a non-JSON body") from e
+
+    def list_topics(self) -> list[dict]:
+        return self.request("GET", "/admin/topics")
+
+    def get_topic(self, name: str) -> dict:
+        return self.request("GET", f"/admin/topics/{_seg(name)}")
+
+    def create_topic(self, name: str, **fields: Any) -> dict:
+        body = {"name": name, **{k: v for k, v in fields.items() if v is not None}}
+        return self.request("POST", "/admin/topics", body)
+
+    def delete_topic(self, name: str) -> None:
+        self.request("DELETE", f"/admin/topics/{_seg(name)}")
+
+    def list_groups(self) -> list[dict]:
+        return self.request("GET", "/admin/groups")
+
+    def get_group(self, name: str) -> dict:
+        return self.request("GET", f"/admin/groups/{_seg(name)}")
+
+    def create_group(self, name: str, **fields: Any) -> dict:
+        body = {"name": name, **{k: v for k, v in fields.items() if v is not None}}
+        return self.request("POST", "/admin/groups", body)
+
+    def delete_group(self, name: str) -> None:
+        self.request("DELETE", f"/admin/groups/{_seg(name)}")
+
+    def list_clients(self) -> list[dict]:
+        return self.request("GET", "/admin/clients")
+
+
+def _seg(name: str) -> str:
+    return quote(name, safe="")
+
+
+def _detail(r: httpx.Response) -> str:
+    try:
+        body = r.json()
+    except ValueError:
+        return r.text.strip().splitlines()[0] if r.text.strip() else r.reason_phrase
+    if isinstance(body, dict):
+        return str(body.get("detail") or body.get("title") or body)
+    return str(body)
+
+
+def table(rows: Sequence[Sequence[object]], headers: Sequence[str]) -> str:
+    """Left-aligned columns separated by two spaces; `-` for None."""
+    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells)
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True)
+
+
+# ----------------------------------------------------------------------------- renderers
+def render_topics(topics: list[dict]) -> str:
+    rows = [
+        (t["name"], t["queues"], t.get("messages"), t.get("retention_ms"), t.get("retention_bytes"))
+        for t in topics
+    ]
+    return table(rows, ("NAME", "QUEUES", "MESSAGES", "RETENTION_MS", "RETENTION_BYTES"))
+
+
+def render_topic(t: dict) -> str:
+    lines = [render_topics([t]), ""]
+    lines.append(
+        table(
+            [(q["queue_id"], q["min_offset"], q["max_offset"]) for q in t.get("queue_offsets", [])],
+            ("QUEUE", "MIN_OFFSET", "MAX_OFFSET"),
+        )
+    )
+    groups = t.get("groups") or {}
+    if groups:
+        lines += [
+            "",
+            table(
+                [(g, v["backlog"], v["inflight"]) for g, v in sorted(groups.items())],
+                ("GROUP", "BACKLOG", "INFLIGHT"),
+            ),
+        ]
+    return "\n".join(lines)
+
+
+def render_groups(groups: list[dict]) -> str:
+    rows = []
+    for g in groups:
+        topics = g.get("topics") or {}
+        backlog = sum(v["backlog"] for v in topics.values())
+        inflight = sum(v["inflight"] for v in topics.values())
+        rows.append(
+            (
+                g["name"],
+                g["max_attempts"],
+                g["retry_initial_ms"],
+                g["retry_multiplier"],
+                g["retry_max_ms"],
+                ",".join(sorted(topics)) or "-",
+                backlog,
+                inflight,
+            )
+        )
+    return table(
+        rows,
+        (
+            "NAME",
+            "MAX_ATTEMPTS",
+            "RETRY_INITIAL_MS",
+            "RETRY_MULTIPLIER",
+            "RETRY_MAX_MS",
+            "TOPICS",
+            "BACKLOG",
+            "INFLIGHT",
+        ),
+    )
+
+
+def render_group(g: dict) -> str:
+    out = render_groups([g])
+    topics = g.get("topics") or {}
+    if topics:
+        out += "\n\n" + table(
+            [(t, v["backlog"], v["inflight"]) for t, v in sorted(topics.items())],
+            ("TOPIC", "BACKLOG", "INFLIGHT"),
+        )
+    return out
+
+
+def render_clients(clients: list[dict]) -> str:
+    rows = [
+        (
+            c["protocol"],
+            c["client_id"],
+            c["kind"],
+            c["group"] or "-",
+            ",".join(c["topics"]) or "-",
+            c["remote"] or "-",
+        )
+        for c in clients
+    ]
+    return table(rows, ("PROTOCOL", "CLIENT_ID", "KIND", "GROUP", "TOPICS", "REMOTE"))

@@ -1,0 +1,7 @@
+"""The gateway's HTTP port: health, Prometheus metrics, the admin REST API (and, later, CloudEvents)."""
+
+from .adapter import HttpAdapter
+from .app import create_app
+from .errors import STATUS_BY_KIND, problem
+
+__all__ = ["STATUS_BY_KIND", "HttpAdapter", "create_app", "problem"]

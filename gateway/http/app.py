@@ -1,0 +1,44 @@
+"""The FastAPI app of the HTTP port. Later protocol routes (CloudEvents) are mounted as extra routers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+from fastapi import APIRouter, FastAPI
+
+from adapters.base import Adapter
+from messaging_processor import MessagingProcessor
+
+from . import admin, health, metrics
+from .errors import install_error_handlers
+
+ListenerSource = Callable[[], Iterable[Adapter]]
+
+
+def _no_listeners() -> list[Adapter]:
+    return []
+
+
+def create_app(
+    processor: MessagingProcessor,
+    extra_routers: Sequence[APIRouter] = (),
+    *,
+    listeners: ListenerSource = _no_listeners,
+    title: str = "msg-gateway",
+) -> FastAPI:
+    """Build the app over `processor`. `listeners()` returns the gateway's enabled adapters (for
+    /healthz and the listener gauge); `extra_routers` are included after the built-in ones."""
+    app = FastAPI(
+        title=title,
+        summary="Health, Prometheus metrics and the admin API of the messaging gateway.",
+        version="0.1.0",
+    )
+    app.state.processor = processor
+    app.state.listeners = listeners
+    install_error_handlers(app)
+    app.include_router(health.router)
+    app.include_router(metrics.router)
+    app.include_router(admin.router)
+    for router in extra_routers:
+        app.include_router(router)
+    return app

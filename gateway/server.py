@@ -1,0 +1,199 @@
+"""The gateway process in LOCAL mode: one embedded store, one MessagingProcessor, one listener per
+enabled protocol, all in one event loop.
+
+Start: open the store, start the processor, start each listener (one log line each), log
+``gateway ready``. Stop (SIGTERM/SIGINT): every listener stops accepting at once and drains
+in-flight requests for up to ``drain_timeout_s``, then the processor and the store close."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+from fastapi import APIRouter
+
+from adapters.base import Adapter
+from gateway.config import PROTOCOLS, Settings
+
+log = logging.getLogger("gateway")
+
+MIB = 1024 * 1024
+GRPC_MIN_INBOUND = 130 * MIB
+
+
+SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def shutdown_signals_blocked() -> Iterator[None]:
+    """Block SIGTERM/SIGINT in this thread while the store starts its helper process (the fsync
+    helper), which inherits the mask: a Ctrl-C or a `kill` of the whole process group (terminal,
+    systemd, `timeout`) then reaches only the gateway, which stops the helper itself when it closes
+    the store. Signals arriving meanwhile stay pending and are handled right after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, SHUTDOWN_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+class StartupError(Exception):
+    """The gateway could not start (store unavailable, port busy, adapter missing); one-line reason."""
+
+
+class Gateway:
+    def __init__(self, settings: Settings, *, extra_routers: Sequence[APIRouter] = ()) -> None:
+        self.settings = settings
+        self.extra_routers = list(extra_routers)
+        self.store = None
+        self.processor = None
+        self.adapters: list[Adapter] = []  # started ones, in start order
+        self._enabled: list[Adapter] = []  # every enabled listener, for /healthz
+
+    def listeners(self) -> list[Adapter]:
+        return list(self._enabled)
+
+    async def start(self) -> None:
+        """Open the store, start the processor and every enabled listener; StartupError on failure
+        (what did start stays started: call stop())."""
+        from messaging_processor import Limits, LocalStoreClient, MessagingProcessor
+        from store import Store, StoreConfig, StoreError
+
+        s = self.settings
+        config = StoreConfig(
+            data_dir=s.data_dir,
+            flush=s.flush,
+            default_queues=s.default_queues,
+            auto_create_topics=False,  # the processor decides (settings.auto_create_topics)
+            max_message_size=max(s.max_body_size, StoreConfig().max_message_size),
+            transaction_timeout_ms=s.transaction_timeout_ms,
+            transaction_check_interval_ms=s.transaction_check_interval_ms,
+        )
+        t0 = time.monotonic()
+        try:
+            with shutdown_signals_blocked():
+                self.store = await Store.open(config)
+        except (StoreError, OSError) as e:
+            raise StartupError(f"cannot open the store at {s.data_dir}: {e}") from e
+        log.info(
+            "store opened at %s (flush=%s, %d topics) in %.2f s",
+            s.data_dir,
+            s.flush,
+            len(self.store.topic_configs),
+            time.monotonic() - t0,
+        )
+        self.processor = MessagingProcessor(
+            LocalStoreClient(self.store),
+            limits=Limits(max_body_size=s.max_body_size),
+            auto_create_topics=s.auto_create_topics,
+        )
+        await self.processor.start()
+
+        ordered = [p for p in PROTOCOLS if p in s.protocols]
+        self._enabled = [self._make_adapter(name) for name in ordered]
+        for adapter in self._enabled:
+            bind = f"{s.host}:{s.port(adapter.name)}"
+            try:
+                await adapter.start()
+            except Exception as e:
+                with contextlib.suppress(Exception):  # release whatever it did set up
+                    await adapter.stop(0)
+                if isinstance(e, OSError):
+                    raise StartupError(f"{adapter.name} cannot listen on {bind}: {e.strerror or e}") from e
+                raise StartupError(f"{adapter.name} listener failed to start on {bind}: {e}") from e
+            self.adapters.append(adapter)
+            log.info("%s listening on %s", adapter.name, adapter.address)
+
+    def _make_adapter(self, name: str) -> Adapter:
+        s = self.settings
+        if name == "http":
+            from gateway.http import HttpAdapter, create_app
+
+            app = create_app(self.processor, self.extra_routers, listeners=self.listeners)
+            return HttpAdapter(app, s.host, s.http_port, access_log=s.log_level == "debug")
+        if name == "grpc":
+            try:
+                from adapters.grpc import GrpcAdapter
+            except ImportError as e:
+                raise StartupError(f"the grpc listener is not available in this build: {e}") from e
+            return GrpcAdapter(
+                self.processor,
+                host=s.host,
+                port=s.grpc_port,
+                advertise_host=s.advertise_host,
+                max_inbound_message_size=max(GRPC_MIN_INBOUND, 2 * s.max_body_size),
+            )
+        raise StartupError(f"the {name} listener is not available yet")
+
+    async def stop(self) -> None:
+        """Stop every started listener (concurrently: all stop accepting at once, then drain),
+        close the processor and the store. Safe to call after a failed or partial start."""
+        grace = self.settings.drain_timeout_s
+        adapters, self.adapters = self.adapters, []
+        if adapters:
+            results = await asyncio.gather(
+                *(self._stop_adapter(a, grace) for a in reversed(adapters)), return_exceptions=True
+            )
+            for a, r in zip(reversed(adapters), results, strict=True):
+                if isinstance(r, BaseException):
+                    log.warning("%s listener failed to stop cleanly: %r", a.name, r)
+        if self.processor is not None:
+            await self.processor.close()
+            self.processor = None
+        if self.store is not None:
+            store, self.store = self.store, None
+            await store.close()
+            log.info("store closed")
+
+    @staticmethod
+    async def _stop_adapter(adapter: Adapter, grace: float) -> None:
+        try:
+            await asyncio.wait_for(adapter.stop(grace), grace + 3.0)
+        except TimeoutError:
+            log.warning("%s listener did not stop within %.1f s; abandoning it", adapter.name, grace + 3.0)
+
+
+async def run(settings: Settings, *, extra_routers: Sequence[APIRouter] = ()) -> int:
+    """Serve until SIGTERM/SIGINT; returns the process exit code (0 after a clean stop, 1 when
+    the gateway could not start)."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if stop.is_set():
+            log.info("%s again: shutdown already under way", sig.name)
+            return
+        log.info("%s received, shutting down", sig.name)
+        stop.set()
+
+    for sig in SHUTDOWN_SIGNALS:
+        loop.add_signal_handler(sig, on_signal, sig)
+    gw = Gateway(settings, extra_routers=extra_routers)
+    try:
+        try:
+            await gw.start()
+        except StartupError as e:
+            log.error("%s", e)
+            await gw.stop()
+            return 1
+        except BaseException:
+            await gw.stop()
+            raise
+        log.info("gateway ready")
+        await stop.wait()
+        t0 = time.monotonic()
+        await gw.stop()
+        log.info("gateway stopped in %.2f s", time.monotonic() - t0)
+        return 0
+    finally:
+        for sig in SHUTDOWN_SIGNALS:
+            with contextlib.suppress(Exception):
+                loop.remove_signal_handler(sig)
