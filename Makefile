@@ -16,7 +16,16 @@ export UV_PYTHON_DOWNLOADS := never
 # Spark's Python workers otherwise run whatever `python3` is on PATH (no pyarrow there).
 export PYSPARK_PYTHON := $(abspath $(VENV))/bin/python
 
-.PHONY: install run test bench lint clean
+# Conformance clients: the official RocketMQ 5 clients, each in its own locked environment, never in
+# .venv (the Python client's generated protos clash with the gateway's in one process).
+CONF_VENV := .venv-conformance
+CONF_PY_DIR := conformance/clients/python
+CONF_PY_STAMP := $(CONF_VENV)/.installed
+CONF_NODE_DIR := conformance/clients/node
+CONF_NODE_STAMP := $(CONF_NODE_DIR)/node_modules/.installed
+NPM ?= npm
+
+.PHONY: install install-conformance lock-conformance conformance run test bench lint clean
 
 $(UV):
 	$(PYTHON) -m venv $(UV_HOME)
@@ -28,10 +37,31 @@ $(STAMP): uv.lock pyproject.toml | $(UV)
 
 install: $(STAMP)
 
+$(CONF_PY_STAMP): $(CONF_PY_DIR)/requirements.lock | $(UV)
+	test -x $(CONF_VENV)/bin/python || $(UV) venv --quiet --python "$$($(PYTHON) -c 'import sys; print(sys.executable)')" $(CONF_VENV)
+	$(UV) pip sync --quiet --require-hashes --python $(CONF_VENV)/bin/python $<
+	touch $@
+
+$(CONF_NODE_STAMP): $(CONF_NODE_DIR)/package-lock.json $(CONF_NODE_DIR)/package.json
+	cd $(CONF_NODE_DIR) && $(NPM) ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+install-conformance: $(CONF_PY_STAMP) $(CONF_NODE_STAMP)
+
+# Re-resolve the conformance locks after editing requirements.in / package.json.
+lock-conformance: | $(UV)
+	$(UV) pip compile --quiet --generate-hashes --python-version 3.11 \
+		-o $(CONF_PY_DIR)/requirements.lock $(CONF_PY_DIR)/requirements.in
+	cd $(CONF_NODE_DIR) && $(NPM) install --package-lock-only --no-audit --no-fund
+
+# All scenarios against a gateway the runner starts itself (see docs/conformance.md for --target).
+conformance: install install-conformance
+	$(VENV)/bin/python -m conformance --spawn
+
 run: install
 	$(VENV)/bin/gateway start --data-dir ./data
 
-test: install
+test: install install-conformance
 	$(VENV)/bin/pytest -q tests
 
 bench: install
@@ -41,5 +71,5 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) $(UV_HOME) .pytest_cache .ruff_cache .hypothesis build dist *.egg-info
+	rm -rf $(VENV) $(UV_HOME) $(CONF_VENV) $(CONF_NODE_DIR)/node_modules .pytest_cache .ruff_cache .hypothesis build dist *.egg-info
 	find . -name __pycache__ -type d -prune -not -path './.git/*' -exec rm -rf {} +

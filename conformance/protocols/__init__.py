@@ -1,0 +1,10 @@
+"""Scenario registry: protocol name → scenario name → Scenario. Later protocols (mqtt, amqp, http)
+add a module here and an entry below."""
+
+from __future__ import annotations
+
+from conformance.protocols import grpc
+
+REGISTRY = {
+    "grpc": grpc.SCENARIOS,
+}
