@@ -76,6 +76,8 @@ class GatewayProcess:
             str(self.grpc_port),
             "--http-port",
             str(self.http_port),
+            "--protocols",
+            "grpc,http",  # only what the scenarios use: other default ports may be taken
             *self.extra_args,
         ]
         env = {**os.environ, **self.env}

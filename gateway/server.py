@@ -131,6 +131,10 @@ class Gateway:
                 advertise_host=s.advertise_host,
                 max_inbound_message_size=max(GRPC_MIN_INBOUND, 2 * s.max_body_size),
             )
+        if name == "mqtt":
+            from adapters.mqtt import MqttAdapter
+
+            return MqttAdapter(self.processor, s.host, s.mqtt_port, max_packet_size=s.max_body_size + 65536)
         raise StartupError(f"the {name} listener is not available yet")
 
     async def stop(self) -> None:

@@ -1,1 +1,7 @@
-"""MQTT 3.1.1 / 5.0 adapter. The sans-IO codec is in `adapters.mqtt.codec`; the server lands with issue 4."""
+"""MQTT 3.1 / 3.1.1 / 5.0 adapter: `MqttAdapter` (server.py) over the sans-IO codec (codec/), a
+per-connection session state machine (session.py), the shared broker state (broker.py) and the
+MQTT <-> store message mapping (mapping.py). See docs/mqtt.md."""
+
+from .server import MqttAdapter
+
+__all__ = ["MqttAdapter"]

@@ -97,7 +97,7 @@ def test_new_defaults():
         1883,
         5672,
     )
-    assert s.protocols == ("grpc", "http")
+    assert s.protocols == ("grpc", "mqtt", "http")
     assert s.advertise_host is None
     assert s.auto_create_topics is False
     assert s.max_body_size == 4 * 1024 * 1024
@@ -169,7 +169,7 @@ def test_bad_env_values_name_the_variable(env, match):
         load(env=env)
 
 
-@pytest.mark.parametrize("name", ["mqtt", "amqp", "remoting"])
+@pytest.mark.parametrize("name", ["amqp", "remoting"])
 def test_unbuilt_protocols_are_reported_as_not_available_yet(name):
     with pytest.raises(ConfigError, match=f"protocol '{name}' is not available yet"):
         load({"protocols": f"http,{name}"})
@@ -186,7 +186,7 @@ def test_toml_protocols_as_string_or_list_and_type_errors(tmp_path):
     with pytest.raises(ConfigError, match="auto_create_topics must be true or false"):
         load(toml_path=write_toml(tmp_path, 'auto_create_topics = "yes"\n'))
     with pytest.raises(ConfigError, match="not available yet"):
-        load(toml_path=write_toml(tmp_path, "protocols = ['mqtt']\n"))
+        load(toml_path=write_toml(tmp_path, "protocols = ['amqp']\n"))
 
 
 NON_DEFAULT = {
@@ -258,6 +258,6 @@ def test_cli_start_flags_for_all_new_settings():
 
 def test_cli_rejects_bad_protocols_as_usage_error(capsys):
     with pytest.raises(SystemExit) as exc:
-        build_parser().parse_args(["start", "--protocols", "mqtt"])
+        build_parser().parse_args(["start", "--protocols", "amqp"])
     assert exc.value.code == 2
     assert "not available yet" in capsys.readouterr().err

@@ -273,8 +273,8 @@ def test_bad_settings_exit_2_with_one_line(tmp_path):
     )
     assert r.returncode == 2
     assert r.stderr.strip() == "gateway: GATEWAY_HTTP_PORT must be an integer, got 'not-a-port'"
-    r = cli("start", "--protocols", "http,mqtt")
-    assert r.returncode == 2 and "protocol 'mqtt' is not available yet" in r.stderr
+    r = cli("start", "--protocols", "http,amqp")
+    assert r.returncode == 2 and "protocol 'amqp' is not available yet" in r.stderr
 
 
 def free_port() -> int:
@@ -300,7 +300,8 @@ def test_busy_grpc_port_stops_everything_and_exits_1(tmp_path):
         held.listen()
         port = held.getsockname()[1]
         proc = Proc(
-            ["start", "--data-dir", str(tmp_path / "d"), "--grpc-port", str(port), "--http-port", "0"]
+            ["start", "--data-dir", str(tmp_path / "d"), "--protocols", PROTOCOLS]
+            + ["--grpc-port", str(port), "--http-port", "0"]
         )
         rc = proc.p.wait(30)
     out = proc.drain()

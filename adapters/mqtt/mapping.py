@@ -1,0 +1,149 @@
+"""MQTT <-> store message mapping (see docs/mqtt.md).
+
+A PUBLISH to `devices/42/telemetry` becomes a store Message on store topic `devices` (the first
+level, sanitized) with the full path and the MQTT attributes in properties:
+
+    mqtt.topic             full topic path
+    mqtt.qos               "0" | "1" | "2" (QoS as published)
+    mqtt.retain            "0" | "1"
+    mqtt.content_type      5.0 Content Type
+    mqtt.response_topic    5.0 Response Topic
+    mqtt.correlation_data  5.0 Correlation Data, base64
+    mqtt.payload_format    5.0 Payload Format Indicator ("0" bytes / "1" UTF-8)
+    mqtt.expiry_at         5.0 Message Expiry Interval as an absolute epoch ms deadline
+    mqtt.user_properties   5.0 User Properties, a JSON list of [name, value] pairs (order and
+                           repeated names kept)
+
+Store topic names allow `[%|A-Za-z0-9_.-]`, at most 127 characters, and no leading `%` for
+producers: every character of the first level outside `[A-Za-z0-9_.-]` becomes `_`, an empty first
+level (`/a/b`) becomes `_`, and the result is cut to 127 characters. Distinct first levels may so
+share a store topic; delivery matches the full path, so subscribers never see the other's messages.
+
+A message that entered through another protocol (no `mqtt.topic`) is presented with topic path
+`<store topic>` or `<store topic>/<tag>` when it has a tag, QoS 1 (capped by the subscription).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+from store import Message
+
+from .codec import PropertyId
+
+P_TOPIC = "mqtt.topic"
+P_QOS = "mqtt.qos"
+P_RETAIN = "mqtt.retain"
+P_CONTENT_TYPE = "mqtt.content_type"
+P_RESPONSE_TOPIC = "mqtt.response_topic"
+P_CORRELATION = "mqtt.correlation_data"
+P_PAYLOAD_FORMAT = "mqtt.payload_format"
+P_EXPIRY_AT = "mqtt.expiry_at"
+P_USER = "mqtt.user_properties"
+
+MAX_STORE_TOPIC = 127
+_OK = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
+_store_topic_cache: dict[str, str] = {}
+
+_QOS_STR = ("0", "1", "2")
+
+
+def store_topic_of_level(level: str) -> str:
+    """The store topic for a first topic level (sanitized, see the module docstring)."""
+    t = _store_topic_cache.get(level)
+    if t is None:
+        t = "".join(c if c in _OK else "_" for c in level)[:MAX_STORE_TOPIC] or "_"
+        if len(_store_topic_cache) < 100_000:
+            _store_topic_cache[level] = t
+    return t
+
+
+def store_topic(path: str) -> str:
+    """The store topic of a full MQTT topic path."""
+    i = path.find("/")
+    return store_topic_of_level(path if i < 0 else path[:i])
+
+
+def to_message(path: str, payload: bytes, qos: int, retain: bool, props: dict | None) -> Message:
+    """A store Message for a PUBLISH (or a will)."""
+    p = {P_TOPIC: path, P_QOS: _QOS_STR[qos], P_RETAIN: "1" if retain else "0"}
+    if props:
+        v = props.get(PropertyId.CONTENT_TYPE)
+        if v is not None:
+            p[P_CONTENT_TYPE] = v
+        v = props.get(PropertyId.RESPONSE_TOPIC)
+        if v is not None:
+            p[P_RESPONSE_TOPIC] = v
+        v = props.get(PropertyId.CORRELATION_DATA)
+        if v is not None:
+            p[P_CORRELATION] = base64.b64encode(v).decode("ascii")
+        v = props.get(PropertyId.PAYLOAD_FORMAT_INDICATOR)
+        if v is not None:
+            p[P_PAYLOAD_FORMAT] = str(v)
+        v = props.get(PropertyId.MESSAGE_EXPIRY_INTERVAL)
+        if v is not None:
+            p[P_EXPIRY_AT] = str(int(time.time() * 1000) + v * 1000)
+        v = props.get(PropertyId.USER_PROPERTY)
+        if v:
+            p[P_USER] = json.dumps([list(kv) for kv in v], separators=(",", ":"))
+    return Message(store_topic(path), payload, properties=p)
+
+
+def path_of(msg: Message) -> str:
+    """The MQTT topic path a stored message is delivered under."""
+    path = msg.properties.get(P_TOPIC)
+    if path:
+        return path
+    return f"{msg.topic}/{msg.tag}" if msg.tag else msg.topic
+
+
+def qos_of(msg: Message) -> int:
+    """The QoS a stored message was published with (1 for messages from other protocols)."""
+    q = msg.properties.get(P_QOS)
+    return 1 if q is None else (ord(q[0]) - 48 if q in _QOS_STR else 1)
+
+
+def v5_properties(sp: dict[str, str], now_ms: int | None = None) -> dict | None:
+    """MQTT 5.0 PUBLISH properties from stored properties; None if none apply. An expired message
+    gives the Message Expiry Interval 0 ... callers drop it (see `expired`)."""
+    out: dict = {}
+    v = sp.get(P_CONTENT_TYPE)
+    if v is not None:
+        out[PropertyId.CONTENT_TYPE] = v
+    v = sp.get(P_RESPONSE_TOPIC)
+    if v is not None:
+        out[PropertyId.RESPONSE_TOPIC] = v
+    v = sp.get(P_CORRELATION)
+    if v is not None:
+        out[PropertyId.CORRELATION_DATA] = base64.b64decode(v)
+    v = sp.get(P_PAYLOAD_FORMAT)
+    if v is not None:
+        out[PropertyId.PAYLOAD_FORMAT_INDICATOR] = int(v)
+    v = sp.get(P_EXPIRY_AT)
+    if v is not None:
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        out[PropertyId.MESSAGE_EXPIRY_INTERVAL] = max(0, (int(v) - now + 999) // 1000)
+    v = sp.get(P_USER)
+    if v is not None:
+        out[PropertyId.USER_PROPERTY] = [tuple(kv) for kv in json.loads(v)]
+    return out or None
+
+
+def expired(sp: dict[str, str], now_ms: int) -> bool:
+    v = sp.get(P_EXPIRY_AT)
+    return v is not None and int(v) <= now_ms
+
+
+# --- retained messages in processor.kv ("mqtt.retained", path) ---------------------------------------
+
+
+def encode_retained(msg: Message) -> bytes:
+    """Value of a retained message: JSON of the stored properties, a newline, the payload."""
+    return json.dumps(msg.properties, separators=(",", ":")).encode() + b"\n" + msg.body
+
+
+def decode_retained(path: str, value: bytes) -> Message:
+    head, _, body = value.partition(b"\n")
+    return Message(store_topic(path), body, properties=json.loads(head))

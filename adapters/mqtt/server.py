@@ -1,0 +1,101 @@
+"""The MQTT listener: thin asyncio.Protocol glue around `Session` (session.py) and `Broker`
+(broker.py). See docs/mqtt.md for what is supported."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from messaging_processor import MessagingProcessor
+
+from .broker import Broker
+from .session import Session
+
+log = logging.getLogger("adapters.mqtt")
+
+
+class MqttProtocol(asyncio.Protocol):
+    __slots__ = ("adapter", "transport", "session", "feed")
+
+    def __init__(self, adapter: MqttAdapter) -> None:
+        self.adapter = adapter
+        self.transport: asyncio.Transport | None = None
+        self.session: Session | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        remote = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "")
+        self.session = Session(self.adapter.broker, transport.write, transport.close, remote)
+        self.feed = self.session.feed
+        self.adapter.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        self.feed(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.adapter.connections.discard(self)
+        if self.session is not None:
+            self.session.connection_lost()
+
+
+class MqttAdapter:
+    """MQTT 3.1 / 3.1.1 / 5.0 listener (the Adapter protocol of adapters/base.py)."""
+
+    name = "mqtt"
+
+    def __init__(
+        self,
+        processor: MessagingProcessor,
+        host: str = "127.0.0.1",
+        port: int = 1883,
+        *,
+        max_packet_size: int = 1 << 20,
+        topic_scan_interval: float = 1.0,
+    ) -> None:
+        self.processor = processor
+        self.host = host
+        self.port = port
+        self.broker = Broker(
+            processor, max_packet_size=max_packet_size, topic_scan_interval=topic_scan_interval
+        )
+        self.connections: set[MqttProtocol] = set()
+        self._server: asyncio.Server | None = None
+        self._address = f"{host}:{port}"
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: MqttProtocol(self), self.host, self.port)
+        sock = self._server.sockets[0].getsockname()
+        self._address = f"{sock[0]}:{sock[1]}"
+
+    @property
+    def listening(self) -> bool:
+        return self._server is not None and self._server.is_serving()
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    @property
+    def bound_port(self) -> int:
+        return int(self._address.rsplit(":", 1)[1])
+
+    async def stop(self, grace: float) -> None:
+        """Stop accepting, let in-flight stores finish for up to `grace` s, then close sessions
+        (5.0 clients get DISCONNECT 0x8B Server shutting down)."""
+        if self._server is not None:
+            self._server.close()
+        tasks = [t for c in self.connections if c.session is not None for t in c.session._tasks]
+        if tasks and grace > 0:
+            await asyncio.wait(tasks, timeout=grace)
+        await self.broker.close()
+        for c in list(self.connections):
+            if c.transport is not None:
+                c.transport.abort()
+        if self._server is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._server.wait_closed(), 2.0)
+            self._server = None

@@ -1,0 +1,409 @@
+"""One MQTT connection's session: a small state machine over decoded packets.
+
+The asyncio glue (server.py) feeds received bytes to `Session.feed` and gives the session two
+callables, `write(bytes)` and `close()`; everything protocol-level happens here, everything shared
+between connections (subscriptions index, fan-out, retained messages, takeover) in broker.py.
+
+States: CONNECTING (waiting for CONNECT; the codec refuses anything else), AUTHORIZING (CONNECT
+being checked; packets that arrive meanwhile are kept and handled after the CONNACK), CONNECTED,
+CLOSED. Replies that need the store (PUBACK/PUBREC after a durable send, SUBACK after the fan-out
+is positioned) are produced by tasks but written in the order their requests arrived.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from messaging_processor import Action, ClientContext, Identity, ProcessorError, Resource
+
+from .codec import (
+    MQTT_5,
+    PINGRESP,
+    Connect,
+    Decoder,
+    Disconnect,
+    MQTTCodecError,
+    PropertyId,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    ReasonCode,
+    Subscribe,
+    Unsubscribe,
+    connack_code,
+    encode_connack,
+    encode_disconnect,
+    encode_puback,
+    encode_pubcomp,
+    encode_publish,
+    encode_pubrec,
+    encode_pubrel,
+    encode_unsuback,
+)
+from .codec.packets import Pingreq
+from .mapping import to_message
+
+if TYPE_CHECKING:
+    from .broker import Broker, Sub
+
+log = logging.getLogger("adapters.mqtt")
+
+CONNECTING, AUTHORIZING, CONNECTED, CLOSED = range(4)
+TOPIC_ALIAS_MAXIMUM = 64  # inbound aliases this server accepts (resolved by the codec)
+
+
+class _Reply:
+    __slots__ = ("data", "after", "done")
+
+    def __init__(self) -> None:
+        self.data: bytes | None = None
+        self.after: Callable[[], None] | None = None
+        self.done = False
+
+
+class Session:
+    def __init__(
+        self,
+        broker: Broker,
+        write: Callable[[bytes], Any],
+        close: Callable[[], Any],
+        remote: str = "",
+    ) -> None:
+        self.broker = broker
+        self._transport_write = write
+        self._wbuf: list[bytes] = []  # writes of one event-loop tick, sent with one syscall
+        self._close = close
+        self.remote = remote
+        self.loop = asyncio.get_running_loop()
+        self.decoder = Decoder(max_packet_size=broker.max_packet_size)
+        self.state = CONNECTING
+        self.version = 4
+        self.client_id = ""
+        self.ctx = ClientContext("mqtt", remote=remote)
+        self.will: Any = None
+        self.keep_alive = 0
+        self.last_rx = self.loop.time()
+        self.subs: dict[str, Sub] = {}
+        self.awaiting_rel: set[int] = set()  # inbound QoS 2 ids between PUBREC and PUBREL
+        self.inflight: dict[int, list[Any]] = {}  # outbound id -> [qos, done future, pubrec seen]
+        self.queue: deque[tuple] = deque()  # outbound QoS > 0 beyond the client's receive maximum
+        self.send_quota = 65535  # the client's Receive Maximum (5.0)
+        self._next_pid = 1
+        self._backlog: list[Any] | None = None
+        self._replies: deque[_Reply] = deque()
+        self._tasks: set[asyncio.Task] = set()
+        self._ka_timer: asyncio.TimerHandle | None = None
+        self._normal_disconnect = False
+        self.closed_event = asyncio.Event()
+
+    # ------------------------------------------------------------------ output
+    def _write(self, data: bytes) -> None:
+        if not self._wbuf:
+            self.loop.call_soon(self._flush_writes)
+        self._wbuf.append(data)
+
+    def _flush_writes(self) -> None:
+        buf = self._wbuf
+        if not buf or self.state == CLOSED:
+            return
+        self._wbuf = []
+        self._transport_write(buf[0] if len(buf) == 1 else b"".join(buf))
+
+    # ------------------------------------------------------------------ input
+    def feed(self, data: bytes) -> None:
+        if self.state == CLOSED:
+            return
+        self.last_rx = self.loop.time()
+        dec = self.decoder
+        try:
+            dec.feed(data)
+            while True:
+                pkt = dec.next_packet()
+                if pkt is None:
+                    return
+                if self._backlog is not None:
+                    self._backlog.append(pkt)
+                else:
+                    self.handle(pkt)
+                if self.state == CLOSED:
+                    return
+        except MQTTCodecError as e:
+            log.info("mqtt %s (%s): %s; closing", self.client_id or "-", self.remote, e)
+            resp = e.response()
+            if resp:
+                self._write(resp)
+            self.close()
+
+    def handle(self, pkt: Any) -> None:
+        t = type(pkt)
+        if t is Publish:
+            self._on_publish(pkt)
+        elif t is Puback:
+            self._on_puback(pkt.packet_id)
+        elif t is Pubrel:
+            self.awaiting_rel.discard(pkt.packet_id)
+            self._reply_now(encode_pubcomp(pkt.packet_id, 0, self.version))
+        elif t is Pubrec:
+            self._on_pubrec(pkt)
+        elif t is Pubcomp:
+            self._on_puback(pkt.packet_id)
+        elif t is Pingreq:
+            self._reply_now(PINGRESP)
+        elif t is Subscribe:
+            self._reply_later(self.broker.subscribe(self, pkt))
+        elif t is Unsubscribe:
+            self._reply_later(self._unsubscribe(pkt))
+        elif t is Disconnect:
+            self._on_disconnect(pkt)
+        elif t is Connect:
+            self.state = AUTHORIZING
+            self._backlog = []
+            self._spawn(self._connect(pkt))
+        else:  # AUTH: no enhanced authentication in this slice
+            self.close(ReasonCode.BAD_AUTHENTICATION_METHOD)
+
+    # ------------------------------------------------------------------ ordered replies
+    def _reply_now(self, data: bytes) -> None:
+        if not self._replies:
+            self._write(data)
+        else:
+            r = _Reply()
+            r.data = data
+            r.done = True
+            self._replies.append(r)
+
+    def _reply_later(self, coro: Awaitable[tuple[bytes | None, Callable[[], None] | None]]) -> None:
+        r = _Reply()
+        self._replies.append(r)
+
+        async def run() -> None:
+            try:
+                r.data, r.after = await coro
+            except Exception:  # noqa: BLE001
+                log.exception("mqtt %s: request failed", self.client_id)
+                r.data = None
+            r.done = True
+            if r.data is None:
+                self.close(ReasonCode.UNSPECIFIED_ERROR)
+                return
+            self._flush()
+
+        self._spawn(run())
+
+    def _flush(self) -> None:
+        q = self._replies
+        while q and q[0].done:
+            r = q.popleft()
+            if self.state == CLOSED:
+                continue
+            if r.data:
+                self._write(r.data)
+            if r.after is not None:
+                r.after()
+
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task:
+        t = self.loop.create_task(coro)  # type: ignore[arg-type]
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+        return t
+
+    # ------------------------------------------------------------------ CONNECT
+    async def _connect(self, c: Connect) -> None:
+        v = self.version = c.protocol_level
+        props: dict = {}
+        cid = c.client_id
+        if not cid:
+            cid = "auto-" + uuid.uuid4().hex
+            if v == MQTT_5:
+                props[PropertyId.ASSIGNED_CLIENT_IDENTIFIER] = cid
+        self.client_id = cid
+        identity = Identity(
+            c.username,
+            c.password.decode("utf-8", "replace") if c.password is not None else None,
+            "mqtt-password" if c.username is not None or c.password is not None else "none",
+        )
+        self.ctx = ClientContext("mqtt", cid, identity, self.remote)
+        try:
+            await self.broker.processor.authorize(identity, Action.CONNECT, Resource("cluster", "mqtt"))
+        except ProcessorError as e:
+            log.info("mqtt %s (%s) refused: %s", cid, self.remote, e)
+            self._write(encode_connack(False, connack_code(ReasonCode.NOT_AUTHORIZED, v), v))
+            self._backlog = None
+            self.close()
+            return
+        if self.state == CLOSED:
+            return
+        self.will = c.will
+        if v == MQTT_5:
+            cp = c.properties
+            self.send_quota = cp.get(PropertyId.RECEIVE_MAXIMUM, 65535)
+            self.decoder.topic_alias_maximum = TOPIC_ALIAS_MAXIMUM
+            props[PropertyId.TOPIC_ALIAS_MAXIMUM] = TOPIC_ALIAS_MAXIMUM
+            props[PropertyId.SUBSCRIPTION_IDENTIFIER_AVAILABLE] = 0
+            props[PropertyId.WILDCARD_SUBSCRIPTION_AVAILABLE] = 1
+            props[PropertyId.SHARED_SUBSCRIPTION_AVAILABLE] = 1
+            props[PropertyId.RETAIN_AVAILABLE] = 1
+            if cp.get(PropertyId.SESSION_EXPIRY_INTERVAL):  # persistent sessions: not in this slice
+                props[PropertyId.SESSION_EXPIRY_INTERVAL] = 0
+        self.broker.register(self)
+        self.state = CONNECTED
+        self._write(encode_connack(False, 0, v, props or None))
+        self.keep_alive = c.keep_alive
+        if c.keep_alive:
+            self._ka_timer = self.loop.call_later(c.keep_alive * 1.5, self._check_keep_alive)
+        backlog, self._backlog = self._backlog, None
+        for pkt in backlog or ():
+            if self.state == CLOSED:
+                break
+            self.handle(pkt)
+
+    def _check_keep_alive(self) -> None:
+        if self.state == CLOSED:
+            return
+        limit = self.keep_alive * 1.5
+        idle = self.loop.time() - self.last_rx
+        if idle >= limit:
+            log.info("mqtt %s: keep-alive timeout after %.1f s", self.client_id, idle)
+            self.close(ReasonCode.KEEP_ALIVE_TIMEOUT)
+        else:
+            self._ka_timer = self.loop.call_later(limit - idle, self._check_keep_alive)
+
+    # ------------------------------------------------------------------ inbound PUBLISH
+    def _on_publish(self, p: Publish) -> None:
+        qos = p.qos
+        pid = p.packet_id
+        if qos == 2:
+            if pid in self.awaiting_rel:  # a retransmission: already stored
+                self._reply_now(encode_pubrec(pid, 0, self.version))
+                return
+            self.awaiting_rel.add(pid)
+        msg = to_message(p.topic, p.payload, qos, p.retain, p.properties if self.version == MQTT_5 else None)
+        send = self.broker.publish(self.ctx, msg, p.retain)
+        if qos == 0:
+            self._spawn(send)
+        else:
+            self._reply_later(self._ack(send, qos, pid))
+
+    async def _ack(self, send: Awaitable[int], qos: int, pid: int) -> tuple[bytes | None, None]:
+        rc = await send
+        v = self.version
+        if rc >= 0x80:
+            if qos == 2:
+                self.awaiting_rel.discard(pid)
+            if v != MQTT_5:
+                return None, None  # 3.1.1 has no negative PUBACK: close the connection
+        if qos == 1:
+            return encode_puback(pid, rc, v), None
+        return encode_pubrec(pid, rc, v), None
+
+    # ------------------------------------------------------------------ outbound PUBLISH
+    def deliver(
+        self,
+        path: str,
+        body: bytes,
+        qos: int,
+        retain: bool,
+        props: dict | None,
+        done: asyncio.Future | None = None,
+    ) -> None:
+        """Send a message to this client (QoS already capped by the subscription). `done`, if
+        given, gets True once the client acknowledged it (at once for QoS 0), False if the
+        connection ends first."""
+        if self.state != CONNECTED:
+            if done is not None and not done.done():
+                done.set_result(False)
+            return
+        v = self.version
+        if v != MQTT_5:
+            props = None
+        if not qos:
+            self._write(encode_publish(path, body, 0, None, retain, False, v, props))
+            if done is not None and not done.done():
+                done.set_result(True)
+            return
+        if len(self.inflight) >= self.send_quota:
+            self.queue.append((path, body, qos, retain, props, done))
+            return
+        pid = self._alloc_pid()
+        self.inflight[pid] = [qos, done, False]
+        self._write(encode_publish(path, body, qos, pid, retain, False, v, props))
+
+    def _alloc_pid(self) -> int:
+        pid = self._next_pid
+        inflight = self.inflight
+        while pid in inflight:
+            pid = pid + 1 if pid < 0xFFFF else 1
+        self._next_pid = pid + 1 if pid < 0xFFFF else 1
+        return pid
+
+    def _on_puback(self, pid: int) -> None:
+        e = self.inflight.pop(pid, None)
+        if e is None:
+            return
+        done = e[1]
+        if done is not None and not done.done():
+            done.set_result(True)
+        if self.queue:
+            self.deliver(*self.queue.popleft())
+
+    def _on_pubrec(self, p: Pubrec) -> None:
+        e = self.inflight.get(p.packet_id)
+        if p.reason_code >= 0x80:  # the client refused it: done
+            self._on_puback(p.packet_id)
+            return
+        if e is not None:
+            e[2] = True
+        self._write(encode_pubrel(p.packet_id, 0 if e is not None else 0x92, self.version))
+
+    # ------------------------------------------------------------------ UNSUBSCRIBE / DISCONNECT
+    async def _unsubscribe(self, u: Unsubscribe) -> tuple[bytes, None]:
+        codes = []
+        for f in u.topic_filters:
+            codes.append(0 if await self.broker.unsubscribe(self, f) else 0x11)
+        return encode_unsuback(u.packet_id, codes, self.version), None
+
+    def _on_disconnect(self, d: Disconnect) -> None:
+        if d.reason_code != ReasonCode.DISCONNECT_WITH_WILL_MESSAGE:
+            self._normal_disconnect = True
+        self.close()
+
+    # ------------------------------------------------------------------ closing
+    def close(self, reason: int | None = None) -> None:
+        """Close the connection; for 5.0 send DISCONNECT `reason` first (if given and connected)."""
+        if self.state == CLOSED:
+            return
+        if reason is not None and self.version == MQTT_5 and self.state == CONNECTED:
+            self._write(encode_disconnect(reason, MQTT_5))
+        self._flush_writes()
+        self._close()
+        self.connection_lost()
+
+    def connection_lost(self) -> None:
+        """The transport is gone (idempotent): publish the will unless the client said goodbye,
+        drop subscriptions and in-flight state."""
+        if self.state == CLOSED:
+            return
+        was_connected = self.state == CONNECTED
+        self.state = CLOSED
+        if self._ka_timer is not None:
+            self._ka_timer.cancel()
+        for e in self.inflight.values():
+            if e[1] is not None and not e[1].done():
+                e[1].set_result(False)
+        for q in self.queue:
+            if q[5] is not None and not q[5].done():
+                q[5].set_result(False)
+        self.inflight.clear()
+        self.queue.clear()
+        self._replies.clear()
+        if was_connected:
+            will = self.will if not self._normal_disconnect else None
+            self.broker.session_closed(self, will)
+        self.closed_event.set()
