@@ -1,0 +1,116 @@
+"""`GrpcAdapter`: the grpc.aio server lifecycle around `MessagingService` (bind, serve, drain)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import grpc
+
+from adapters.grpc.generated import service_pb2_grpc
+from adapters.grpc.service import MessagingService
+from messaging_processor import MessagingProcessor
+
+log = logging.getLogger("adapters.grpc")
+
+MIB = 1024 * 1024
+_WILDCARD = ("", "0.0.0.0", "::", "[::]")
+
+
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+class GrpcAdapter:
+    """RocketMQ 5 gRPC (`apache.rocketmq.v2.MessagingService`) listener.
+
+    `advertise_host`: the host QueryRoute hands out as the broker endpoint. Default: the bound
+    host; when bound to a wildcard address, the host (and port) the client addressed, taken from
+    the request's `endpoints` field, else 127.0.0.1."""
+
+    name = "grpc"
+
+    def __init__(
+        self,
+        processor: MessagingProcessor,
+        host: str = "127.0.0.1",
+        port: int = 8081,
+        advertise_host: str | None = None,
+        max_inbound_message_size: int = 130 * MIB,
+    ) -> None:
+        self.processor = processor
+        self.host = host
+        self.port = port
+        self.advertise_host = advertise_host
+        self.max_inbound_message_size = max_inbound_message_size
+        self.service = MessagingService(processor)
+        self._server: grpc.aio.Server | None = None
+        self._bound_port = 0
+        self._listening = False
+        self._sweeper: asyncio.Task | None = None
+
+    @property
+    def listening(self) -> bool:
+        return self._listening
+
+    @property
+    def address(self) -> str:
+        return _hostport(self.host, self._bound_port or self.port)
+
+    async def start(self) -> None:
+        """Bind and serve; raises RuntimeError when the address cannot be bound."""
+        n = self.max_inbound_message_size
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", n),
+                ("grpc.max_send_message_length", n),
+                ("grpc.so_reuseport", 0),
+                # Clients ping to keep idle channels (Telemetry) alive: do not answer with GOAWAY.
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+                ("grpc.http2.max_ping_strikes", 0),
+            ]
+        )
+        service_pb2_grpc.add_MessagingServiceServicer_to_server(self.service, server)
+        try:
+            port = server.add_insecure_port(_hostport(self.host, self.port))
+        except RuntimeError as e:
+            raise RuntimeError(f"grpc: cannot bind {_hostport(self.host, self.port)}: {e}") from e
+        if not port:
+            raise RuntimeError(f"grpc: cannot bind {_hostport(self.host, self.port)}")
+        self._bound_port = port
+        svc = self.service
+        svc.port = port
+        if self.advertise_host:
+            svc.advertise_host = self.advertise_host
+        elif self.host not in _WILDCARD:
+            svc.advertise_host = self.host.strip("[]")
+        else:
+            svc.advertise_host = None
+        svc.store_host = _hostport(svc.advertise_host or self.host, port)
+        await server.start()
+        self._server = server
+        self._listening = True
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+        log.debug("grpc listening on %s", self.address)
+
+    async def stop(self, grace: float) -> None:
+        """Stop accepting at once; let in-flight calls finish for up to `grace` s, then cancel them."""
+        self._listening = False
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
+
+    async def _sweep(self) -> None:
+        """Forget client sessions that stopped sending Heartbeats."""
+        expiry = self.processor.client_idle_expiry_s
+        while True:
+            await asyncio.sleep(max(expiry / 4, 1.0))
+            for cid in self.service.expire_sessions(expiry):
+                log.debug("grpc session %s expired", cid)

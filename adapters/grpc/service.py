@@ -1,0 +1,604 @@
+"""`apache.rocketmq.v2.MessagingService` servicer: thin glue from RPCs to `MessagingProcessor` calls.
+
+Errors go into each response's `status` under gRPC status OK (only Telemetry uses gRPC statuses).
+Client sessions are keyed on the `x-mq-client-id` metadata; the Settings a client sent over
+Telemetry are remembered per client id (a Heartbeat before them answers UNRECOGNIZED_CLIENT_TYPE)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import grpc
+
+from adapters.grpc import codes
+from adapters.grpc.codes import Code, status_of
+from adapters.grpc.convert import (
+    GrpcError,
+    dur_ms,
+    endpoints,
+    identity_of,
+    message_to_proto,
+    ms_dur,
+    ms_ts,
+    peer_address,
+    to_proto,
+    to_store,
+)
+from adapters.grpc.generated import definition_pb2 as d
+from adapters.grpc.generated import service_pb2 as s
+from adapters.grpc.generated import service_pb2_grpc
+from messaging_processor import (
+    ANONYMOUS,
+    ClientContext,
+    ClientInfo,
+    ClientKind,
+    Delivery,
+    ErrorKind,
+    Filter,
+    Message,
+    MessagingProcessor,
+    Permission,
+    ProcessorError,
+    RetryPolicy,
+)
+from store.message import now_ms
+
+log = logging.getLogger("adapters.grpc")
+
+PROTOCOL = "grpc"
+BROKER_NAME = "gateway"
+RECEIVE_BATCH_SIZE = 32
+LONG_POLLING_TIMEOUT_MS = 20_000
+MIN_DEADLINE_POLL_MS = 5_000
+DEFAULT_REQUEST_TIMEOUT_MS = 3_000
+# ReceiveMessage with auto_renew and no invisible_duration (push consumers): the messages stay
+# invisible this long; the consumer acks or changes the invisible duration well before that.
+AUTO_RENEW_INVISIBLE_MS = 60_000
+DEFAULT_INVISIBLE_MS = 30_000
+# A message popped but not written to a vanished receiver becomes visible again after this.
+RELEASE_INVISIBLE_MS = 1_000
+DEADLINE_MARGIN_MS = 200
+
+_PERMISSION = {
+    Permission.NONE: d.NONE,
+    Permission.READ: d.READ,
+    Permission.WRITE: d.WRITE,
+    Permission.READ_WRITE: d.READ_WRITE,
+}
+_MESSAGE_TYPES = (d.NORMAL, d.FIFO, d.DELAY, d.TRANSACTION)
+_KIND = {
+    d.PRODUCER: ClientKind.PRODUCER,
+    d.PUSH_CONSUMER: ClientKind.PUSH_CONSUMER,
+    d.SIMPLE_CONSUMER: ClientKind.SIMPLE_CONSUMER,
+    d.PULL_CONSUMER: ClientKind.PULL_CONSUMER,
+}
+_PRODUCER_BACKOFF = d.RetryPolicy(
+    max_attempts=3,
+    exponential_backoff=d.ExponentialBackoff(initial=ms_dur(10), max=ms_dur(1000), multiplier=2.0),
+)
+# Failures MessagingProcessor.send raises before storing any message of the batch.
+_REFUSED_BEFORE_STORE = frozenset(ErrorKind) - {
+    ErrorKind.STORE_FULL,
+    ErrorKind.UNAVAILABLE,
+    ErrorKind.INTERNAL,
+    ErrorKind.TOO_MANY_REQUESTS,
+}
+_NOT_IMPLEMENTED = d.Status(code=Code.NOT_IMPLEMENTED, message="offset-based pull is not implemented")
+
+
+@dataclass(slots=True)
+class Session:
+    """What a client told us in its last Settings."""
+
+    client_id: str
+    kind: ClientKind
+    group: str
+    topics: frozenset[str]
+    remote: str
+    language: str
+    version: str
+    request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS
+    last_seen: float = field(default_factory=time.monotonic)
+
+    def client_info(self) -> ClientInfo:
+        return ClientInfo(
+            self.client_id,
+            PROTOCOL,
+            self.kind,
+            self.group,
+            self.topics,
+            self.remote,
+            self.language,
+            self.version,
+        )
+
+
+def _overall(statuses: list[d.Status]) -> d.Status:
+    """One status for many entries: theirs when all agree, else MULTIPLE_RESULTS."""
+    first = statuses[0]
+    code = first.code
+    for st in statuses:
+        if st.code != code:
+            return codes.MULTIPLE_RESULTS
+    return first
+
+
+class MessagingService(service_pb2_grpc.MessagingServiceServicer):
+    """The servicer. `endpoint` is set by the adapter once bound: (advertised host or None, port)."""
+
+    def __init__(self, processor: MessagingProcessor) -> None:
+        self.processor = processor
+        self.sessions: dict[str, Session] = {}
+        self.advertise_host: str | None = None
+        self.port = 0
+        self.store_host = ""
+        self._brokers: dict[tuple[str, int], d.Broker] = {}
+        self._tasks: set[asyncio.Task] = set()
+
+    # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def _ctx(context: grpc.aio.ServicerContext) -> ClientContext:
+        cid = auth = date_time = ""
+        for k, v in context.invocation_metadata() or ():
+            if k == "x-mq-client-id":
+                cid = v
+            elif k == "authorization":
+                auth = v
+            elif k == "x-mq-date-time":
+                date_time = v
+        ident = identity_of(auth, date_time) if auth else None
+        return ClientContext(PROTOCOL, cid, ident or ANONYMOUS, peer_address(context.peer()))
+
+    def _broker(self, requested: d.Endpoints | None) -> d.Broker:
+        host, port = self.advertise_host, self.port
+        if host is None:
+            host = "127.0.0.1"
+            if requested is not None and requested.addresses:
+                a = requested.addresses[0]
+                host, port = a.host or host, a.port or port
+        b = self._brokers.get((host, port))
+        if b is None:
+            if len(self._brokers) > 256:
+                self._brokers.clear()
+            b = self._brokers[(host, port)] = d.Broker(
+                name=BROKER_NAME, id=0, endpoints=endpoints(host, port)
+            )
+        return b
+
+    def _spawn(self, coro) -> None:  # noqa: ANN001 - fire and forget, kept referenced until done
+        t = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    def expire_sessions(self, max_idle_s: float) -> list[str]:
+        """Forget sessions without a Heartbeat or Settings for `max_idle_s`; returns their ids."""
+        cutoff = time.monotonic() - max_idle_s
+        gone = [cid for cid, sess in self.sessions.items() if sess.last_seen < cutoff]
+        for cid in gone:
+            del self.sessions[cid]
+        return gone
+
+    # ------------------------------------------------------------------ routes
+    async def QueryRoute(self, request: s.QueryRouteRequest, context) -> s.QueryRouteResponse:
+        ctx = self._ctx(context)
+        if not ctx.client_id:
+            return s.QueryRouteResponse(status=codes.CLIENT_ID_REQUIRED)
+        topic = request.topic
+        try:
+            route = await self.processor.query_route(ctx, topic.name)
+        except ProcessorError as e:
+            return s.QueryRouteResponse(status=status_of(e))
+        broker = self._broker(request.endpoints if request.HasField("endpoints") else None)
+        types = [_MESSAGE_TYPES[t] for t in route.message_types]
+        return s.QueryRouteResponse(
+            status=codes.OK,
+            message_queues=[
+                d.MessageQueue(
+                    topic=topic,
+                    id=q.queue_id,
+                    permission=_PERMISSION[q.permission],
+                    broker=broker,
+                    accept_message_types=types,
+                )
+                for q in route.queues
+            ],
+        )
+
+    async def QueryAssignment(self, request: s.QueryAssignmentRequest, context) -> s.QueryAssignmentResponse:
+        """One queue with id -1 ("any queue": pop balances per message) for this gateway."""
+        ctx = self._ctx(context)
+        if not ctx.client_id:
+            return s.QueryAssignmentResponse(status=codes.CLIENT_ID_REQUIRED)
+        try:
+            route = await self.processor.query_route(ctx, request.topic.name)
+        except ProcessorError as e:
+            return s.QueryAssignmentResponse(status=status_of(e))
+        if not any(q.permission & Permission.READ for q in route.queues):
+            return s.QueryAssignmentResponse(
+                status=codes.status(Code.FORBIDDEN, f"topic {request.topic.name} has no readable queue")
+            )
+        broker = self._broker(request.endpoints if request.HasField("endpoints") else None)
+        mq = d.MessageQueue(
+            topic=request.topic,
+            id=-1,
+            permission=d.READ_WRITE,
+            broker=broker,
+            accept_message_types=[_MESSAGE_TYPES[t] for t in route.message_types],
+        )
+        return s.QueryAssignmentResponse(status=codes.OK, assignments=[d.Assignment(message_queue=mq)])
+
+    # ------------------------------------------------------------------ clients
+    async def Heartbeat(self, request: s.HeartbeatRequest, context) -> s.HeartbeatResponse:
+        ctx = self._ctx(context)
+        cid = ctx.client_id
+        if not cid:
+            return s.HeartbeatResponse(status=codes.CLIENT_ID_REQUIRED)
+        sess = self.sessions.get(cid)
+        if sess is None:
+            return s.HeartbeatResponse(
+                status=codes.status(
+                    Code.UNRECOGNIZED_CLIENT_TYPE,
+                    f"no Settings from client {cid} yet: send them over Telemetry",
+                )
+            )
+        sess.last_seen = time.monotonic()
+        clients = self.processor.clients
+        if not clients.touch(PROTOCOL, cid):
+            clients.register(sess.client_info())  # its Telemetry stream ended, but it is alive
+        return s.HeartbeatResponse(status=codes.OK)
+
+    async def NotifyClientTermination(
+        self, request: s.NotifyClientTerminationRequest, context
+    ) -> s.NotifyClientTerminationResponse:
+        ctx = self._ctx(context)
+        if not ctx.client_id:
+            return s.NotifyClientTerminationResponse(status=codes.CLIENT_ID_REQUIRED)
+        self.sessions.pop(ctx.client_id, None)
+        self.processor.clients.unregister(PROTOCOL, ctx.client_id)
+        return s.NotifyClientTerminationResponse(status=codes.OK)
+
+    async def Telemetry(
+        self, request_iterator: AsyncIterator[s.TelemetryCommand], context
+    ) -> AsyncIterator[s.TelemetryCommand]:
+        """Answers every Settings with `{status OK, settings}` and carries transaction checks."""
+        ctx = self._ctx(context)
+        cid = ctx.client_id
+        if not cid:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "x-mq-client-id metadata is required")
+        out: asyncio.Queue[s.TelemetryCommand | None] = asyncio.Queue()
+        closed = False
+        registered: list[ClientInfo] = []
+
+        async def transaction_check(msg: Message, transaction_id: str) -> None:
+            if closed:
+                raise ConnectionError(f"telemetry stream of {cid} is closed")
+            cmd = s.RecoverOrphanedTransactionCommand(
+                message=message_to_proto(msg), transaction_id=transaction_id
+            )
+            out.put_nowait(s.TelemetryCommand(recover_orphaned_transaction_command=cmd))
+
+        async def read() -> None:
+            try:
+                async for cmd in request_iterator:
+                    if cmd.WhichOneof("command") == "settings":
+                        reply, info = await self._on_settings(ctx, cmd.settings, transaction_check)
+                        registered[:] = [info]
+                        out.put_nowait(s.TelemetryCommand(status=codes.OK, settings=reply))
+                    # thread_stack_trace / verify_message_result answer commands we never send.
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the stream ends; the client reconnects
+                log.info("telemetry of %s ended: %s", cid, e)
+            finally:
+                out.put_nowait(None)
+
+        reader = asyncio.get_running_loop().create_task(read())
+        try:
+            while (item := await out.get()) is not None:
+                yield item
+        finally:
+            closed = True
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+            clients = self.processor.clients
+            if registered and clients.get(PROTOCOL, cid) is registered[0]:
+                clients.unregister(PROTOCOL, cid)
+
+    async def _on_settings(
+        self, ctx: ClientContext, settings: d.Settings, transaction_check: Callable
+    ) -> tuple[d.Settings, ClientInfo]:
+        """Register the client and build the merged settings reply."""
+        reply = d.Settings()
+        reply.CopyFrom(settings)
+        pub_sub = settings.WhichOneof("pub_sub")
+        kind = _KIND.get(settings.client_type, ClientKind.OTHER)
+        if kind is ClientKind.OTHER:
+            kind = {"publishing": ClientKind.PRODUCER, "subscription": ClientKind.SIMPLE_CONSUMER}.get(
+                pub_sub or "", ClientKind.OTHER
+            )
+        group = ""
+        topics: frozenset[str] = frozenset()
+        if kind is ClientKind.PRODUCER:
+            topics = frozenset(t.name for t in settings.publishing.topics)
+            reply.publishing.max_body_size = self.processor.limits.max_body_size
+            if not settings.HasField("backoff_policy"):
+                reply.backoff_policy.CopyFrom(_PRODUCER_BACKOFF)
+        elif kind is not ClientKind.OTHER:
+            sub = settings.subscription
+            group = sub.group.name
+            topics = frozenset(e.topic.name for e in sub.subscriptions)
+            rs = reply.subscription
+            rs.fifo = False
+            rs.receive_batch_size = RECEIVE_BATCH_SIZE
+            rs.long_polling_timeout.CopyFrom(ms_dur(LONG_POLLING_TIMEOUT_MS))
+            reply.backoff_policy.CopyFrom(await self._consumer_backoff(group, kind))
+        ua = settings.user_agent
+        sess = Session(
+            ctx.client_id,
+            kind,
+            group,
+            topics,
+            ctx.remote,
+            d.Language.Name(ua.language) if ua.language else "",
+            ua.version,
+            dur_ms(settings.request_timeout)
+            if settings.HasField("request_timeout")
+            else DEFAULT_REQUEST_TIMEOUT_MS,
+        )
+        self.sessions[ctx.client_id] = sess
+        info = sess.client_info()
+        if kind is ClientKind.PRODUCER:
+            info.transaction_check = transaction_check
+        return reply, self.processor.clients.register(info)
+
+    async def _consumer_backoff(self, group: str, kind: ClientKind) -> d.RetryPolicy:
+        """The group's max attempts and retry back-off. Push consumers get the schedule as
+        `customized_backoff` (the Python client reads only that), others as exponential."""
+        max_attempts, retry = 16, RetryPolicy()
+        if group:
+            try:
+                g = await self.processor.get_group(group)
+                max_attempts = g.max_attempts
+                retry = RetryPolicy(g.retry_initial_ms, g.retry_multiplier, g.retry_max_ms)
+            except ProcessorError as e:
+                if e.kind is not ErrorKind.GROUP_NOT_FOUND:
+                    log.warning("settings for group %s: %s; using defaults", group, e)
+        policy = d.RetryPolicy(max_attempts=max_attempts)
+        if kind is ClientKind.PUSH_CONSUMER:
+            policy.customized_backoff.next.extend(
+                ms_dur(retry.delay_ms(a)) for a in range(1, max(max_attempts, 1) + 1)
+            )
+        else:
+            eb = policy.exponential_backoff
+            eb.initial.CopyFrom(ms_dur(retry.initial_ms))
+            eb.max.CopyFrom(ms_dur(retry.max_ms))
+            eb.multiplier = retry.multiplier
+        return policy
+
+    # ------------------------------------------------------------------ produce
+    async def SendMessage(self, request: s.SendMessageRequest, context) -> s.SendMessageResponse:
+        ctx = self._ctx(context)
+        if not ctx.client_id:
+            return s.SendMessageResponse(status=codes.CLIENT_ID_REQUIRED)
+        msgs = request.messages
+        if len(msgs) == 1:
+            entry = await self._send_one(ctx, msgs[0])
+            return s.SendMessageResponse(status=entry.status, entries=(entry,))
+        if not msgs:
+            return s.SendMessageResponse(status=codes.status(Code.BAD_REQUEST, "no messages to send"))
+        # Fast path: one processor call for the whole batch. It validates every message before
+        # storing any, so when validation fails nothing is stored and each message is retried alone
+        # to get its own status.
+        try:
+            receipts = await self.processor.send(ctx, [to_store(m) for m in msgs])
+        except (GrpcError, ProcessorError) as e:
+            if isinstance(e, ProcessorError) and e.kind not in _REFUSED_BEFORE_STORE:
+                st = status_of(e)
+                return s.SendMessageResponse(status=st, entries=[s.SendResultEntry(status=st) for _ in msgs])
+            entries = await asyncio.gather(*[self._send_one(ctx, m) for m in msgs])
+            return s.SendMessageResponse(status=_overall([e.status for e in entries]), entries=entries)
+        ok = codes.OK
+        resp = s.SendMessageResponse(status=ok)
+        add = resp.entries.add
+        for r in receipts:
+            e = add(message_id=r.message_id, transaction_id=r.transaction_id, offset=r.queue_offset)
+            st = e.status
+            st.code = Code.OK
+            st.message = "OK"
+        return resp
+
+    async def _send_one(self, ctx: ClientContext, m: d.Message) -> s.SendResultEntry:
+        try:
+            r = (await self.processor.send(ctx, (to_store(m),)))[0]
+        except ProcessorError as e:
+            return s.SendResultEntry(status=status_of(e))
+        except GrpcError as e:
+            return s.SendResultEntry(status=e.status())
+        return s.SendResultEntry(
+            status=codes.OK, message_id=r.message_id, transaction_id=r.transaction_id, offset=r.queue_offset
+        )
+
+    async def EndTransaction(self, request: s.EndTransactionRequest, context) -> s.EndTransactionResponse:
+        ctx = self._ctx(context)
+        if not ctx.client_id:
+            return s.EndTransactionResponse(status=codes.CLIENT_ID_REQUIRED)
+        res = request.resolution
+        if res not in (d.COMMIT, d.ROLLBACK):
+            return s.EndTransactionResponse(
+                status=codes.status(Code.BAD_REQUEST, "resolution must be COMMIT or ROLLBACK")
+            )
+        try:
+            await self.processor.end_transaction(
+                ctx, request.transaction_id, res == d.COMMIT, message_id=request.message_id
+            )
+        except ProcessorError as e:
+            return s.EndTransactionResponse(status=status_of(e))
+        return s.EndTransactionResponse(status=codes.OK)
+
+    # ------------------------------------------------------------------ consume
+    def _poll_ms(self, request: s.ReceiveMessageRequest, cid: str, remaining_s: float | None) -> int:
+        """Long polling time: the request's, else deadline − request timeout / 2 (clamped to
+        [5 s, 20 s] as the Java proxy does); never past the deadline."""
+        if request.HasField("long_polling_timeout"):
+            poll = dur_ms(request.long_polling_timeout)
+        elif remaining_s is not None:
+            sess = self.sessions.get(cid)
+            rt = sess.request_timeout_ms if sess is not None else DEFAULT_REQUEST_TIMEOUT_MS
+            poll = min(max(int(remaining_s * 1000) - rt // 2, MIN_DEADLINE_POLL_MS), LONG_POLLING_TIMEOUT_MS)
+        else:
+            poll = LONG_POLLING_TIMEOUT_MS
+        if remaining_s is not None:
+            poll = min(poll, int(remaining_s * 1000) - DEADLINE_MARGIN_MS)
+        return max(poll, 0)
+
+    async def ReceiveMessage(
+        self, request: s.ReceiveMessageRequest, context
+    ) -> AsyncIterator[s.ReceiveMessageResponse]:
+        """Stream: status, then one message each, then the delivery timestamp. (An async generator:
+        grpc.aio writes its items a little faster than awaited `context.write` calls.)"""
+        ctx = self._ctx(context)
+        if not ctx.client_id:
+            yield s.ReceiveMessageResponse(status=codes.CLIENT_ID_REQUIRED)
+            return
+        try:
+            deliveries = await self._receive(ctx, request, context)
+        except ProcessorError as e:
+            yield s.ReceiveMessageResponse(status=status_of(e))
+            return
+        except GrpcError as e:
+            yield s.ReceiveMessageResponse(status=e.status())
+            return
+        if not deliveries:
+            yield s.ReceiveMessageResponse(status=codes.NO_MESSAGE)
+            yield s.ReceiveMessageResponse(delivery_timestamp=ms_ts(now_ms()))
+            return
+        sent = 0
+        try:
+            yield s.ReceiveMessageResponse(status=codes.OK)
+            host = self.store_host
+            for dl in deliveries:
+                yield s.ReceiveMessageResponse(message=to_proto(dl, host))
+                sent += 1  # grpc asks for the next item only once this one is written
+            yield s.ReceiveMessageResponse(delivery_timestamp=ms_ts(now_ms()))
+        except BaseException:
+            if sent < len(deliveries):  # the receiver went away: hand the rest out again soon
+                self._spawn(self._release(ctx, deliveries[sent:]))
+            raise
+
+    async def _receive(self, ctx: ClientContext, request: s.ReceiveMessageRequest, context) -> list[Delivery]:
+        fe = request.filter_expression
+        if fe.type == d.SQL:
+            raise GrpcError(Code.ILLEGAL_FILTER_EXPRESSION, "SQL92 filter expressions are not supported")
+        flt = Filter.from_expression(fe.expression)
+        if request.HasField("invisible_duration"):
+            invisible = dur_ms(request.invisible_duration)
+        elif request.auto_renew:
+            invisible = AUTO_RENEW_INVISIBLE_MS
+        else:
+            invisible = DEFAULT_INVISIBLE_MS
+        batch = request.batch_size
+        batch = RECEIVE_BATCH_SIZE if batch <= 0 else min(batch, self.processor.limits.max_batch)
+        poll = self._poll_ms(request, ctx.client_id, context.time_remaining())
+        return await self.processor.pop(
+            ctx,
+            request.group.name,
+            request.message_queue.topic.name,
+            filter=flt,
+            max_messages=batch,
+            invisible_time_ms=invisible,
+            long_poll_ms=poll,
+        )
+
+    async def _release(self, ctx: ClientContext, deliveries: list[Delivery]) -> None:
+        for dl in deliveries:
+            with contextlib.suppress(ProcessorError):
+                await self.processor.change_invisible_time(ctx, dl.receipt_handle, RELEASE_INVISIBLE_MS)
+
+    async def AckMessage(self, request: s.AckMessageRequest, context) -> s.AckMessageResponse:
+        ctx = self._ctx(context)
+        if not ctx.client_id:
+            return s.AckMessageResponse(status=codes.CLIENT_ID_REQUIRED)
+        if not request.entries:
+            return s.AckMessageResponse(status=codes.status(Code.BAD_REQUEST, "no entries to acknowledge"))
+        ack = self.processor.ack
+        resp = s.AckMessageResponse()
+        add = resp.entries.add
+        failed: list[d.Status] = []
+        for e in request.entries:
+            h = e.receipt_handle
+            try:
+                await ack(ctx, h)
+            except ProcessorError as err:
+                st = status_of(err)
+                failed.append(st)
+                add(message_id=e.message_id, receipt_handle=h, status=st)
+                continue
+            st = add(message_id=e.message_id, receipt_handle=h).status
+            st.code = Code.OK
+            st.message = "OK"
+        if not failed:
+            resp.status.CopyFrom(codes.OK)
+        elif len(failed) == len(request.entries):
+            resp.status.CopyFrom(_overall(failed))
+        else:
+            resp.status.CopyFrom(codes.MULTIPLE_RESULTS)
+        return resp
+
+    async def ChangeInvisibleDuration(
+        self, request: s.ChangeInvisibleDurationRequest, context
+    ) -> s.ChangeInvisibleDurationResponse:
+        ctx = self._ctx(context)
+        if not ctx.client_id:
+            return s.ChangeInvisibleDurationResponse(status=codes.CLIENT_ID_REQUIRED)
+        try:
+            handle = await self.processor.change_invisible_time(
+                ctx, request.receipt_handle, dur_ms(request.invisible_duration)
+            )
+        except ProcessorError as e:
+            return s.ChangeInvisibleDurationResponse(status=status_of(e))
+        return s.ChangeInvisibleDurationResponse(status=codes.OK, receipt_handle=handle)
+
+    async def ForwardMessageToDeadLetterQueue(
+        self, request: s.ForwardMessageToDeadLetterQueueRequest, context
+    ) -> s.ForwardMessageToDeadLetterQueueResponse:
+        ctx = self._ctx(context)
+        if not ctx.client_id:
+            return s.ForwardMessageToDeadLetterQueueResponse(status=codes.CLIENT_ID_REQUIRED)
+        reason = (
+            f"forwarded by the consumer at delivery attempt {request.delivery_attempt}"
+            f" of {request.max_delivery_attempts}"
+        )
+        try:
+            await self.processor.forward_to_dlq(ctx, request.receipt_handle, reason)
+        except ProcessorError as e:
+            return s.ForwardMessageToDeadLetterQueueResponse(status=status_of(e))
+        return s.ForwardMessageToDeadLetterQueueResponse(status=codes.OK)
+
+    # ------------------------------------------------------------------ not implemented
+    async def PullMessage(self, request: s.PullMessageRequest, context) -> None:
+        await context.write(s.PullMessageResponse(status=_NOT_IMPLEMENTED))
+
+    async def UpdateOffset(self, request, context) -> s.UpdateOffsetResponse:
+        return s.UpdateOffsetResponse(status=_NOT_IMPLEMENTED)
+
+    async def GetOffset(self, request, context) -> s.GetOffsetResponse:
+        return s.GetOffsetResponse(status=_NOT_IMPLEMENTED)
+
+    async def QueryOffset(self, request, context) -> s.QueryOffsetResponse:
+        return s.QueryOffsetResponse(status=_NOT_IMPLEMENTED)
+
+    async def RecallMessage(self, request, context) -> s.RecallMessageResponse:
+        return s.RecallMessageResponse(
+            status=codes.status(Code.UNSUPPORTED, "recalling delayed messages is not supported")
+        )
+
+    async def SyncLiteSubscription(self, request, context) -> s.SyncLiteSubscriptionResponse:
+        return s.SyncLiteSubscriptionResponse(
+            status=codes.status(Code.UNSUPPORTED, "lite topics are not supported")
+        )

@@ -1,0 +1,335 @@
+"""Benchmark of the RocketMQ 5 gRPC adapter end to end: grpc.aio server + MessagingProcessor + Store.
+
+What it measures, in one run:
+
+1. Sends. The gateway pieces (Store with `--flush` policy, sync by default; MessagingProcessor;
+   GrpcAdapter on an ephemeral port) run in this process on uvloop (when importable). Load
+   generators run in `--clients` separate processes (multiprocessing, spawn), each with its own
+   grpc.aio channel and event loop, together running `--producers` concurrent producer tasks. Each
+   task awaits one SendMessage before the next. Run twice: with 1 message per SendMessage
+   (`sends_per_s_batch1`) and with `--batch` messages per SendMessage (`sends_per_s`, counted in
+   messages). Latency percentiles are per SendMessage call, in ms. Bodies are `--size` bytes.
+
+2. Receive + ack. The messages sent above are consumed by one group: `--consumers` tasks (spread
+   over the client processes) loop ReceiveMessage(batch 32) and then one AckMessage with every
+   receipt handle of the batch, for `--seconds` or until the topic is drained.
+   `receive_ack_per_s` counts acked messages.
+
+Output: a readable summary, or with `--json` exactly one JSON object on stdout (progress goes to
+stderr). `--quick` is a short smoke run.
+
+    .venv/bin/python bench/grpc_bench.py [--quick] [--json] [--seconds S] [--producers N] [--batch B]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import multiprocessing as mp
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO not in sys.path:
+    sys.path.insert(0, _REPO)
+
+TOPIC = "bench"
+GROUP = "bench-consumers"
+RECEIVE_BATCH = 32
+CLIENT_ID = "bench@{pid}@{i}"
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _loop_policy(name: str = "uvloop") -> str:
+    if name == "asyncio":
+        return "asyncio"
+    try:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+        return "uvloop"
+    except ImportError:
+        return "asyncio"
+
+
+@dataclass(slots=True)
+class Job:
+    kind: str  # "send" | "receive"
+    address: str
+    tasks: int
+    seconds: float
+    warmup: float
+    batch: int = 1
+    size: int = 100
+    loop: str = "uvloop"
+
+
+# ---------------------------------------------------------------------------- load generators
+
+
+def _worker(job: Job, out: mp.Queue) -> None:
+    _loop_policy(job.loop)
+    try:
+        out.put(asyncio.run(_run_job(job)))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        out.put({"error": f"{type(e).__name__}: {e}"})
+
+
+async def _run_job(job: Job) -> dict:
+    import grpc
+
+    from adapters.grpc.generated import definition_pb2 as d
+    from adapters.grpc.generated import service_pb2 as s
+    from adapters.grpc.generated import service_pb2_grpc
+
+    channel = grpc.aio.insecure_channel(job.address, options=[("grpc.max_receive_message_length", -1)])
+    stub = service_pb2_grpc.MessagingServiceStub(channel)
+    md = (("x-mq-client-id", CLIENT_ID.format(pid=os.getpid(), i=0)),)
+    # Connect and warm the channel before the clock starts (process start-up is not measured).
+    await channel.channel_ready()
+    await stub.QueryRoute(s.QueryRouteRequest(topic=d.Resource(name=TOPIC)), metadata=md)
+    lat: list[float] = []
+    count = 0
+    errors = 0
+    t0 = time.perf_counter()
+    start = t0 + job.warmup
+    end = start + job.seconds
+    stop = False
+
+    if job.kind == "send":
+        body = b"x" * job.size
+        req = s.SendMessageRequest(
+            messages=[
+                d.Message(
+                    topic=d.Resource(name=TOPIC),
+                    body=body,
+                    system_properties=d.SystemProperties(
+                        tag="bench", message_type=d.NORMAL, body_encoding=d.IDENTITY
+                    ),
+                )
+                for _ in range(job.batch)
+            ]
+        )
+        send = stub.SendMessage
+
+        async def producer() -> None:
+            nonlocal count, errors
+            pc = time.perf_counter
+            while True:
+                t = pc()
+                if t >= end:
+                    return
+                r = await send(req, metadata=md)
+                t2 = pc()
+                if r.status.code != d.Code.OK:
+                    errors += 1
+                elif t >= start:
+                    lat.append(t2 - t)
+                    count += job.batch
+
+        await asyncio.gather(*[producer() for _ in range(job.tasks)])
+    else:
+        rreq = s.ReceiveMessageRequest(
+            group=d.Resource(name=GROUP),
+            message_queue=d.MessageQueue(topic=d.Resource(name=TOPIC), id=-1),
+            filter_expression=d.FilterExpression(type=d.TAG, expression="*"),
+            batch_size=RECEIVE_BATCH,
+        )
+        rreq.invisible_duration.seconds = 60
+        rreq.long_polling_timeout.nanos = 200_000_000
+        group = d.Resource(name=GROUP)
+        topic = d.Resource(name=TOPIC)
+        empty = 0
+
+        async def consumer() -> None:
+            nonlocal count, errors, stop, empty
+            pc = time.perf_counter
+            while not stop:
+                t = pc()
+                if t >= end:
+                    return
+                entries = []
+                async for r in stub.ReceiveMessage(rreq, metadata=md):
+                    if r.HasField("message"):
+                        sp = r.message.system_properties
+                        entries.append(
+                            s.AckMessageEntry(message_id=sp.message_id, receipt_handle=sp.receipt_handle)
+                        )
+                if not entries:
+                    empty += 1
+                    if empty >= 2 * job.tasks and pc() >= start:
+                        stop = True  # drained
+                    continue
+                a = await stub.AckMessage(
+                    s.AckMessageRequest(group=group, topic=topic, entries=entries), metadata=md
+                )
+                t2 = pc()
+                if a.status.code != d.Code.OK:
+                    errors += 1
+                elif t >= start:
+                    lat.append(t2 - t)
+                    count += len(entries)
+
+        await asyncio.gather(*[consumer() for _ in range(job.tasks)])
+    elapsed = min(time.perf_counter(), end) - start
+    await channel.close()
+    return {"count": count, "errors": errors, "lat": lat, "elapsed": max(elapsed, 1e-9)}
+
+
+async def _run_clients(job: Job, clients: int) -> dict:
+    """Run `job` split over `clients` processes; returns total rate and latency percentiles (ms)."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    per = [job.tasks // clients + (1 if i < job.tasks % clients else 0) for i in range(clients)]
+    procs = []
+    for n in per:
+        if n == 0:
+            continue
+        j = Job(job.kind, job.address, n, job.seconds, job.warmup, job.batch, job.size, job.loop)
+        p = ctx.Process(target=_worker, args=(j, q), daemon=True)
+        p.start()
+        procs.append(p)
+    loop = asyncio.get_running_loop()
+    results = [await loop.run_in_executor(None, q.get) for _ in procs]
+    for p in procs:
+        await loop.run_in_executor(None, p.join)
+    errs = [r["error"] for r in results if "error" in r]
+    if errs:
+        raise RuntimeError("; ".join(errs))
+    lat = sorted(x for r in results for x in r["lat"])
+    count = sum(r["count"] for r in results)
+    elapsed = max(r["elapsed"] for r in results)
+    return {
+        "per_s": count / elapsed,
+        "count": count,
+        "errors": sum(r["errors"] for r in results),
+        "p50_ms": _pct(lat, 50),
+        "p99_ms": _pct(lat, 99),
+    }
+
+
+def _pct(xs: list[float], p: float) -> float:
+    if not xs:
+        return 0.0
+    if len(xs) == 1:
+        return xs[0] * 1000
+    return statistics.quantiles(xs, n=100, method="inclusive")[int(p) - 1] * 1000
+
+
+# ---------------------------------------------------------------------------- gateway
+
+
+async def _bench(args: argparse.Namespace, loop_name: str) -> dict:
+    from adapters.grpc import GrpcAdapter
+    from messaging_processor import LocalStoreClient, MessagingProcessor
+    from store import Message, Store, StoreConfig
+
+    tmp = tempfile.mkdtemp(prefix="grpc-bench-", dir=args.dir)
+    try:
+        store = await Store.open(StoreConfig(data_dir=tmp, flush=args.flush, auto_create_topics=False))
+        processor = MessagingProcessor(LocalStoreClient(store))
+        await processor.start()
+        await processor.create_topic(TOPIC, queues=8)
+        # The first append allocates (zero-fills) the first commit log segment: keep it out of the timing.
+        await store.append(Message(TOPIC, b"warm-up", tag="warm-up"))
+        adapter = GrpcAdapter(processor, host="127.0.0.1", port=0)
+        await adapter.start()
+        try:
+            res: dict = {"event_loop": loop_name, "flush": args.flush, "body_bytes": args.size}
+            base = Job(
+                "send", adapter.address, args.producers, args.seconds, args.warmup, 1, args.size, args.loop
+            )
+            log(f"sends: {args.producers} producers x {args.clients} processes, batch 1, {args.seconds} s")
+            r1 = await _run_clients(base, args.clients)
+            log(f"  {r1['per_s']:.0f} msg/s, p50 {r1['p50_ms']:.2f} ms, p99 {r1['p99_ms']:.2f} ms")
+            log(f"sends: batch {args.batch}")
+            jb = Job(
+                "send",
+                adapter.address,
+                args.producers,
+                args.seconds,
+                args.warmup,
+                args.batch,
+                args.size,
+                args.loop,
+            )
+            rb = await _run_clients(jb, args.clients)
+            log(f"  {rb['per_s']:.0f} msg/s, p50 {rb['p50_ms']:.2f} ms, p99 {rb['p99_ms']:.2f} ms")
+            log(f"receive+ack: {args.consumers} consumers, batch {RECEIVE_BATCH}")
+            jr = Job("receive", adapter.address, args.consumers, args.seconds * 2, 0.0, loop=args.loop)
+            rr = await _run_clients(jr, args.clients)
+            log(f"  {rr['per_s']:.0f} msg/s, p50 {rr['p50_ms']:.2f} ms, p99 {rr['p99_ms']:.2f} ms")
+            res.update(
+                {
+                    "producers": args.producers,
+                    "client_processes": args.clients,
+                    "send_batch": args.batch,
+                    "sends_per_s": rb["per_s"],
+                    "send_p50_ms": rb["p50_ms"],
+                    "send_p99_ms": rb["p99_ms"],
+                    "sends_per_s_batch1": r1["per_s"],
+                    "send_p50_ms_batch1": r1["p50_ms"],
+                    "send_p99_ms_batch1": r1["p99_ms"],
+                    "send_errors": r1["errors"] + rb["errors"],
+                    "consumers": args.consumers,
+                    "receive_batch": RECEIVE_BATCH,
+                    "receive_ack_per_s": rr["per_s"],
+                    "receive_ack_p50_ms": rr["p50_ms"],
+                    "receive_ack_p99_ms": rr["p99_ms"],
+                    "receive_ack_messages": rr["count"],
+                    "receive_ack_errors": rr["errors"],
+                }
+            )
+            return res
+        finally:
+            await adapter.stop(1.0)
+            await processor.close()
+            await store.close()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=5.0, help="length of each send phase")
+    ap.add_argument("--warmup", type=float, default=1.0)
+    ap.add_argument("--producers", type=int, default=64, help="concurrent producer tasks in all")
+    ap.add_argument("--consumers", type=int, default=32, help="concurrent consumer tasks in all")
+    ap.add_argument("--clients", type=int, default=1, help="load generator processes")
+    ap.add_argument("--batch", type=int, default=32, help="messages per SendMessage in the batched phase")
+    ap.add_argument("--size", type=int, default=100, help="message body bytes")
+    ap.add_argument("--flush", choices=("sync", "async"), default="sync")
+    ap.add_argument(
+        "--loop", choices=("uvloop", "asyncio"), default="uvloop", help="event loop (all processes)"
+    )
+    ap.add_argument("--dir", default=None, help="parent of the temporary data directory")
+    ap.add_argument("--quick", action="store_true", help="short smoke run")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.seconds = min(args.seconds, 0.5)
+        args.warmup = min(args.warmup, 0.2)
+        args.producers = min(args.producers, 8)
+        args.consumers = min(args.consumers, 2)
+    loop_name = _loop_policy(args.loop)
+    res = asyncio.run(_bench(args, loop_name))
+    if args.json:
+        print(json.dumps(res))
+    else:
+        for k, v in res.items():
+            print(f"{k:24} {v:.2f}" if isinstance(v, float) else f"{k:24} {v}")
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        main()
