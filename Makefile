@@ -66,6 +66,8 @@ test: install install-conformance
 
 bench: install
 	$(VENV)/bin/python bench/store_bench.py
+	$(VENV)/bin/python bench/grpc_bench.py
+	$(VENV)/bin/python bench/mqtt_codec_bench.py
 
 lint: install
 	$(VENV)/bin/ruff check .
