@@ -84,6 +84,28 @@ def store_error(exc: BaseException) -> ProcessorError:
     return ProcessorError(ErrorKind.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
 
 
+class _StoreCall:
+    """`with _StoreCall(metrics, protocol, op):` around a store call: turns store exceptions into
+    ProcessorErrors and counts them per (protocol, operation, kind)."""
+
+    __slots__ = ("metrics", "protocol", "op")
+
+    def __init__(self, metrics: Metrics | None, protocol: str, op: str) -> None:
+        self.metrics, self.protocol, self.op = metrics, protocol, op
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, tp: type | None, exc: BaseException | None, tb: object) -> None:
+        if exc is None or not isinstance(exc, Exception):
+            return
+        err = store_error(exc)
+        if self.metrics is not None:
+            self.metrics.errors[(self.protocol, self.op, err.kind.value)] += 1
+        if err is not exc:
+            raise err from exc
+
+
 class MessagingProcessor:
     """Protocol-neutral send / pop / ack / route / admin over a StoreClient.
 
@@ -159,10 +181,8 @@ class MessagingProcessor:
         if await self.store.get_topic(topic) is None:
             if not (self.auto_create_topics if auto_create is None else auto_create):
                 raise ProcessorError(ErrorKind.TOPIC_NOT_FOUND, f"topic {topic} does not exist")
-            try:
+            with _StoreCall(None, "", ""):
                 await self.store.create_topic(topic, None, None, None)
-            except Exception as e:  # noqa: BLE001
-                raise store_error(e) from e
             log.info("topic %s created on first use", topic)
         self._known_topics.add(topic)
 
@@ -245,12 +265,8 @@ class MessagingProcessor:
         if self.authorizer is not None:
             await self.authorize(ctx.identity, Action.SUBSCRIBE, Resource("topic", topic))
             await self.authorize(ctx.identity, Action.SUBSCRIBE, Resource("group", group))
-        try:
+        with _StoreCall(self.metrics, ctx.protocol, "pop"):
             popped = await self.store.pop(group, topic, max_messages, invisible_time_ms, filter, long_poll_ms)
-        except Exception as e:  # noqa: BLE001
-            err = store_error(e)
-            self.metrics.errors[(ctx.protocol, "pop", err.kind.value)] += 1
-            raise err from e
         if not popped:
             return []
         m = self.metrics
@@ -266,46 +282,30 @@ class MessagingProcessor:
 
     async def ack(self, ctx: ClientContext, handle: str) -> None:
         """Acknowledge a delivery: it is done for its group."""
-        try:
+        with _StoreCall(self.metrics, ctx.protocol, "ack"):
             await self.store.ack(handle)
-        except Exception as e:  # noqa: BLE001
-            err = store_error(e)
-            self.metrics.errors[(ctx.protocol, "ack", err.kind.value)] += 1
-            raise err from e
         self.metrics.acks[ctx.protocol] += 1
 
     async def change_invisible_time(self, ctx: ClientContext, handle: str, invisible_time_ms: int) -> str:
         """Make a delivery visible again `invisible_time_ms` from now; returns the new handle
         (the old one stops working)."""
         check_invisible_time(invisible_time_ms, self.limits)
-        try:
+        with _StoreCall(self.metrics, ctx.protocol, "change_invisible_time"):
             new = await self.store.change_invisible_time(handle, invisible_time_ms)
-        except Exception as e:  # noqa: BLE001
-            err = store_error(e)
-            self.metrics.errors[(ctx.protocol, "change_invisible_time", err.kind.value)] += 1
-            raise err from e
         self.metrics.nacks[ctx.protocol] += 1
         return new
 
     async def nack(self, ctx: ClientContext, handle: str) -> str:
         """Give a delivery back for a retry after its group's back-off; returns the new handle."""
-        try:
+        with _StoreCall(self.metrics, ctx.protocol, "nack"):
             new = await self.store.nack(handle)
-        except Exception as e:  # noqa: BLE001
-            err = store_error(e)
-            self.metrics.errors[(ctx.protocol, "nack", err.kind.value)] += 1
-            raise err from e
         self.metrics.nacks[ctx.protocol] += 1
         return new
 
     async def forward_to_dlq(self, ctx: ClientContext, handle: str, reason: str = "forwarded") -> SendReceipt:
         """Move a delivery to its group's dead-letter topic `%DLQ%<group>` now, and ack it."""
-        try:
+        with _StoreCall(self.metrics, ctx.protocol, "forward_to_dlq"):
             r = await self.store.forward_to_dlq(handle, reason)
-        except Exception as e:  # noqa: BLE001
-            err = store_error(e)
-            self.metrics.errors[(ctx.protocol, "forward_to_dlq", err.kind.value)] += 1
-            raise err from e
         self.metrics.dlq[(ctx.protocol, r.topic)] += 1
         return SendReceipt(
             r.message_id, r.topic, r.queue_id, r.queue_offset, r.commitlog_offset, r.store_timestamp
@@ -326,12 +326,8 @@ class MessagingProcessor:
                     ErrorKind.TRANSACTION_NOT_FOUND, f"unknown transaction id {transaction_id!r}"
                 ) from None
             tid = message_id
-        try:
+        with _StoreCall(self.metrics, ctx.protocol, "end_transaction"):
             r = await self.store.end_transaction(tid, commit)
-        except Exception as e:  # noqa: BLE001
-            err = store_error(e)
-            self.metrics.errors[(ctx.protocol, "end_transaction", err.kind.value)] += 1
-            raise err from e
         if r is None:
             return None
         self.metrics.messages_in[(ctx.protocol, r.topic)] += 1
@@ -386,19 +382,15 @@ class MessagingProcessor:
         retention_bytes: int | None = None,
     ) -> TopicInfo:
         check_topic(name, self.limits, for_send=True)
-        try:
+        with _StoreCall(None, "", ""):
             t = await self.store.create_topic(name, queues, retention_ms, retention_bytes)
-        except Exception as e:  # noqa: BLE001
-            raise store_error(e) from e
         self._known_topics.add(name)
         return TopicInfo(t.name, t.queues, t.retention_ms, t.retention_bytes)
 
     async def delete_topic(self, name: str) -> None:
         self._known_topics.discard(name)
-        try:
+        with _StoreCall(None, "", ""):
             await self.store.delete_topic(name)
-        except Exception as e:  # noqa: BLE001
-            raise store_error(e) from e
 
     async def get_topic(self, name: str) -> TopicInfo:
         t = await self.store.get_topic(name)
@@ -431,17 +423,13 @@ class MessagingProcessor:
         self, name: str, max_attempts: int = 16, retry: RetryPolicy | None = None
     ) -> GroupInfo:
         check_group(name, self.limits)
-        try:
+        with _StoreCall(None, "", ""):
             g = await self.store.create_group(name, max_attempts, retry)
-        except Exception as e:  # noqa: BLE001
-            raise store_error(e) from e
         return GroupInfo(g.name, g.max_attempts, g.retry.initial_ms, g.retry.multiplier, g.retry.max_ms)
 
     async def delete_group(self, name: str) -> None:
-        try:
+        with _StoreCall(None, "", ""):
             await self.store.delete_group(name)
-        except Exception as e:  # noqa: BLE001
-            raise store_error(e) from e
 
     async def get_group(self, name: str) -> GroupInfo:
         """A group with backlog and in-flight counts for each topic it has consumed."""
@@ -481,41 +469,31 @@ class MessagingProcessor:
         """Messages of one queue with offsets in [start, end): replayable range reads."""
         if self.authorizer is not None:
             await self.authorize(ctx.identity, Action.SUBSCRIBE, Resource("topic", topic))
-        try:
+        with _StoreCall(None, "", ""):
             msgs = await self.store.read(topic, queue_id, start, end, max_messages, filter)
-        except Exception as e:  # noqa: BLE001
-            raise store_error(e) from e
         if msgs:
             self.metrics.messages_out[(ctx.protocol, topic)] += len(msgs)
         return msgs
 
     async def queue_offsets(self, topic: str, queue_id: int) -> tuple[int, int]:
         """(min, max) offsets of a queue: [min, max) are readable."""
-        try:
+        with _StoreCall(None, "", ""):
             return await self.store.min_offset(topic, queue_id), await self.store.max_offset(topic, queue_id)
-        except Exception as e:  # noqa: BLE001
-            raise store_error(e) from e
 
     async def search_offset(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
-        try:
+        with _StoreCall(None, "", ""):
             return await self.store.search_offset(topic, queue_id, timestamp_ms)
-        except Exception as e:  # noqa: BLE001
-            raise store_error(e) from e
 
     async def commit_offset(
         self, ctx: ClientContext, group: str, topic: str, queue_id: int, offset: int
     ) -> None:
         check_group(group, self.limits)
-        try:
+        with _StoreCall(None, "", ""):
             await self.store.commit_offset(group, topic, queue_id, offset)
-        except Exception as e:  # noqa: BLE001
-            raise store_error(e) from e
 
     async def committed_offset(self, group: str, topic: str, queue_id: int) -> int:
-        try:
+        with _StoreCall(None, "", ""):
             return await self.store.committed_offset(group, topic, queue_id)
-        except Exception as e:  # noqa: BLE001
-            raise store_error(e) from e
 
     async def get_message_by_id(self, message_id: str) -> list[Message]:
         return await self.store.get_by_id(message_id)
