@@ -25,7 +25,7 @@ CONF_NODE_DIR := conformance/clients/node
 CONF_NODE_STAMP := $(CONF_NODE_DIR)/node_modules/.installed
 NPM ?= npm
 
-.PHONY: install install-conformance lock-conformance conformance run test bench lint clean
+.PHONY: install install-system install-conformance lock-conformance conformance run test bench lint clean
 
 $(UV):
 	$(PYTHON) -m venv $(UV_HOME)
@@ -36,6 +36,10 @@ $(STAMP): uv.lock pyproject.toml | $(UV)
 	touch $@
 
 install: $(STAMP)
+
+# Pinned Debian packages (mosquitto-clients for tests, mosquitto for the bench): deps/debian-packages.txt.
+install-system:
+	deps/install-debian.sh
 
 $(CONF_PY_STAMP): $(CONF_PY_DIR)/requirements.lock | $(UV)
 	test -x $(CONF_VENV)/bin/python || $(UV) venv --quiet --python "$$($(PYTHON) -c 'import sys; print(sys.executable)')" $(CONF_VENV)
@@ -61,10 +65,10 @@ conformance: install install-conformance
 run: install
 	$(VENV)/bin/gateway start --data-dir ./data
 
-test: install install-conformance
+test: install install-system install-conformance
 	$(VENV)/bin/pytest -q tests
 
-bench: install
+bench: install install-system
 	$(VENV)/bin/python bench/store_bench.py
 	$(VENV)/bin/python bench/grpc_bench.py
 	$(VENV)/bin/python bench/mqtt_codec_bench.py

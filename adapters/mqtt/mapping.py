@@ -13,6 +13,7 @@ level, sanitized) with the full path and the MQTT attributes in properties:
     mqtt.expiry_at         5.0 Message Expiry Interval as an absolute epoch ms deadline
     mqtt.user_properties   5.0 User Properties, a JSON list of [name, value] pairs (order and
                            repeated names kept)
+    mqtt.client_id         the publisher's client id, only while it has a No Local subscription
 
 Store topic names allow `[%|A-Za-z0-9_.-]`, at most 127 characters, and no leading `%` for
 producers: every character of the first level outside `[A-Za-z0-9_.-]` becomes `_`, an empty first
@@ -42,6 +43,7 @@ P_CORRELATION = "mqtt.correlation_data"
 P_PAYLOAD_FORMAT = "mqtt.payload_format"
 P_EXPIRY_AT = "mqtt.expiry_at"
 P_USER = "mqtt.user_properties"
+P_CLIENT = "mqtt.client_id"
 
 MAX_STORE_TOPIC = 127
 _OK = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")

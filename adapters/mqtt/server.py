@@ -24,8 +24,8 @@ class MqttProtocol(asyncio.Protocol):
         self.session: Session | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's TCPTransport is not an asyncio.Transport subclass: no isinstance check here.
+        self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         remote = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "")
         self.session = Session(self.adapter.broker, transport.write, transport.close, remote)
@@ -54,18 +54,23 @@ class MqttAdapter:
         *,
         max_packet_size: int = 1 << 20,
         topic_scan_interval: float = 1.0,
+        max_keep_alive: int = 0,
     ) -> None:
         self.processor = processor
         self.host = host
         self.port = port
         self.broker = Broker(
-            processor, max_packet_size=max_packet_size, topic_scan_interval=topic_scan_interval
+            processor,
+            max_packet_size=max_packet_size,
+            topic_scan_interval=topic_scan_interval,
+            max_keep_alive=max_keep_alive,
         )
         self.connections: set[MqttProtocol] = set()
         self._server: asyncio.Server | None = None
         self._address = f"{host}:{port}"
 
     async def start(self) -> None:
+        await self.broker.start()
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: MqttProtocol(self), self.host, self.port)
         sock = self._server.sockets[0].getsockname()

@@ -48,10 +48,12 @@ from .codec import (
     encode_unsuback,
 )
 from .codec.packets import Pingreq
-from .mapping import to_message
+from .mapping import P_CLIENT, to_message
+from .persistence import NEVER
 
 if TYPE_CHECKING:
     from .broker import Broker, Sub
+    from .persistence import SessionState
 
 log = logging.getLogger("adapters.mqtt")
 
@@ -90,7 +92,11 @@ class Session:
         self.will: Any = None
         self.keep_alive = 0
         self.last_rx = self.loop.time()
-        self.subs: dict[str, Sub] = {}
+        self.subs: dict[str, Sub] = {}  # clean sessions only (persistent ones: pstate.subs)
+        self.pstate: SessionState | None = None  # set while attached to a persistent session
+        self.nl_count = 0  # No Local subscriptions: while > 0 publishes carry the client id
+        self.expiry = 0  # Session Expiry Interval in force (s)
+        self.max_out = 0  # the client's Maximum Packet Size (0: no limit)
         self.awaiting_rel: set[int] = set()  # inbound QoS 2 ids between PUBREC and PUBREL
         self.inflight: dict[int, list[Any]] = {}  # outbound id -> [qos, done future, pubrec seen]
         self.queue: deque[tuple] = deque()  # outbound QoS > 0 beyond the client's receive maximum
@@ -148,8 +154,7 @@ class Session:
         elif t is Puback:
             self._on_puback(pkt.packet_id)
         elif t is Pubrel:
-            self.awaiting_rel.discard(pkt.packet_id)
-            self._reply_now(encode_pubcomp(pkt.packet_id, 0, self.version))
+            self._on_pubrel(pkt.packet_id)
         elif t is Pubrec:
             self._on_pubrec(pkt)
         elif t is Pubcomp:
@@ -241,28 +246,55 @@ class Session:
         if self.state == CLOSED:
             return
         self.will = c.will
+        keep_alive = c.keep_alive
         if v == MQTT_5:
             cp = c.properties
+            if PropertyId.AUTHENTICATION_METHOD in cp:  # no enhanced authentication (AUTH) methods
+                self._refuse(ReasonCode.BAD_AUTHENTICATION_METHOD, "no authentication methods are supported")
+                return
             self.send_quota = cp.get(PropertyId.RECEIVE_MAXIMUM, 65535)
+            self.max_out = cp.get(PropertyId.MAXIMUM_PACKET_SIZE, 0)
+            self.expiry = cp.get(PropertyId.SESSION_EXPIRY_INTERVAL, 0)
             self.decoder.topic_alias_maximum = TOPIC_ALIAS_MAXIMUM
             props[PropertyId.TOPIC_ALIAS_MAXIMUM] = TOPIC_ALIAS_MAXIMUM
-            props[PropertyId.SUBSCRIPTION_IDENTIFIER_AVAILABLE] = 0
+            props[PropertyId.SUBSCRIPTION_IDENTIFIER_AVAILABLE] = 1
             props[PropertyId.WILDCARD_SUBSCRIPTION_AVAILABLE] = 1
             props[PropertyId.SHARED_SUBSCRIPTION_AVAILABLE] = 1
             props[PropertyId.RETAIN_AVAILABLE] = 1
-            if cp.get(PropertyId.SESSION_EXPIRY_INTERVAL):  # persistent sessions: not in this slice
-                props[PropertyId.SESSION_EXPIRY_INTERVAL] = 0
-        self.broker.register(self)
+            props[PropertyId.MAXIMUM_PACKET_SIZE] = self.broker.max_packet_size
+            mk = self.broker.max_keep_alive
+            if mk and (keep_alive == 0 or keep_alive > mk):
+                keep_alive = mk
+                props[PropertyId.SERVER_KEEP_ALIVE] = mk
+        else:
+            self.expiry = 0 if c.clean_start else NEVER
+        try:
+            present = await self.broker.attach(self, c.clean_start, self.expiry)
+        except Exception as e:  # noqa: BLE001 - the store could not take the session
+            log.warning("mqtt %s: session setup failed: %s", cid, e)
+            self._refuse(ReasonCode.SERVER_UNAVAILABLE, "session store unavailable")
+            return
+        if self.state == CLOSED:
+            return
         self.state = CONNECTED
-        self._write(encode_connack(False, 0, v, props or None))
-        self.keep_alive = c.keep_alive
-        if c.keep_alive:
-            self._ka_timer = self.loop.call_later(c.keep_alive * 1.5, self._check_keep_alive)
+        self._write(encode_connack(present, 0, v, props or None))
+        self.keep_alive = keep_alive
+        if keep_alive:
+            self._ka_timer = self.loop.call_later(keep_alive * 1.5, self._check_keep_alive)
+        if self.pstate is not None:
+            self._spawn(self.broker.resume(self))
         backlog, self._backlog = self._backlog, None
         for pkt in backlog or ():
             if self.state == CLOSED:
                 break
             self.handle(pkt)
+
+    def _refuse(self, reason: int, text: str) -> None:
+        v = self.version
+        props = {PropertyId.REASON_STRING: text} if v == MQTT_5 else None
+        self._write(encode_connack(False, connack_code(reason, v), v, props))
+        self._backlog = None
+        self.close()
 
     def _check_keep_alive(self) -> None:
         if self.state == CLOSED:
@@ -285,6 +317,8 @@ class Session:
                 return
             self.awaiting_rel.add(pid)
         msg = to_message(p.topic, p.payload, qos, p.retain, p.properties if self.version == MQTT_5 else None)
+        if self.nl_count:
+            msg.properties[P_CLIENT] = self.client_id
         send = self.broker.publish(self.ctx, msg, p.retain)
         if qos == 0:
             self._spawn(send)
@@ -301,7 +335,19 @@ class Session:
                 return None, None  # 3.1.1 has no negative PUBACK: close the connection
         if qos == 1:
             return encode_puback(pid, rc, v), None
+        st = self.pstate
+        if rc < 0x80 and st is not None:  # the packet id must outlive a restart of this process
+            await self.broker.qos2_mark(st, "i", pid, True)
         return encode_pubrec(pid, rc, v), None
+
+    def _on_pubrel(self, pid: int) -> None:
+        known = pid in self.awaiting_rel
+        self.awaiting_rel.discard(pid)
+        st = self.pstate
+        if known and st is not None:
+            self._spawn(self.broker.qos2_mark(st, "i", pid, False))
+        rc = 0 if known or self.version != MQTT_5 else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
+        self._reply_now(encode_pubcomp(pid, rc, self.version))
 
     # ------------------------------------------------------------------ outbound PUBLISH
     def deliver(
@@ -324,7 +370,9 @@ class Session:
         if v != MQTT_5:
             props = None
         if not qos:
-            self._write(encode_publish(path, body, 0, None, retain, False, v, props))
+            data = encode_publish(path, body, 0, None, retain, False, v, props)
+            if not self.max_out or len(data) <= self.max_out:
+                self._write(data)
             if done is not None and not done.done():
                 done.set_result(True)
             return
@@ -332,8 +380,13 @@ class Session:
             self.queue.append((path, body, qos, retain, props, done))
             return
         pid = self._alloc_pid()
+        data = encode_publish(path, body, qos, pid, retain, False, v, props)
+        if self.max_out and len(data) > self.max_out:  # too big for this client: discarded (5.0 3.1.2.25)
+            if done is not None and not done.done():
+                done.set_result(True)
+            return
         self.inflight[pid] = [qos, done, False]
-        self._write(encode_publish(path, body, qos, pid, retain, False, v, props))
+        self._write(data)
 
     def _alloc_pid(self) -> int:
         pid = self._next_pid
@@ -347,6 +400,10 @@ class Session:
         e = self.inflight.pop(pid, None)
         if e is None:
             return
+        st = self.pstate
+        if e[2] and st is not None and pid in st.pubrel:  # PUBCOMP of a persistent session's QoS 2
+            st.pubrel.discard(pid)
+            self._spawn(self.broker.qos2_mark(st, "o", pid, False))
         done = e[1]
         if done is not None and not done.done():
             done.set_result(True)
@@ -358,8 +415,17 @@ class Session:
         if p.reason_code >= 0x80:  # the client refused it: done
             self._on_puback(p.packet_id)
             return
-        if e is not None:
+        if e is not None and not e[2]:
             e[2] = True
+            # The client owns the message now: the store may forget it, PUBREL must survive instead.
+            st = self.pstate
+            if st is not None:
+                st.pubrel.add(p.packet_id)
+                self._spawn(self.broker.qos2_mark(st, "o", p.packet_id, True))
+            done = e[1]
+            if done is not None and not done.done():
+                done.set_result(True)
+            e[1] = None
         self._write(encode_pubrel(p.packet_id, 0 if e is not None else 0x92, self.version))
 
     # ------------------------------------------------------------------ UNSUBSCRIBE / DISCONNECT
@@ -370,6 +436,14 @@ class Session:
         return encode_unsuback(u.packet_id, codes, self.version), None
 
     def _on_disconnect(self, d: Disconnect) -> None:
+        new = d.properties.get(PropertyId.SESSION_EXPIRY_INTERVAL)
+        if new is not None:
+            if self.expiry == 0 and new:  # 5.0 3.14.2.2.2: a session that ends cannot be extended
+                self.close(ReasonCode.PROTOCOL_ERROR)
+                return
+            self.expiry = new
+            if self.pstate is not None:
+                self.pstate.expiry = new
         if d.reason_code != ReasonCode.DISCONNECT_WITH_WILL_MESSAGE:
             self._normal_disconnect = True
         self.close()
@@ -403,7 +477,7 @@ class Session:
         self.inflight.clear()
         self.queue.clear()
         self._replies.clear()
-        if was_connected:
-            will = self.will if not self._normal_disconnect else None
+        if was_connected or self.pstate is not None or self.broker.sessions.get(self.client_id) is self:
+            will = self.will if was_connected and not self._normal_disconnect else None
             self.broker.session_closed(self, will)
         self.closed_event.set()

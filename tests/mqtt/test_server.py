@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import uuid
 
 import aiomqtt
 import paho.mqtt.client as paho
@@ -13,12 +12,9 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from adapters.mqtt import MqttAdapter
 from adapters.mqtt.codec import (
     PINGREQ,
-    Connack,
     Connect,
-    Decoder,
     Disconnect,
     PropertyId,
     Publish,
@@ -33,105 +29,8 @@ from adapters.mqtt.codec import (
     encode_subscribe,
 )
 from adapters.mqtt.codec.packets import Pingresp, Pubcomp, Pubrec, Suback
-from messaging_processor import ClientContext, LocalStoreClient, Message, MessagingProcessor
-from store import Store, StoreConfig
-
-V3 = aiomqtt.ProtocolVersion.V311
-V5 = aiomqtt.ProtocolVersion.V5
-VERSIONS = [pytest.param(V3, id="v311"), pytest.param(V5, id="v5")]
-CTX = ClientContext("test", client_id="other-protocol")
-T = 10.0  # seconds any single awaited event may take
-
-
-class Env:
-    def __init__(self, store: Store, processor: MessagingProcessor, adapter: MqttAdapter) -> None:
-        self.store = store
-        self.processor = processor
-        self.adapter = adapter
-        self.port = adapter.bound_port
-
-    def client(self, version=V5, **kw) -> aiomqtt.Client:
-        kw.setdefault("identifier", "c-" + uuid.uuid4().hex[:8])
-        return aiomqtt.Client("127.0.0.1", self.port, protocol=version, **kw)
-
-
-@pytest.fixture
-async def env(tmp_path):
-    store = await Store.open(
-        StoreConfig(data_dir=str(tmp_path / "data"), auto_create_topics=False, default_queues=2)
-    )
-    processor = MessagingProcessor(LocalStoreClient(store))
-    await processor.start()
-    adapter = MqttAdapter(processor, "127.0.0.1", 0, topic_scan_interval=0.1)
-    await adapter.start()
-    yield Env(store, processor, adapter)
-    await adapter.stop(1.0)
-    await processor.close()
-    await store.close()
-
-
-async def next_message(client: aiomqtt.Client, timeout: float = T) -> aiomqtt.Message:
-    async def first():
-        async for m in client.messages:
-            return m
-
-    return await asyncio.wait_for(first(), timeout)
-
-
-class Raw:
-    """A minimal MQTT client over a raw socket, for exact packets and abrupt closes."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, version: int) -> None:
-        self.reader, self.writer, self.version = reader, writer, version
-        self.dec = Decoder("client", version=version)
-
-    @classmethod
-    async def open(cls, env: Env, version: int = 5) -> Raw:
-        r, w = await asyncio.open_connection("127.0.0.1", env.port)
-        return cls(r, w, version)
-
-    @classmethod
-    async def connect(cls, env: Env, client_id: str, version: int = 5, **kw) -> tuple[Raw, Connack]:
-        raw = await cls.open(env, version)
-        raw.send(encode_connect(Connect(client_id, version, **kw)))
-        ack = await raw.recv()
-        assert isinstance(ack, Connack), ack
-        return raw, ack
-
-    def send(self, data: bytes) -> None:
-        self.writer.write(data)
-
-    async def recv(self, timeout: float = T):
-        """The next packet, or None at EOF."""
-        while True:
-            p = self.dec.next_packet()
-            if p is not None:
-                return p
-            data = await asyncio.wait_for(self.reader.read(65536), timeout)
-            if not data:
-                return None
-            self.dec.feed(data)
-
-    async def recv_until_eof(self, timeout: float = T) -> list:
-        out = []
-        while (p := await self.recv(timeout)) is not None:
-            out.append(p)
-        return out
-
-    def abort(self) -> None:
-        self.writer.transport.abort()
-
-    async def close(self) -> None:
-        self.writer.close()
-
-
-async def wait_until(cond, timeout: float = T) -> None:
-    async def poll():
-        while not cond():
-            await asyncio.sleep(0.01)
-
-    await asyncio.wait_for(poll(), timeout)
-
+from messaging_processor import Message
+from tests.mqtt.support import CTX, V3, V5, VERSIONS, Raw, T, next_message, wait_until
 
 # ------------------------------------------------------------------ QoS round trips
 

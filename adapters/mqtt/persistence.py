@@ -1,0 +1,105 @@
+"""What a persistent MQTT session keeps between connections, and how it is saved.
+
+A session is persistent when it outlives its connection: 3.1.1 CONNECT with Clean Session 0, or 5.0
+with a Session Expiry Interval above 0. Its durable parts live in the processor's key-value table
+(so they survive a gateway restart) and in the store:
+
+    kv "mqtt.sessions" / <client id>      JSON {"v": version, "e": expiry s, "d": disconnected at
+                                          (epoch s) or null, "g": consumer group,
+                                          "s": [[filter, qos, no_local, rap, rh, sub id], ...]}
+    kv "mqtt.qos2" / <len>:<client id>:i<packet id>   inbound QoS 2 stored, PUBREL not seen yet
+    kv "mqtt.qos2" / <len>:<client id>:o<packet id>   outbound QoS 2 PUBREC seen, PUBCOMP not yet
+
+Messages for the session are not copied anywhere: the session has its own consumer group (a new
+name per session incarnation) and pops every store topic its subscriptions cover; whatever arrives
+while it is offline simply waits in the store, past the group's committed offsets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from messaging_processor import DeliveryLoop
+
+    from .broker import Sub
+    from .session import Session
+
+SESSIONS_NS = "mqtt.sessions"
+QOS2_NS = "mqtt.qos2"
+NEVER = 0xFFFFFFFF  # Session Expiry Interval meaning "does not expire"
+_GROUP_OK = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def session_group(client_id: str) -> str:
+    """A fresh consumer group name for one incarnation of a persistent session."""
+    clean = _GROUP_OK.sub("_", client_id)[:120]
+    digest = hashlib.sha1(client_id.encode()).hexdigest()[:8]
+    return f"mqtt.s.{clean}.{digest}.{uuid.uuid4().hex[:8]}"
+
+
+def qos2_prefix(client_id: str) -> str:
+    return f"{len(client_id)}:{client_id}:"
+
+
+class SessionState:
+    """One persistent session: subscriptions, QoS 2 packet ids, the connection it is attached to
+    (None while offline) and the delivery loops that run while it is attached."""
+
+    def __init__(self, client_id: str, group: str, version: int, expiry: int) -> None:
+        self.client_id = client_id
+        self.group = group
+        self.version = version
+        self.expiry = expiry
+        self.disconnected_at: float | None = None
+        self.subs: dict[str, Sub] = {}  # by filter as subscribed ($share/... included)
+        self.awaiting_rel: set[int] = set()  # inbound QoS 2: stored, PUBREL not yet received
+        self.pubrel: set[int] = set()  # outbound QoS 2: PUBREC received, PUBCOMP not yet
+        self.attached: Session | None = None
+        self.feeds: dict[str, DeliveryLoop] = {}  # store topic -> loop (while attached)
+        self.wild = 0  # subscriptions whose first level is a wildcard (cover every store topic)
+        self.expiry_timer: asyncio.TimerHandle | None = None
+        self.will_timer: asyncio.TimerHandle | None = None
+        self.pending_will: Any = None  # (ctx, will) waiting for its Will Delay Interval
+        self.detaching: asyncio.Task | None = None
+        self.discarded = False
+
+    def topics(self, all_topics: list[str]) -> set[str]:
+        """The store topics this session's (non-shared) subscriptions cover."""
+        from .mapping import store_topic_of_level
+
+        if self.wild:
+            return set(all_topics)
+        return {store_topic_of_level(s.first) for s in self.subs.values() if s.share is None}
+
+    def record(self) -> bytes:
+        subs = [
+            [f, s.qos, int(s.nl), int(s.rap), s.rh, s.sub_id] for f, s in self.subs.items()
+        ]
+        return json.dumps(
+            {"v": self.version, "e": self.expiry, "d": self.disconnected_at, "g": self.group, "s": subs},
+            separators=(",", ":"),
+        ).encode()
+
+    def remaining(self, now: float | None = None) -> float | None:
+        """Seconds until the (offline) session expires; None if it never does."""
+        if self.expiry >= NEVER:
+            return None
+        since = self.disconnected_at
+        if since is None:
+            return float(self.expiry)
+        return self.expiry - ((time.time() if now is None else now) - since)
+
+
+def parse_record(client_id: str, value: bytes) -> tuple[SessionState, list[list[Any]]]:
+    """A SessionState (without Sub objects) and its raw subscription list from a kv record."""
+    d = json.loads(value)
+    st = SessionState(client_id, d["g"], d.get("v", 4), d.get("e", NEVER))
+    st.disconnected_at = d.get("d")
+    return st, d.get("s", [])
