@@ -53,6 +53,10 @@ _START_FLAGS: dict[str, dict[str, Any]] = {
     "drain_timeout_s": {"type": float, "metavar": "S", "help": "shutdown drain time (default 5)"},
     "event_loop": {"choices": EVENT_LOOPS, "help": "asyncio event loop (default uvloop)"},
     "log_level": {"choices": LOG_LEVELS, "help": "log level (default info)"},
+    "tls_cert": {"metavar": "PEM", "help": "PEM certificate chain: enables TLS listeners"},
+    "tls_key": {"metavar": "PEM", "help": "private key of --tls-cert (default: inside the cert file)"},
+    "mqtt_tls_port": {"type": int, "metavar": "N", "help": "MQTT over TLS port (default 8883)"},
+    "mqtt_max_keep_alive": {"type": int, "metavar": "S", "help": "longest MQTT keep-alive allowed (0 = any)"},
 }
 
 

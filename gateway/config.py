@@ -77,6 +77,10 @@ class Settings:
     drain_timeout_s: float = 5.0
     event_loop: str = "uvloop"
     log_level: str = "info"
+    tls_cert: str | None = None  # PEM certificate chain: enables the TLS listeners (MQTT on mqtt_tls_port)
+    tls_key: str | None = None  # PEM private key of tls_cert (default: in the tls_cert file)
+    mqtt_tls_port: int = 8883
+    mqtt_max_keep_alive: int = 0  # 0: clients choose; else the most a client may ask (5.0: Server Keep Alive)
 
     def __post_init__(self) -> None:
         for name, choices in (
@@ -94,8 +98,15 @@ class Settings:
             not isinstance(self.advertise_host, str) or not self.advertise_host
         ):
             raise ConfigError(f"advertise_host must be a non-empty string, got {self.advertise_host!r}")
-        for name in ("grpc_port", "remoting_port", "http_port", "mqtt_port", "amqp_port"):
+        for name in ("grpc_port", "remoting_port", "http_port", "mqtt_port", "amqp_port", "mqtt_tls_port"):
             _check_int(name, getattr(self, name), 0, 65535)
+        _check_int("mqtt_max_keep_alive", self.mqtt_max_keep_alive, 0, 65535)
+        for name in ("tls_cert", "tls_key"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ConfigError(f"{name} must be a file path, got {value!r}")
+        if self.tls_key is not None and self.tls_cert is None:
+            raise ConfigError("tls_key needs tls_cert")
         _check_int("max_body_size", self.max_body_size, 1, MAX_BODY_LIMIT)
         _check_int("default_queues", self.default_queues, 1, 1024)
         _check_int("transaction_timeout_ms", self.transaction_timeout_ms, 1, None)

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import ssl
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -111,6 +112,20 @@ class Gateway:
                 raise StartupError(f"{adapter.name} listener failed to start on {bind}: {e}") from e
             self.adapters.append(adapter)
             log.info("%s listening on %s", adapter.name, adapter.address)
+            for name, address in getattr(adapter, "extra_listeners", {}).items():
+                log.info("%s listening on %s", name, address)
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        """The server TLS context of --tls-cert/--tls-key, or None when TLS is not configured."""
+        s = self.settings
+        if s.tls_cert is None:
+            return None
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            ctx.load_cert_chain(s.tls_cert, s.tls_key)
+        except (OSError, ssl.SSLError) as e:
+            raise StartupError(f"cannot load the TLS certificate {s.tls_cert}: {e}") from e
+        return ctx
 
     def _make_adapter(self, name: str) -> Adapter:
         s = self.settings
@@ -134,7 +149,15 @@ class Gateway:
         if name == "mqtt":
             from adapters.mqtt import MqttAdapter
 
-            return MqttAdapter(self.processor, s.host, s.mqtt_port, max_packet_size=s.max_body_size + 65536)
+            return MqttAdapter(
+                self.processor,
+                s.host,
+                s.mqtt_port,
+                max_packet_size=s.max_body_size + 65536,
+                max_keep_alive=s.mqtt_max_keep_alive,
+                ssl=self._tls_context(),
+                tls_port=s.mqtt_tls_port,
+            )
         raise StartupError(f"the {name} listener is not available yet")
 
     async def stop(self) -> None:

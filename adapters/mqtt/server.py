@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl as ssl_mod
 
 from messaging_processor import MessagingProcessor
 
@@ -55,6 +56,8 @@ class MqttAdapter:
         max_packet_size: int = 1 << 20,
         topic_scan_interval: float = 1.0,
         max_keep_alive: int = 0,
+        ssl: ssl_mod.SSLContext | None = None,
+        tls_port: int = 8883,
     ) -> None:
         self.processor = processor
         self.host = host
@@ -66,8 +69,12 @@ class MqttAdapter:
             max_keep_alive=max_keep_alive,
         )
         self.connections: set[MqttProtocol] = set()
+        self.ssl = ssl
+        self.tls_port = tls_port
         self._server: asyncio.Server | None = None
+        self._tls_server: asyncio.Server | None = None
         self._address = f"{host}:{port}"
+        self._tls_address: str | None = None
 
     async def start(self) -> None:
         await self.broker.start()
@@ -75,6 +82,12 @@ class MqttAdapter:
         self._server = await loop.create_server(lambda: MqttProtocol(self), self.host, self.port)
         sock = self._server.sockets[0].getsockname()
         self._address = f"{sock[0]}:{sock[1]}"
+        if self.ssl is not None:
+            self._tls_server = await loop.create_server(
+                lambda: MqttProtocol(self), self.host, self.tls_port, ssl=self.ssl
+            )
+            sock = self._tls_server.sockets[0].getsockname()
+            self._tls_address = f"{sock[0]}:{sock[1]}"
 
     @property
     def listening(self) -> bool:
@@ -85,14 +98,20 @@ class MqttAdapter:
         return self._address
 
     @property
+    def extra_listeners(self) -> dict[str, str]:
+        """Listeners besides `address` (the TLS one when a certificate is configured)."""
+        return {"mqtts": self._tls_address} if self._tls_address else {}
+
+    @property
     def bound_port(self) -> int:
         return int(self._address.rsplit(":", 1)[1])
 
     async def stop(self, grace: float) -> None:
         """Stop accepting, let in-flight stores finish for up to `grace` s, then close sessions
         (5.0 clients get DISCONNECT 0x8B Server shutting down)."""
-        if self._server is not None:
-            self._server.close()
+        for srv in (self._server, self._tls_server):
+            if srv is not None:
+                srv.close()
         tasks = [t for c in self.connections if c.session is not None for t in c.session._tasks]
         if tasks and grace > 0:
             await asyncio.wait(tasks, timeout=grace)
@@ -100,7 +119,8 @@ class MqttAdapter:
         for c in list(self.connections):
             if c.transport is not None:
                 c.transport.abort()
-        if self._server is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._server.wait_closed(), 2.0)
-            self._server = None
+        for srv in (self._server, self._tls_server):
+            if srv is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(srv.wait_closed(), 2.0)
+        self._server = self._tls_server = None

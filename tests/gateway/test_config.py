@@ -208,6 +208,10 @@ NON_DEFAULT = {
     "drain_timeout_s": 0.5,
     "event_loop": "asyncio",
     "log_level": "debug",
+    "tls_cert": "/etc/gw/cert.pem",
+    "tls_key": "/etc/gw/key.pem",
+    "mqtt_tls_port": 8884,
+    "mqtt_max_keep_alive": 120,
 }
 
 

@@ -113,3 +113,22 @@ async def wait_until(cond, timeout: float = T) -> None:
     await asyncio.wait_for(poll(), timeout)
 
 
+
+
+def make_cert(directory) -> tuple[str, str]:
+    """A self-signed certificate for 127.0.0.1/localhost (openssl CLI): (cert path, key path)."""
+    import subprocess
+    from pathlib import Path
+
+    d = Path(directory)
+    cert, key = d / "cert.pem", d / "key.pem"
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+            "-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost",
+            "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+        ],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return str(cert), str(key)

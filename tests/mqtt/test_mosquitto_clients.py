@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.gateway.test_process import Proc, start
+from tests.mqtt.support import make_cert
 
 pytestmark = pytest.mark.skipif(
     shutil.which("mosquitto_pub") is None, reason="mosquitto-clients missing: run `make install-system`"
@@ -25,15 +26,17 @@ T = 20.0
 
 
 class Gateway:
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, *extra: str) -> None:
         self.tmp_path = tmp_path
+        self.extra = extra
         self.proc: Proc | None = None
         self.port = 0
+        self.listeners: dict[str, str] = {}
 
     def start(self) -> None:
-        proc, listeners = start(self.tmp_path, "--protocols", "mqtt,http", "--mqtt-port", str(self.port))
-        self.proc = proc
-        self.port = int(listeners["mqtt"].rsplit(":", 1)[1])
+        args = ("--protocols", "mqtt,http", "--mqtt-port", str(self.port), *self.extra)
+        self.proc, self.listeners = start(self.tmp_path, *args)
+        self.port = int(self.listeners["mqtt"].rsplit(":", 1)[1])
 
     def stop(self) -> None:
         assert self.proc is not None
@@ -55,9 +58,9 @@ def gw(tmp_path):
     g.kill()
 
 
-def pub(gw: Gateway, topic: str, *args: str) -> None:
+def pub(gw: Gateway, topic: str, *args: str, port: int | None = None) -> None:
     r = subprocess.run(
-        ["mosquitto_pub", "-h", "127.0.0.1", "-p", str(gw.port), "-t", topic, *args],
+        ["mosquitto_pub", "-h", "127.0.0.1", "-p", str(port or gw.port), "-t", topic, *args],
         capture_output=True,
         text=True,
         timeout=T,
@@ -69,9 +72,9 @@ class Sub:
     """A running mosquitto_sub (line-buffered through stdbuf, read on a thread); `ready()` waits
     for its SUBACK in the -d debug output."""
 
-    def __init__(self, gw: Gateway, *args: str) -> None:
+    def __init__(self, gw: Gateway, *args: str, port: int | None = None) -> None:
         self.p = subprocess.Popen(
-            ["stdbuf", "-oL", "mosquitto_sub", "-h", "127.0.0.1", "-p", str(gw.port), "-d", *args],
+            ["stdbuf", "-oL", "mosquitto_sub", "-h", "127.0.0.1", "-p", str(port or gw.port), "-d", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -159,3 +162,18 @@ def test_persistent_session_keeps_offline_messages_across_restart(gw):
     pub(gw, topic, "-q", "1", "-m", "while-away-2")
     back = Sub(gw, "-c", "-i", cid, "-q", "1", "-t", topic, "-C", "2", "-W", "15")
     assert back.finish() == ["while-away-1", "while-away-2"]
+
+
+def test_tls_listener_with_mosquitto_clients(tmp_path):
+    cert, key = make_cert(tmp_path)
+    gw = Gateway(tmp_path, "--tls-cert", cert, "--tls-key", key, "--mqtt-tls-port", "0")
+    gw.start()
+    try:
+        tls_port = int(gw.listeners["mqtts"].rsplit(":", 1)[1])
+        sub = Sub(gw, "--cafile", cert, "-t", "tls/#", "-q", "1", "-v", "-C", "2", port=tls_port)
+        sub.ready()
+        pub(gw, "tls/a", "--cafile", cert, "-q", "1", "-m", "encrypted", port=tls_port)
+        pub(gw, "tls/b", "-q", "1", "-m", "plain")  # the plain listener still works alongside
+        assert sorted(sub.finish()) == ["tls/a encrypted", "tls/b plain"]
+    finally:
+        gw.kill()

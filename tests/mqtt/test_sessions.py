@@ -30,7 +30,7 @@ from adapters.mqtt.codec import (
     encode_subscribe,
 )
 from adapters.mqtt.codec.packets import Pubcomp, Pubrec, Pubrel, Suback
-from tests.mqtt.support import V3, V5, Env, Raw, T, close_env, next_message, open_env
+from tests.mqtt.support import V3, V5, Env, Raw, T, close_env, make_cert, next_message, open_env
 
 SEI = PropertyId.SESSION_EXPIRY_INTERVAL
 
@@ -405,3 +405,25 @@ async def test_topic_alias_with_aiomqtt(env):
         await pub.publish("", b"two", qos=1, properties=again)  # the alias alone names the topic
         got = [(str(m.topic), m.payload) for m in await drain(sub, 2)]
         assert got == [("alias2/very/long/topic/name", b"one"), ("alias2/very/long/topic/name", b"two")]
+
+
+async def test_tls_listener(tmp_path):
+    import ssl
+
+    cert, key = make_cert(tmp_path)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+    env = await open_env(str(tmp_path / "d"), ssl=server_ctx, tls_port=0)
+    try:
+        tls_port = int(env.adapter.extra_listeners["mqtts"].rsplit(":", 1)[1])
+        client_ctx = ssl.create_default_context(cafile=cert)
+        tls = aiomqtt.Client("127.0.0.1", tls_port, tls_context=client_ctx)
+        async with tls as sub, env.client(V5) as pub:
+            await sub.subscribe("secure/#", qos=1)
+            await pub.publish("secure/a", b"over-tls", qos=1)  # plain listener in, TLS listener out
+            assert (await next_message(sub)).payload == b"over-tls"
+        with pytest.raises(aiomqtt.MqttError):  # a client that does not trust the certificate
+            async with aiomqtt.Client("127.0.0.1", tls_port, tls_context=ssl.create_default_context()):
+                pass
+    finally:
+        await close_env(env)
