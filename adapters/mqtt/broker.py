@@ -559,6 +559,26 @@ class Broker:
             return ReasonCode.UNSPECIFIED_ERROR
         return 0
 
+    async def publish_many(self, ctx: ClientContext, msgs: list[Message]) -> list[int]:
+        """Store non-retained messages with as few processor sends as possible; a reason code per
+        message (a refused batch is retried one by one to find which message was refused)."""
+        p = self.processor
+        try:
+            for m in msgs:
+                topic = m.topic
+                if self.wild_refs and topic not in self.fanouts:
+                    await self._ensure_fanout(topic, from_now=False)
+                n = self._queues.get(topic)
+                if n is None:
+                    n = self._queues[topic] = len((await p.query_route(ctx, topic, auto_create=True)).queues)
+                m.queue_id = zlib.crc32(m.properties[P_TOPIC].encode()) % n
+            step = p.limits.max_batch
+            for i in range(0, len(msgs), step):
+                await p.send(ctx, msgs[i : i + step], auto_create=True)
+        except Exception:  # noqa: BLE001 - answered per message below
+            return [await self.publish(ctx, m, False) for m in msgs]
+        return [0] * len(msgs)
+
     # ------------------------------------------------------------------ dispatch (fan-out)
     def dispatch(self, msg: Message) -> None:
         """Hand a popped message to every matching clean-session subscription of this proxy."""

@@ -5,7 +5,7 @@ level, sanitized) with the full path and the MQTT attributes in properties:
 
     mqtt.topic             full topic path
     mqtt.qos               "0" | "1" | "2" (QoS as published)
-    mqtt.retain            "0" | "1"
+    mqtt.retain            "1" when published with the retain flag (absent otherwise)
     mqtt.content_type      5.0 Content Type
     mqtt.response_topic    5.0 Response Topic
     mqtt.correlation_data  5.0 Correlation Data, base64
@@ -70,7 +70,9 @@ def store_topic(path: str) -> str:
 
 def to_message(path: str, payload: bytes, qos: int, retain: bool, props: dict | None) -> Message:
     """A store Message for a PUBLISH (or a will)."""
-    p = {P_TOPIC: path, P_QOS: _QOS_STR[qos], P_RETAIN: "1" if retain else "0"}
+    p = {P_TOPIC: path, P_QOS: _QOS_STR[qos]}
+    if retain:
+        p[P_RETAIN] = "1"
     if props:
         v = props.get(PropertyId.CONTENT_TYPE)
         if v is not None:

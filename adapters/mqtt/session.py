@@ -128,24 +128,39 @@ class Session:
             return
         self.last_rx = self.loop.time()
         dec = self.decoder
+        batch: list[Publish] | None = None  # plain QoS 0/1 PUBLISHes of this read: one store send
         try:
             dec.feed(data)
             while True:
                 pkt = dec.next_packet()
                 if pkt is None:
-                    return
+                    break
                 if self._backlog is not None:
                     self._backlog.append(pkt)
-                else:
-                    self.handle(pkt)
+                    continue
+                if type(pkt) is Publish and pkt.qos < 2 and not pkt.retain:
+                    if batch is None:
+                        batch = [pkt]
+                    else:
+                        batch.append(pkt)
+                    continue
+                if batch:
+                    self._publish_batch(batch)
+                    batch = None
+                self.handle(pkt)
                 if self.state == CLOSED:
                     return
         except MQTTCodecError as e:
+            if batch:
+                self._publish_batch(batch)
             log.info("mqtt %s (%s): %s; closing", self.client_id or "-", self.remote, e)
             resp = e.response()
             if resp:
                 self._write(resp)
             self.close()
+            return
+        if batch:
+            self._publish_batch(batch)
 
     def handle(self, pkt: Any) -> None:
         t = type(pkt)
@@ -324,6 +339,42 @@ class Session:
             self._spawn(send)
         else:
             self._reply_later(self._ack(send, qos, pid))
+
+    def _publish_batch(self, pkts: list[Publish]) -> None:
+        """Store consecutive non-retained QoS 0/1 PUBLISHes with one processor send (they share one
+        group commit and one task); their PUBACKs go out together, in order."""
+        if len(pkts) == 1:
+            self._on_publish(pkts[0])
+            return
+        v5 = self.version == MQTT_5
+        cid = self.client_id if self.nl_count else None
+        msgs = []
+        acks = []
+        for i, p in enumerate(pkts):
+            m = to_message(p.topic, p.payload, p.qos, False, p.properties if v5 else None)
+            if cid is not None:
+                m.properties[P_CLIENT] = cid
+            msgs.append(m)
+            if p.qos:
+                acks.append((i, p.packet_id))
+        send = self.broker.publish_many(self.ctx, msgs)
+        if acks:
+            self._reply_later(self._ack_many(send, acks))
+        else:
+            self._spawn(send)
+
+    async def _ack_many(
+        self, send: Awaitable[list[int]], acks: list[tuple[int, int]]
+    ) -> tuple[bytes | None, None]:
+        rcs = await send
+        v = self.version
+        out = []
+        for i, pid in acks:
+            rc = rcs[i]
+            if rc >= 0x80 and v != MQTT_5:
+                return None, None  # 3.1.1 has no negative PUBACK: close the connection
+            out.append(encode_puback(pid, rc, v))
+        return b"".join(out), None
 
     async def _ack(self, send: Awaitable[int], qos: int, pid: int) -> tuple[bytes | None, None]:
         rc = await send

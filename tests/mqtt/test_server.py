@@ -115,7 +115,7 @@ async def test_mqtt_publish_is_popped_by_processor_with_properties(env):
     m = got[0].message
     assert m.topic == "fleet" and m.body == b'{"lat":1}'
     p = m.properties
-    assert p["mqtt.topic"] == "fleet/7/gps" and p["mqtt.qos"] == "1" and p["mqtt.retain"] == "0"
+    assert p["mqtt.topic"] == "fleet/7/gps" and p["mqtt.qos"] == "1" and "mqtt.retain" not in p
     assert p["mqtt.content_type"] == "application/json"
     assert p["mqtt.response_topic"] == "replies/1"
     assert p["mqtt.correlation_data"] == "AAFjb3Jy"
