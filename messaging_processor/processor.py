@@ -210,12 +210,11 @@ class MessagingProcessor:
             if self.authorizer is not None:
                 await self.authorize(ctx.identity, Action.PUBLISH, Resource("topic", t))
             await self._ensure_topic(t, auto_create)
-        append = self.store.append
         try:
             if len(messages) == 1:
-                results: list[AppendResult] = [await append(messages[0])]
+                results: list[AppendResult] = [await self.store.append(messages[0])]
             else:
-                results = list(await asyncio.gather(*[append(m) for m in messages]))
+                results = await self.store.append_many(list(messages))
         except Exception as e:  # noqa: BLE001
             err = store_error(e)
             self.metrics.errors[(ctx.protocol, "send", err.kind.value)] += 1

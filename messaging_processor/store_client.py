@@ -25,6 +25,7 @@ class StoreClient(Protocol):
     ValueError for bad arguments) pass through and the processor maps them."""
 
     async def append(self, msg: Message) -> AppendResult: ...
+    async def append_many(self, msgs: list[Message]) -> list[AppendResult]: ...
     async def pop(
         self, group: str, topic: str, max_messages: int, invisible_time_ms: int, filter: Filter, wait_ms: int
     ) -> list[PoppedMessage]: ...
@@ -74,6 +75,7 @@ class LocalStoreClient:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.append = store.append  # returns a future: awaiting it is the same as awaiting a coroutine
+        self.append_many = store.append_many
 
     async def pop(
         self,

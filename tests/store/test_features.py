@@ -107,6 +107,22 @@ async def test_lookup_by_id_key_and_offset(make_store):
     assert sorted(m.body for m in s.get_by_key("shared")) == [b"one", b"two"]
 
 
+async def test_append_many_in_order_durable_and_mixed_types(make_store):
+    s = await make_store()
+    msgs = [Message("t", f"m{i}".encode(), queue_id=i % 2) for i in range(50)]
+    msgs.append(Message("t", b"later", deliver_at=now_ms() + 3_600_000))
+    rs = await s.append_many(msgs)
+    assert [r.topic for r in rs] == ["t"] * 51  # the delayed one answers with its real topic
+    assert [m.body for m in read_queue(s, "t", 0)] == [f"m{i}".encode() for i in range(0, 50, 2)]
+    assert [r.queue_offset for r in rs[:50:2]] == list(range(25))
+    with pytest.raises(MessageTooLarge):  # checked before anything is queued
+        await s.append_many([Message("t", b"ok"), Message("t", b"x" * (s._max_size + 1))])
+    assert s.max_offset("t", 0) == 25 and s.max_offset("t", 1) == 25
+    await s.close()
+    s = await make_store()  # durable: all there after a reopen
+    assert len(read_queue(s, "t", 0)) + len(read_queue(s, "t", 1)) == 50
+
+
 async def test_message_fields_roundtrip(make_store):
     s = await make_store()
     msg = Message(
