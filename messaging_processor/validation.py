@@ -47,9 +47,20 @@ def check_group(name: str, limits: Limits) -> None:
         )
 
 
+# Names already found valid (topics for producers, property names): the hot path skips the regexes.
+# Bounded; a topic limit is fixed per process in practice (Limits.max_topic_length is re-checked).
+_OK_TOPICS: set[str] = set()
+_OK_PROP_NAMES: set[str] = set()
+_CACHE_MAX = 65536
+
+
 def check_message(msg: Message, limits: Limits, now_ms: int) -> None:
     """Raise ProcessorError for a message no producer may send."""
-    check_topic(msg.topic, limits, for_send=True)
+    topic = msg.topic
+    if topic not in _OK_TOPICS or len(topic) > limits.max_topic_length:
+        check_topic(topic, limits, for_send=True)
+        if len(_OK_TOPICS) < _CACHE_MAX:
+            _OK_TOPICS.add(topic)
     if len(msg.body) > limits.max_body_size:
         raise ProcessorError(
             ErrorKind.BODY_TOO_LARGE,
@@ -77,9 +88,13 @@ def check_message(msg: Message, limits: Limits, now_ms: int) -> None:
             )
         size = 0
         for k, v in props.items():
-            if not k or _CONTROL.search(k):
-                raise ProcessorError(ErrorKind.ILLEGAL_PROPERTY, f"illegal property name {k!r}")
-            size += len(k.encode()) + len(v.encode())
+            if k not in _OK_PROP_NAMES:
+                if not k or _CONTROL.search(k):
+                    raise ProcessorError(ErrorKind.ILLEGAL_PROPERTY, f"illegal property name {k!r}")
+                if len(_OK_PROP_NAMES) < _CACHE_MAX:
+                    _OK_PROP_NAMES.add(k)
+            size += len(k) if k.isascii() else len(k.encode())
+            size += len(v) if v.isascii() else len(v.encode())
         if size > limits.max_properties_size:
             raise ProcessorError(
                 ErrorKind.PROPERTIES_TOO_LARGE,
