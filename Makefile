@@ -72,6 +72,8 @@ bench: install install-system
 	$(VENV)/bin/python bench/store_bench.py
 	$(VENV)/bin/python bench/grpc_bench.py
 	$(VENV)/bin/python bench/mqtt_codec_bench.py
+	$(VENV)/bin/python bench/mqtt_bench.py
+	$(VENV)/bin/python bench/amqp_codec_bench.py
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -35,9 +35,25 @@ class CorruptRecord(ValueError):
     """A record whose length or checksum does not hold."""
 
 
+_props_cache: dict[tuple, bytes] = {}  # small property sets repeat (same path, same QoS): encode once
+
+
 def encode_properties(props: dict[str, str]) -> bytes:
     if not props:
         return b""
+    if len(props) <= 4:
+        key = tuple(props.items())
+        data = _props_cache.get(key)
+        if data is None:
+            data = _encode_properties(props)
+            if len(_props_cache) >= 8192:
+                _props_cache.clear()
+            _props_cache[key] = data
+        return data
+    return _encode_properties(props)
+
+
+def _encode_properties(props: dict[str, str]) -> bytes:
     parts: list[bytes] = []
     for k, v in props.items():
         kb = k.encode()

@@ -1,0 +1,769 @@
+"""MQTT broker benchmark: our gateway against Mosquitto and amqtt, same load generator, same machine.
+
+    .venv/bin/python bench/mqtt_bench.py [--brokers gateway,mosquitto,amqtt] [--duration S]
+        [--publishers N] [--subscribers M] [--idle-conns K] [--quick] [--json]
+
+For each broker (started by bench/mqtt_servers.py on loopback, pinned to `--server-cpu`, default
+CPU 0) the load generator (bench/mqtt_loadgen.py: `--procs` processes pinned to `--gen-cpus`,
+default CPU 1, raw asyncio sockets with pre-encoded MQTT 3.1.1 packets; this process is pinned
+there too) measures, in this order:
+
+1. Idle connections. 20 warm-up connections, then VmRSS of the server process; then K more
+   CONNECTed clients (keep-alive 120 s) and VmRSS again once the server is idle. The growth per
+   connection is scaled to 10,000 connections (MiB) and to connections per GiB.
+2. QoS 0 publish throughput: N publishers, 100-byte payloads, each writing batches of 100 publishes
+   followed by a PINGREQ with at most 2 batches unanswered (the PINGRESP confirms the batch).
+3. QoS 1 publish throughput: N publishers each with at most `--window` (100) unacked publishes,
+   counting PUBACKs.
+   For 2 and 3, a warm-up run, a wait until the server is idle, then the measured run of
+   `--duration` s starting from that idle server. A server may confirm faster than it works (e.g.
+   a PUBACK before the message is processed, or QoS 0 work queued in tasks), so after the run the
+   bench waits until the server process is idle again (< 1 clock tick per 50 ms): rate = messages
+   confirmed since the run started (those in flight at its end included) / (duration + that drain
+   time), CPU per message = server CPU from the start of the run until idle / the same messages.
+   Both publish phases run without subscribers.
+4. Fan-out: one QoS 1 publisher to topic `fan/t`, M QoS 1 subscribers to it (spread over the
+   generator processes). The publisher keeps at most 1000 messages between what it published and
+   what the slowest subscriber received, so the server cannot build a backlog; the figure is
+   deliveries received by all subscribers per second, and CPU per delivery.
+5. Latency: one QoS 1 publisher paced at `--latency-rate` (5,000) msg/s, one QoS 1 subscriber in
+   another generator process; latency = receive time - write time stamped in the payload
+   (CLOCK_MONOTONIC), p50/p99 over messages written in the measured window.
+
+Server CPU is utime+stime from /proc/<pid>/stat of the server process (the gateway's fsync helper
+child is reported separately in `cpu_us_per_qos1_msg_incl_children`), so it stays comparable when
+the generator, not the server, is the bottleneck; each phase also reports the server's and the
+generator's CPU utilisation and which one was saturated. Acknowledgements and deliveries are
+counted by the generator. Our gateway runs with its defaults (flush policy `sync`: a PUBACK waits
+for the group commit's fdatasync), with the data directory under `--dir` (default the system temp
+directory); the output says which filesystem that is.
+
+Shared machines: before each measured run the bench waits (up to `--quiet-wait` s) until the whole
+machine uses < 0.3 CPUs, and each run reports `other_util`, the CPUs used by processes other than
+the server (and its children) and the generator during the window (/proc/stat minus those); the
+table flags runs where that exceeded 0.15 CPUs, as their figures are disturbed.
+
+Profiling our gateway: `--gateway-profile FILE` runs it under `python -m cProfile -o FILE` (e.g.
+with `--brokers gateway --phases qos1`); the stats are written when it exits on SIGTERM. cProfile
+measures wall time, so the frame that waits in the event loop also collects idle time.
+
+Output: a table of the figures, our ratio to each peer (gateway / peer; the arrow says which way is
+better) and the targets; `--json` prints one JSON object instead (progress goes to stderr) with the
+top-level keys `qos1_ratio_vs_mosquitto`, `qos1_ratio_vs_amqtt`, `cpu_us_per_qos1_msg`,
+`p99_ms_at_5k`, `idle_conn_rss_mib_per_10k` (our gateway), `targets`, `ratios`, `brokers` (figures
+and per-phase details per broker) and `config`. A broker that cannot start, or a phase that fails,
+gives null figures and an `error`; the run goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import multiprocessing as mp
+import os
+import resource
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from mqtt_loadgen import Job, Spec, raise_nofile, worker_main  # noqa: E402
+from mqtt_servers import (  # noqa: E402
+    Server,
+    ServerError,
+    cpu_s,
+    descendants,
+    rss_bytes,
+    start_amqtt,
+    start_gateway,
+    start_mosquitto,
+    system_busy_s,
+    tree_cpu_s,
+    wait_idle,
+    wait_quiet,
+)
+
+BROKERS = ("gateway", "mosquitto", "amqtt")
+OURS = "gateway"
+MIB = 1 << 20
+GIB = 1 << 30
+
+# (key, label, higher is better)
+FIGURES: list[tuple[str, str, bool]] = [
+    ("qos0_msgs_per_s", "QoS 0 publish, msg/s", True),
+    ("qos1_msgs_per_s", "QoS 1 publish, msg/s", True),
+    ("fanout_deliveries_per_s", "fan-out deliveries/s", True),
+    ("p50_ms_at_5k", "p50 latency ms @5k/s", False),
+    ("p99_ms_at_5k", "p99 latency ms @5k/s", False),
+    ("cpu_us_per_qos0_msg", "server CPU µs/QoS0 msg", False),
+    ("cpu_us_per_qos1_msg", "server CPU µs/QoS1 msg", False),
+    ("cpu_us_per_fanout_delivery", "server CPU µs/delivery", False),
+    ("idle_conns_per_gib", "idle conns per GiB RSS", True),
+    ("idle_conn_rss_mib_per_10k", "RSS MiB / 10k idle", False),
+]
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------- generator processes
+
+
+class Generator:
+    """Worker processes of mqtt_loadgen holding `specs`; `placement[i]` is spec i's process."""
+
+    def __init__(
+        self,
+        base: Job,
+        specs: list[Spec],
+        procs: int,
+        placement: list[int] | None = None,
+        fan_counts: Any = None,
+    ) -> None:
+        ctx = mp.get_context("fork")
+        procs = max(1, min(procs, len(specs)))
+        placement = placement or [i % procs for i in range(len(specs))]
+        self.pipes: list[Any] = []
+        self.procs: list[Any] = []
+        for k in range(procs):
+            mine = [s for s, p in zip(specs, placement, strict=True) if p == k]
+            if not mine:
+                continue
+            parent, child = ctx.Pipe()
+            job = replace(base, specs=mine)
+            p = ctx.Process(target=worker_main, args=(job, child, fan_counts), daemon=True)
+            p.start()
+            child.close()
+            self.pipes.append(parent)
+            self.procs.append(p)
+
+    def _recv(self, pipe: Any, timeout: float, want: str) -> Any:
+        if not pipe.poll(timeout):
+            raise TimeoutError(f"load generator: no {want} after {timeout:.0f} s")
+        kind, payload = pipe.recv()
+        if kind == "error":
+            raise RuntimeError(f"load generator: {payload}")
+        return payload
+
+    def ready(self, timeout: float) -> list[dict]:
+        deadline = time.monotonic() + timeout
+        return [self._recv(p, max(0.1, deadline - time.monotonic()), "ready") for p in self.pipes]
+
+    def start_run(self, t_start: float, t0: float, t1: float) -> None:
+        for p in self.pipes:
+            p.send(("run", t_start, t0, t1))
+
+    def results(self, timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        rs = [self._recv(p, max(0.1, deadline - time.monotonic()), "result") for p in self.pipes]
+        roles: dict[str, dict[str, int]] = {}
+        for r in rs:
+            for role, v in r["roles"].items():
+                acc = roles.setdefault(role, dict.fromkeys(v, 0))
+                for k, x in v.items():
+                    acc[k] += x
+        return {
+            "roles": roles,
+            "gen_cpu_s": sum(r["gen_cpu_s"] for r in rs),
+            "lat_ns": sorted(x for r in rs for x in r["lat_ns"]),
+            "errors": [e for r in rs for e in r["errors"]],
+            "drained": all(r["drained"] for r in rs),
+            "stalls": sum(r["stalls"] for r in rs),
+            "behind_ticks": sum(r["behind_ticks"] for r in rs),
+        }
+
+    def stop(self) -> None:
+        for pipe in self.pipes:
+            with contextlib.suppress(OSError, EOFError, BrokenPipeError):
+                pipe.send(("stop",))
+        for pipe in self.pipes:
+            with contextlib.suppress(OSError, EOFError):
+                if pipe.poll(5):
+                    pipe.recv()
+        for p in self.procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+def _sleep_until(t: float) -> None:
+    d = t - time.monotonic()
+    if d > 0:
+        time.sleep(d)
+
+
+def _pct(sorted_ns: list[int], p: float) -> float | None:
+    if not sorted_ns:
+        return None
+    i = min(len(sorted_ns) - 1, max(0, math.ceil(p / 100 * len(sorted_ns)) - 1))
+    return sorted_ns[i] / 1e6
+
+
+# ---------------------------------------------------------------------------- one broker
+
+
+class BrokerBench:
+    def __init__(self, server: Server, args: argparse.Namespace) -> None:
+        self.server = server
+        self.args = args
+        self.base = Job(
+            host="127.0.0.1",
+            port=server.port,
+            specs=[],
+            payload=args.payload,
+            window=args.window,
+            rate=args.latency_rate,
+            cpus=args.gen_cpu_list,
+            loop=args.loop,
+        )
+        self.kids = descendants(server.pid)  # the gateway's fsync helper
+
+    def _check(self) -> None:
+        if not self.server.alive():
+            raise ServerError(f"{self.server.name} died:\n{self.server.log_tail()}")
+
+    def _cpu(self) -> tuple[float, float]:
+        return cpu_s(self.server.pid), tree_cpu_s(self.server.pid, self.kids)
+
+    def _timed(
+        self, gen: Generator, warm: float, dur: float, settle: bool, quiet: bool = True
+    ) -> dict[str, Any]:
+        """One run: load from t_start, window [t0, t1]; with `settle`, wait for the server to go
+        idle after t1 and count that time and CPU in. With `quiet`, first wait for other jobs on
+        the machine to calm down (at most --quiet-wait s)."""
+        waited = wait_quiet(self.args.quiet_wait) if quiet and self.args.quiet_wait > 0 else 0.0
+        if waited > 1:
+            log(f"  waited {waited:.1f} s for other processes to leave the CPUs")
+        t_start = time.monotonic() + 0.05
+        t0 = t_start + warm
+        t1 = t0 + dur
+        gen.start_run(t_start, t0, t1)
+        _sleep_until(t0)
+        c0, ct0 = self._cpu()
+        sys0 = system_busy_s()
+        _sleep_until(t1)
+        c1, ct1 = self._cpu()
+        sys1 = system_busy_s()
+        drain = 0.0
+        c2, ct2 = c1, ct1
+        if settle:
+            drain = wait_idle(self.server.pid, max_wait=self.args.drain_max, interval=0.05)
+            c2, ct2 = self._cpu()
+        res = gen.results(timeout=30 + self.args.drain_max)
+        ncpu = len(self.args.gen_cpu_list or [0]) or 1
+        res.update(
+            {
+                "duration_s": dur,
+                "drain_s": drain,
+                "quiet_wait_s": waited,
+                "server_cpu_s": c2 - c0,
+                "server_tree_cpu_s": ct2 - ct0,
+                "server_util": (c1 - c0) / dur,
+                "gen_util": res["gen_cpu_s"] / (dur * ncpu),
+                # CPU used by anything else on the machine during the window (other jobs): in CPUs
+                "other_util": max(0.0, (sys1 - sys0) - (ct1 - ct0) - res["gen_cpu_s"]) / dur,
+            }
+        )
+        s_util, g_util = res["server_util"], res["gen_util"]
+        if s_util >= 0.85:
+            res["bottleneck"] = "server and generator" if g_util >= 0.85 else "server"
+        else:
+            res["bottleneck"] = "generator" if g_util >= 0.85 else "neither (latency-bound)"
+
+        self._check()
+        return res
+
+    # -- phases
+
+    def idle(self) -> dict[str, Any]:
+        a = self.args
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        k = a.idle_conns
+        if hard != resource.RLIM_INFINITY and k > hard - 200:
+            k = max(1, hard - 200)  # the server needs one descriptor per connection too
+            log(f"  RLIMIT_NOFILE hard limit {hard}: {k} idle connections (scaled to 10k)")
+        timeout = 60 + k / 50
+        warm = Generator(self.base, [Spec("idle", i) for i in range(20)], 1)
+        gen: Generator | None = None
+        try:
+            warm.ready(timeout)
+            wait_idle(self.server.pid, max_wait=5)
+            time.sleep(0.3)
+            rss0 = rss_bytes(self.server.pid)
+            t = time.monotonic()
+            gen = Generator(self.base, [Spec("idle", 20 + i) for i in range(k)], a.procs)
+            gen.ready(timeout)
+            connect_s = time.monotonic() - t
+            wait_idle(self.server.pid, max_wait=10)
+            time.sleep(0.3)
+            self._check()
+            rss1 = rss_bytes(self.server.pid)
+        finally:
+            if gen is not None:
+                gen.stop()
+            warm.stop()
+        per_conn = max(rss1 - rss0, 1) / k
+        return {
+            "connections": k,
+            "keep_alive_s": self.base.keep_alive,
+            "rss_before_mib": rss0 / MIB,
+            "rss_after_mib": rss1 / MIB,
+            "bytes_per_conn": per_conn,
+            "idle_conn_rss_mib_per_10k": per_conn * 10_000 / MIB,
+            "idle_conns_per_gib": GIB / per_conn,
+            "connect_s": connect_s,
+            "connects_per_s": k / connect_s,
+        }
+
+    def publish(self, qos: int) -> dict[str, Any]:
+        a = self.args
+        role = "pub1" if qos else "pub0"
+        specs = [Spec(role, i, f"bench/q{qos}/p{i}") for i in range(a.publishers)]
+        gen = Generator(self.base, specs, a.procs)
+        try:
+            gen.ready(60)
+            self._timed(gen, 0.0, a.warmup, settle=True, quiet=False)  # warm-up run
+            r = self._timed(gen, 0.0, a.duration, settle=True)
+        finally:
+            gen.stop()
+        counts = r["roles"][role]
+        # The run starts from an idle server at t0 and ends when it is idle again: every message
+        # confirmed after t0 (also those in flight at t1) is paid for by the CPU measured.
+        n = counts["final"] - counts["at_t0"]
+        out = {
+            "publishers": a.publishers,
+            "qos": qos,
+            "window": a.window if qos else self.base.qos0_batch * self.base.qos0_batches,
+            "confirmed": n,
+            "rate_in_window": counts["window"] / r["duration_s"],
+            f"qos{qos}_msgs_per_s": n / (r["duration_s"] + r["drain_s"]),
+            f"cpu_us_per_qos{qos}_msg": r["server_cpu_s"] / n * 1e6 if n else None,
+            f"cpu_us_per_qos{qos}_msg_incl_children": r["server_tree_cpu_s"] / n * 1e6 if n else None,
+        }
+        out.update(_run_details(r))
+        return out
+
+    def fanout(self) -> dict[str, Any]:
+        a = self.args
+        m = a.subscribers
+        specs = [Spec("fanpub", 0, "fan/t")] + [Spec("sub", i, "fan/t") for i in range(m)]
+        placement = [0] + [i % a.procs for i in range(m)]
+        counts = mp.get_context("fork").RawArray("q", m)
+        base = replace(self.base, fan_subscribers=m)
+        gen = Generator(base, specs, a.procs, placement, counts)
+        try:
+            gen.ready(60)
+            time.sleep(0.2)  # let fan-out loops that start on SUBSCRIBE settle
+            self._timed(gen, 0.0, a.warmup, settle=False, quiet=False)
+            r = self._timed(gen, 0.0, a.duration, settle=False)
+        finally:
+            gen.stop()
+        d = r["roles"]["sub"]["window"]
+        pub = r["roles"]["fanpub"]
+        out = {
+            "subscribers": m,
+            "publish_rate": pub["window"] / r["duration_s"],
+            "deliveries": d,
+            "fanout_deliveries_per_s": d / r["duration_s"],
+            "cpu_us_per_fanout_delivery": r["server_cpu_s"] / d * 1e6 if d else None,
+            "missing_deliveries": pub["sent"] * m - r["roles"]["sub"]["final"],
+            "stalls": r["stalls"],
+        }
+        out.update(_run_details(r))
+        return out
+
+    def latency(self) -> dict[str, Any]:
+        a = self.args
+        specs = [Spec("latpub", 0, "lat/t"), Spec("latsub", 0, "lat/t")]
+        placement = [0, 1 % a.procs]
+        gen = Generator(self.base, specs, a.procs, placement)
+        try:
+            gen.ready(60)
+            time.sleep(0.2)
+            r = self._timed(gen, a.warmup, a.duration, settle=False)
+        finally:
+            gen.stop()
+        lat = r["lat_ns"]
+        acked = r["roles"]["latpub"]["window"]
+        expected = int(a.latency_rate * r["duration_s"])
+        out = {
+            "rate_target": a.latency_rate,
+            "rate_acked": acked / r["duration_s"],
+            "received": len(lat),
+            "expected": expected,
+            "p50_ms_at_5k": _pct(lat, 50),
+            "p90_ms": _pct(lat, 90),
+            "p99_ms_at_5k": _pct(lat, 99),
+            "p999_ms": _pct(lat, 99.9),
+            "max_ms": lat[-1] / 1e6 if lat else None,
+            "behind_ticks": r["behind_ticks"],
+            "cpu_us_per_msg": r["server_cpu_s"] / acked * 1e6 if acked else None,
+        }
+        out.update(_run_details(r))
+        out.pop("lat_ns", None)
+        return out
+
+
+def _run_details(r: dict[str, Any]) -> dict[str, Any]:
+    keep = (
+        "duration_s",
+        "drain_s",
+        "server_cpu_s",
+        "server_util",
+        "gen_util",
+        "other_util",
+        "bottleneck",
+        "errors",
+    )
+    d = {k: r[k] for k in keep}
+    d["errors"] = d["errors"][:5]
+    if not r["drained"]:
+        d["drained"] = False
+    return d
+
+
+def start_server(name: str, workdir: Path, args: argparse.Namespace) -> Server:
+    if name == "gateway":
+        src = Path(args.gateway_src).resolve() if args.gateway_src else None
+        prof = Path(args.gateway_profile).resolve() if args.gateway_profile else None
+        return start_gateway(workdir, args.server_cpu, shlex.split(args.gateway_args), src, prof)
+    if name == "mosquitto":
+        return start_mosquitto(workdir, args.server_cpu)
+    if name == "amqtt":
+        return start_amqtt(workdir, args.server_cpu)
+    raise ServerError(f"unknown broker {name!r} (known: {', '.join(BROKERS)})")
+
+
+PHASES: list[tuple[str, Callable[[BrokerBench], dict[str, Any]]]] = [
+    ("idle", BrokerBench.idle),
+    ("qos0", lambda b: b.publish(0)),
+    ("qos1", lambda b: b.publish(1)),
+    ("fanout", BrokerBench.fanout),
+    ("latency", BrokerBench.latency),
+]
+
+
+def bench_broker(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    res: dict[str, Any] = {k: None for k, _, _ in FIGURES}
+    res["details"] = {}
+    workdir = Path(tempfile.mkdtemp(prefix=f"mqtt-bench-{name}-", dir=args.dir))
+    t = time.monotonic()
+    server: Server | None = None
+    try:
+        log(f"[{name}] starting")
+        server = start_server(name, workdir, args)
+        res["info"] = dict(server.info)
+        res["info"]["start_s"] = round(time.monotonic() - t, 2)
+        if name == "gateway":
+            res["info"]["data_fs"] = _fs_type(workdir)
+        b = BrokerBench(server, args)
+        for phase, fn in PHASES:
+            if phase not in args.phase_list:
+                continue
+            if not server.alive():
+                res["details"][phase] = {"error": f"{name} is not running"}
+                continue
+            log(f"[{name}] {phase} (at {time.monotonic() - t:.1f} s)")
+            try:
+                d = fn(b)
+            except Exception as e:  # noqa: BLE001 - a failing phase gives null figures
+                log(f"[{name}] {phase} failed: {type(e).__name__}: {e}")
+                if args.verbose:
+                    traceback.print_exc(file=sys.stderr)
+                res["details"][phase] = {"error": f"{type(e).__name__}: {e}"}
+                hint = _last_error_line(server)
+                if hint:
+                    res["details"][phase]["server_log"] = hint
+                    log(f"  {name} log: {hint}")
+                continue
+            res["details"][phase] = d
+            for k, _, _ in FIGURES:
+                if k in d:
+                    res[k] = d[k]
+            if "cpu_us_per_qos1_msg_incl_children" in d:
+                res["cpu_us_per_qos1_msg_incl_children"] = d["cpu_us_per_qos1_msg_incl_children"]
+            log("  " + _brief(d))
+    except ServerError as e:
+        log(f"[{name}] cannot start: {e}")
+        res["error"] = str(e)
+    finally:
+        if server is not None:
+            server.stop()
+            log(f"[{name}] stopped (at {time.monotonic() - t:.1f} s)")
+            if server.proc.returncode not in (0, -15, None) and "error" not in res:
+                res.setdefault("info", {})["exit_status"] = server.proc.returncode
+        if args.keep:
+            log(f"[{name}] kept {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return res
+
+
+def _last_error_line(server: Server) -> str | None:
+    lines = [ln for ln in server.log_tail(200).splitlines() if "Error" in ln or "rror:" in ln]
+    return lines[-1].strip()[:300] if lines else None
+
+
+def _brief(d: dict[str, Any]) -> str:
+    return ", ".join(
+        f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+        for k, v in d.items()
+        if k not in ("errors",) and v is not None and not isinstance(v, list | dict)
+    )
+
+
+def _fs_type(path: Path) -> str:
+    try:
+        out = subprocess.run(
+            ["df", "--output=fstype", str(path)], capture_output=True, text=True, timeout=5
+        ).stdout.split()
+        return out[-1] if out else "?"
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+
+
+# ---------------------------------------------------------------------------- report
+
+
+def _ratio(a: Any, b: Any) -> float | None:
+    if isinstance(a, int | float) and isinstance(b, int | float) and b > 0 and a >= 0:
+        return a / b
+    return None
+
+
+TARGETS: list[tuple[str, str, Callable[[dict[str, Any]], Any], str, float]] = [
+    ("qos1_vs_amqtt", "QoS 1 throughput >= 5x amqtt", lambda r: r["qos1_ratio_vs_amqtt"], ">=", 5.0),
+    (
+        "qos1_vs_mosquitto",
+        "QoS 1 throughput >= 0.5x Mosquitto",
+        lambda r: r["qos1_ratio_vs_mosquitto"],
+        ">=",
+        0.5,
+    ),
+    ("cpu_per_qos1", "server CPU per QoS 1 msg <= 20 µs", lambda r: r["cpu_us_per_qos1_msg"], "<=", 20.0),
+    ("p99_at_5k", "p99 latency at 5k msg/s <= 10 ms", lambda r: r["p99_ms_at_5k"], "<=", 10.0),
+    (
+        "idle_rss",
+        "10k idle connections <= 500 MiB RSS",
+        lambda r: r["idle_conn_rss_mib_per_10k"],
+        "<=",
+        500.0,
+    ),
+]
+
+
+def build_report(brokers: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    ours = brokers.get(OURS, {})
+    ratios: dict[str, dict[str, float | None]] = {}
+    for peer, r in brokers.items():
+        if peer == OURS:
+            continue
+        ratios[peer] = {k: _ratio(ours.get(k), r.get(k)) for k, _, _ in FIGURES}
+    report: dict[str, Any] = {
+        "qos1_ratio_vs_mosquitto": ratios.get("mosquitto", {}).get("qos1_msgs_per_s"),
+        "qos1_ratio_vs_amqtt": ratios.get("amqtt", {}).get("qos1_msgs_per_s"),
+        "cpu_us_per_qos1_msg": ours.get("cpu_us_per_qos1_msg"),
+        "p99_ms_at_5k": ours.get("p99_ms_at_5k"),
+        "idle_conn_rss_mib_per_10k": ours.get("idle_conn_rss_mib_per_10k"),
+    }
+    targets = {}
+    for key, label, get, op, bound in TARGETS:
+        v = get(report)
+        met = None if v is None else (v >= bound if op == ">=" else v <= bound)
+        targets[key] = {"target": label, "value": v, "met": met}
+    report["targets"] = targets
+    report["ratios"] = ratios
+    report["brokers"] = brokers
+    report["config"] = {
+        "brokers": args.broker_list,
+        "duration_s": args.duration,
+        "warmup_s": args.warmup,
+        "publishers": args.publishers,
+        "subscribers": args.subscribers,
+        "idle_conns": args.idle_conns,
+        "payload_bytes": args.payload,
+        "qos1_window": args.window,
+        "latency_rate": args.latency_rate,
+        "generator_procs": args.procs,
+        "server_cpu": args.server_cpu,
+        "gen_cpus": args.gen_cpu_list,
+        "event_loop_generator": args.loop,
+        "mqtt_version": "3.1.1",
+        "gateway_flush": brokers.get(OURS, {}).get("info", {}).get("flush"),
+        "cpus_online": os.cpu_count(),
+        "quick": args.quick,
+    }
+    return report
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if v >= 100_000:
+            return f"{v:,.0f}"
+        if v >= 100:
+            return f"{v:.0f}"
+        if v >= 10:
+            return f"{v:.1f}"
+        if v >= 1 or v == 0:
+            return f"{v:.2f}"
+        return f"{v:.2g}"
+    return str(v)
+
+
+def print_table(report: dict[str, Any]) -> None:
+    brokers: dict[str, dict[str, Any]] = report["brokers"]
+    names = list(brokers)
+    peers = [n for n in names if n != OURS] if OURS in brokers else []
+    cols = names + [f"gw/{p}" for p in peers]
+    w0 = max(len(lbl) for _, lbl, _ in FIGURES) + 3
+    print(f"{'figure':<{w0}}" + "".join(f"{c:>14}" for c in cols))
+    for key, label, up in FIGURES:
+        row = f"{label + (' ↑' if up else ' ↓'):<{w0}}"
+        row += "".join(f"{_fmt(brokers[n].get(key)):>14}" for n in names)
+        row += "".join(f"{_fmt(report['ratios'][p].get(key)):>14}" for p in peers)
+        print(row)
+    print("\n(↑ higher is better, ↓ lower is better; gw/peer = our figure divided by the peer's)")
+    for n in names:
+        b = brokers[n]
+        if "error" in b:
+            print(f"{n}: could not run: {b['error'].splitlines()[0]}")
+        for phase, d in b.get("details", {}).items():
+            if "error" in d:
+                print(f"{n} {phase}: failed: {d['error'].splitlines()[0]}")
+                if d.get("server_log"):
+                    print(f"    {n} log: {d['server_log']}")
+            elif d.get("bottleneck") in ("generator", "server and generator"):
+                print(
+                    f"{n} {phase}: generator saturated (generator CPU {d['gen_util']:.0%}, "
+                    f"server {d['server_util']:.0%})"
+                )
+            if d.get("other_util", 0) > 0.15:
+                print(
+                    f"{n} {phase}: other processes used {d['other_util']:.2f} CPUs during the run: "
+                    "figures disturbed"
+                )
+            if d.get("behind_ticks"):
+                print(
+                    f"{n} {phase}: could not keep {d.get('rate_target', 0):.0f} msg/s "
+                    f"(acked {d.get('rate_acked', 0):.0f}/s): latency includes queueing"
+                )
+    print("\ntargets (our gateway):")
+    for t in report["targets"].values():
+        mark = {True: "met", False: "NOT met", None: "n/a"}[t["met"]]
+        print(f"  {t['target']:<42} {_fmt(t['value']):>10}  {mark}")
+    gw = brokers.get(OURS)
+    if gw and "info" in gw:
+        print(
+            f"\ngateway flush policy: {gw['info'].get('flush')}, data dir filesystem: "
+            f"{gw['info'].get('data_fs')}; CPU incl. fsync helper: "
+            f"{_fmt(gw.get('cpu_us_per_qos1_msg_incl_children'))} µs/QoS1 msg"
+        )
+    c = report["config"]
+    print(
+        f"server on CPU {c['server_cpu']}, generator ({c['generator_procs']} processes) on CPUs "
+        f"{c['gen_cpus']}; {c['publishers']} publishers, {c['subscribers']} subscribers, "
+        f"{c['payload_bytes']} B payloads, {c['duration_s']} s runs, MQTT 3.1.1"
+    )
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    ap.add_argument("--brokers", default=",".join(BROKERS), help="comma list (default: all three)")
+    ap.add_argument("--duration", type=float, default=5.0, help="measured seconds per phase")
+    ap.add_argument("--warmup", type=float, default=1.0, help="warm-up seconds per phase")
+    ap.add_argument("--publishers", type=int, default=8, help="publishers in the QoS 0/1 phases")
+    ap.add_argument("--subscribers", type=int, default=10, help="subscribers in the fan-out phase")
+    ap.add_argument("--idle-conns", type=int, default=10_000, help="idle connections for the RSS figure")
+    ap.add_argument("--window", type=int, default=100, help="unacked QoS 1 publishes per publisher")
+    ap.add_argument("--payload", type=int, default=100, help="payload bytes (>= 8)")
+    ap.add_argument("--latency-rate", type=float, default=5000.0, help="paced msg/s of the latency phase")
+    ap.add_argument("--procs", type=int, default=2, help="load generator processes")
+    ap.add_argument("--server-cpu", type=int, default=0, help="CPU the broker is pinned to")
+    ap.add_argument("--gen-cpus", default="1", help="CPUs of the load generator (comma list)")
+    ap.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop", help="generator event loop")
+    ap.add_argument(
+        "--phases", default="idle,qos0,qos1,fanout,latency", help="subset of idle,qos0,qos1,fanout,latency"
+    )
+    ap.add_argument("--gateway-args", default="", help="extra `gateway start` flags, e.g. '--flush async'")
+    ap.add_argument("--gateway-src", default=None, help="run the gateway from this source tree")
+    ap.add_argument(
+        "--gateway-profile", default=None, help="run the gateway under cProfile, stats written to this file"
+    )
+    ap.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=10.0,
+        help="before each measured run wait up to this long for other jobs to leave the CPUs (0: never)",
+    )
+    ap.add_argument("--drain-max", type=float, default=10.0, help="longest wait for a server to go idle")
+    ap.add_argument("--dir", default=None, help="parent of the temporary work directories")
+    ap.add_argument("--keep", action="store_true", help="keep work directories (logs, configs)")
+    ap.add_argument("--quick", action="store_true", help="small fast run (smoke test)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--json-file", default=None, help="also write the JSON object to this file")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.duration = min(args.duration, 0.8)
+        args.warmup = min(args.warmup, 0.2)
+        args.publishers = min(args.publishers, 4)
+        args.subscribers = min(args.subscribers, 4)
+        args.idle_conns = min(args.idle_conns, 500)
+        args.drain_max = min(args.drain_max, 3.0)
+        args.quiet_wait = min(args.quiet_wait, 1.0)
+    args.payload = max(args.payload, 8)
+    args.broker_list = [b.strip() for b in args.brokers.split(",") if b.strip()]
+    args.phase_list = [p.strip() for p in args.phases.split(",") if p.strip()]
+    online = sorted(os.sched_getaffinity(0))
+    gen = [int(c) for c in args.gen_cpus.split(",") if c.strip()]
+    if len(online) < 2 or args.server_cpu not in online or not set(gen) <= set(online):
+        log(f"cannot pin server/generator to CPUs {args.server_cpu}/{gen} (online {online}): not pinning")
+        args.server_cpu = None
+        args.gen_cpu_list = None
+    else:
+        args.gen_cpu_list = gen
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    raise_nofile()
+    if args.gen_cpu_list:
+        os.sched_setaffinity(0, args.gen_cpu_list)
+    brokers: dict[str, dict[str, Any]] = {}
+    for name in args.broker_list:
+        brokers[name] = bench_broker(name, args)
+    report = build_report(brokers, args)
+    text = json.dumps(report, default=str)
+    if args.json_file:
+        Path(args.json_file).write_text(text + "\n")
+    if args.json:
+        print(text)
+    else:
+        print_table(report)
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())
