@@ -442,12 +442,7 @@ class Broker:
             if expired(sp, now):
                 return Outcome.ACK
             q = min(sub.qos, qos_of(m))
-            props = None
-            if conn.version == MQTT_5:
-                props = v5_properties(sp, now)
-                if ids:
-                    props = dict(props or {})
-                    props[PropertyId.SUBSCRIPTION_IDENTIFIER] = ids
+            props = _with_ids(v5_properties(sp, now), ids) if conn.version == MQTT_5 else None
             retain = sub.rap and sp.get(P_RETAIN) == "1"
             if q == 0:
                 conn.deliver(path_of(m), m.body, 0, retain, props)
@@ -536,13 +531,7 @@ class Broker:
         if self.wild_refs and topic not in self.fanouts:
             await self._ensure_fanout(topic, from_now=False)
         try:
-            n = self._queues.get(topic)
-            if n is None:
-                n = self._queues[topic] = len(
-                    (await self.processor.query_route(ctx, topic, auto_create=True)).queues
-                )
-            # One queue per path: a path's messages stay in publish order in the store and on delivery.
-            msg.queue_id = zlib.crc32(msg.properties[P_TOPIC].encode()) % n
+            await self._place(ctx, msg)
             await self.processor.send(ctx, [msg], auto_create=True)
             if retain:
                 path = msg.properties[P_TOPIC]
@@ -559,19 +548,25 @@ class Broker:
             return ReasonCode.UNSPECIFIED_ERROR
         return 0
 
+    async def _place(self, ctx: ClientContext, msg: Message) -> None:
+        """Choose the message's queue: one queue per path, so a path's messages stay in publish
+        order in the store and on delivery."""
+        topic = msg.topic
+        n = self._queues.get(topic)
+        if n is None:
+            route = await self.processor.query_route(ctx, topic, auto_create=True)
+            n = self._queues[topic] = len(route.queues)
+        msg.queue_id = zlib.crc32(msg.properties[P_TOPIC].encode()) % n
+
     async def publish_many(self, ctx: ClientContext, msgs: list[Message]) -> list[int]:
         """Store non-retained messages with as few processor sends as possible; a reason code per
         message (a refused batch is retried one by one to find which message was refused)."""
         p = self.processor
         try:
             for m in msgs:
-                topic = m.topic
-                if self.wild_refs and topic not in self.fanouts:
-                    await self._ensure_fanout(topic, from_now=False)
-                n = self._queues.get(topic)
-                if n is None:
-                    n = self._queues[topic] = len((await p.query_route(ctx, topic, auto_create=True)).queues)
-                m.queue_id = zlib.crc32(m.properties[P_TOPIC].encode()) % n
+                if self.wild_refs and m.topic not in self.fanouts:
+                    await self._ensure_fanout(m.topic, from_now=False)
+                await self._place(ctx, m)
             step = p.limits.max_batch
             for i in range(0, len(msgs), step):
                 await p.send(ctx, msgs[i : i + step], auto_create=True)
@@ -613,10 +608,7 @@ class Broker:
         for s, sub in best.items():
             if s.version == MQTT_5 and props is False:
                 props = v5_properties(sp, now or None)
-            pp = props or None
-            if ids is not None and s in ids:
-                pp = dict(pp or {})
-                pp[PropertyId.SUBSCRIPTION_IDENTIFIER] = ids[s]
+            pp = _with_ids(props or None, ids.get(s)) if ids is not None else props or None
             q = sub.qos if sub.qos < pub_qos else pub_qos
             s.deliver(path, body, q, retained and sub.rap, pp)
 
@@ -706,10 +698,7 @@ class Broker:
                 q = min(sub.qos, qos_of(m))
                 props = None
                 if s.version == MQTT_5:
-                    props = v5_properties(m.properties)
-                    if sub.sub_id:
-                        props = dict(props or {})
-                        props[PropertyId.SUBSCRIPTION_IDENTIFIER] = [sub.sub_id]
+                    props = _with_ids(v5_properties(m.properties), [sub.sub_id] if sub.sub_id else None)
                 s.deliver(path, m.body, q, True, props)
 
         return suback, after if to_send else None
@@ -885,10 +874,7 @@ class Broker:
             q = min(sub.qos, qos_of(m))
             props = None
             if s.version == MQTT_5:
-                props = v5_properties(sp, now)
-                if sub.sub_id:
-                    props = dict(props or {})
-                    props[PropertyId.SUBSCRIPTION_IDENTIFIER] = [sub.sub_id]
+                props = _with_ids(v5_properties(sp, now), [sub.sub_id] if sub.sub_id else None)
             if q == 0:
                 s.deliver(path_of(m), m.body, 0, False, props)
                 return Outcome.ACK
@@ -937,6 +923,15 @@ def _make_sub(
     if shared:
         return Sub(session, shared[1], qos, False, shared[0], nl, rh, sub_id)
     return Sub(session, filt, qos, rap, None, nl, rh, sub_id)
+
+
+def _with_ids(props: dict | None, ids: list[int] | None) -> dict | None:
+    """5.0 PUBLISH properties plus the matching Subscription Identifiers (a new dict if any)."""
+    if not ids:
+        return props
+    out = dict(props or {})
+    out[PropertyId.SUBSCRIPTION_IDENTIFIER] = ids
+    return out
 
 
 def _share_group(name: str) -> str:
