@@ -59,7 +59,7 @@ lock-conformance: | $(UV)
 	cd $(CONF_NODE_DIR) && $(NPM) install --package-lock-only --no-audit --no-fund
 
 # All scenarios against a gateway the runner starts itself (see docs/conformance.md for --target).
-conformance: install install-conformance
+conformance: install install-system install-conformance
 	$(VENV)/bin/python -m conformance --spawn
 
 run: install

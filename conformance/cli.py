@@ -1,5 +1,6 @@
-"""python -m conformance --target HOST [--grpc-port 8081] [--http-port 8082] [--protocol grpc]
-[--client python,node] [--scenario NAME,...] [--jobs N] [--json]"""
+"""python -m conformance --target HOST [--grpc-port 8081] [--http-port 8082] [--mqtt-port 1883]
+[--protocol grpc,mqtt] [--client python,node,paho,mqttjs,mosquitto] [--scenario NAME,...] [--jobs N]
+[--json]"""
 
 from __future__ import annotations
 
@@ -29,12 +30,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=8082,
         help="admin API port (topics/groups are created there)",
     )
+    p.add_argument("--mqtt-port", type=int, default=1883)
     p.add_argument("--protocol", type=_csv, default=None, help="comma list (default: all registered)")
     p.add_argument(
         "--client",
         type=_csv,
         default=None,
-        help=f"comma list of {','.join(CLIENTS)} (default: all)",
+        help=f"comma list of {','.join(CLIENTS)} (default: all; a protocol's scenarios run with "
+        "the clients that have scripts for them)",
     )
     p.add_argument("--scenario", type=_csv, default=None, help="comma list of scenario names (default: all)")
     p.add_argument("--jobs", type=int, default=1, help="scenario processes run at once (default 1)")
@@ -75,7 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for proto in protocols:
             for spec in reg[proto].values():
-                print(f"{proto:5} {spec.name:16} [{','.join(spec.clients)}] {spec.summary}")
+                print(f"{proto:5} {spec.name:20} [{','.join(spec.clients)}] {spec.summary}")
+        print()
+        for c in CLIENTS.values():
+            print(f"client {c.name:10} {c.description}")
         return 0
 
     spawned = None
@@ -84,9 +90,13 @@ def main(argv: list[str] | None = None) -> int:
 
         spawned = GatewayProcess(Path(tempfile.mkdtemp(prefix="conformance-gw-")) / "data")
         target = spawned.start()
-        print(f"spawned gateway: grpc {target.grpc_endpoint}, log {spawned.log_path}", file=sys.stderr)
+        print(
+            f"spawned gateway: grpc {target.grpc_endpoint}, mqtt {target.mqtt_endpoint}, "
+            f"http {target.http_port}, log {spawned.log_path}",
+            file=sys.stderr,
+        )
     else:
-        target = Target(args.target, args.grpc_port, args.http_port)
+        target = Target(args.target, args.grpc_port, args.http_port, args.mqtt_port)
     try:
         return _run(args, target, protocols, clients)
     finally:
@@ -117,12 +127,19 @@ def _run(args, target: Target, protocols: list[str], clients: list[str]) -> int:
         log_dir=args.log_dir,
         on_result=progress,
     )
+    if not results:
+        print(
+            "no (scenario, client) pair to run: no chosen client has a script for the chosen scenarios",
+            file=sys.stderr,
+        )
+        return 2
     failed = [r for r in results if r.status == "FAIL"]
     if args.json:
         print(
             json.dumps(
                 {
                     "target": target.grpc_endpoint,
+                    "mqtt": target.mqtt_endpoint,
                     "passed": not failed,
                     "results": [r.to_json() for r in results],
                 },

@@ -1,7 +1,8 @@
 """Start and stop a local ``gateway start`` process for conformance runs (``--spawn``) and tests.
 
-Ports default to 0 (ephemeral); the bound ports are read from the gateway's ``<proto> listening on
-HOST:PORT`` log lines. ``kill9()`` + ``start()`` restarts on the same data dir and the same ports.
+It enables the gRPC, HTTP (admin) and MQTT listeners. Ports default to 0 (ephemeral); the bound
+ports are read from the gateway's ``<proto> listening on HOST:PORT`` log lines. ``kill9()`` +
+``start()`` restarts on the same data dir and the same ports.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from conformance.admin import AdminClient
 from conformance.runner import REPO, Target
 
 _LISTENING = re.compile(r"\b(\w+) listening on (\S+):(\d+)")
+# The listeners a spawned gateway enables (each on an ephemeral port unless given).
+LISTENERS = ("grpc", "http", "mqtt")
 
 # Small transaction timings so the check-back scenarios finish in seconds.
 TEST_ENV = {
@@ -43,6 +46,7 @@ class GatewayProcess:
         host: str = "127.0.0.1",
         grpc_port: int = 0,
         http_port: int = 0,
+        mqtt_port: int = 0,
         env: dict[str, str] | None = None,
         log_path: str | Path | None = None,
         extra_args: list[str] | None = None,
@@ -51,6 +55,7 @@ class GatewayProcess:
         self.host = host
         self.grpc_port = grpc_port
         self.http_port = http_port
+        self.mqtt_port = mqtt_port
         self.env = {**TEST_ENV, **(env or {})}
         self.log_path = (
             Path(log_path) if log_path else self.data_dir.parent / f"{self.data_dir.name}-gateway.log"
@@ -61,7 +66,7 @@ class GatewayProcess:
 
     @property
     def target(self) -> Target:
-        return Target(self.host, self.grpc_port, self.http_port)
+        return Target(self.host, self.grpc_port, self.http_port, self.mqtt_port)
 
     def start(self, timeout: float = 60.0) -> Target:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -76,8 +81,10 @@ class GatewayProcess:
             str(self.grpc_port),
             "--http-port",
             str(self.http_port),
+            "--mqtt-port",
+            str(self.mqtt_port),
             "--protocols",
-            "grpc,http",  # only what the scenarios use: other default ports may be taken
+            ",".join(LISTENERS),  # only what the scenarios use: other default ports may be taken
             *self.extra_args,
         ]
         env = {**os.environ, **self.env}
@@ -86,7 +93,7 @@ class GatewayProcess:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO))
         deadline = time.monotonic() + timeout
         ports: dict[str, int] = {}
-        while not {"grpc", "http"} <= ports.keys():
+        while not set(LISTENERS) <= ports.keys():
             self._check_alive()
             if time.monotonic() > deadline:
                 self.stop()
@@ -96,7 +103,7 @@ class GatewayProcess:
             for proto, _host, port in _LISTENING.findall(self._new_log()):
                 ports[proto.lower()] = int(port)
             time.sleep(0.05)
-        self.grpc_port, self.http_port = ports["grpc"], ports["http"]
+        self.grpc_port, self.http_port, self.mqtt_port = ports["grpc"], ports["http"], ports["mqtt"]
         admin = AdminClient(self.host, self.http_port)
         while not admin.healthy():
             self._check_alive()

@@ -42,43 +42,94 @@ class ClientEnv:
     installed: Callable[[], str | None]  # None when ready, else what is missing
 
 
-def _python_command() -> list[str]:
-    exe = os.environ.get("CONFORMANCE_PYTHON") or str(REPO / ".venv-conformance" / "bin" / "python")
-    return [exe, str(CLIENTS_DIR / "python" / "scenarios.py")]
+def _conformance_python() -> str:
+    return os.environ.get("CONFORMANCE_PYTHON") or str(REPO / ".venv-conformance" / "bin" / "python")
 
 
-def _python_installed() -> str | None:
-    exe = Path(_python_command()[0])
-    if not exe.exists():
-        return f"{exe} is missing (run `make install-conformance`)"
-    return None
+def _node() -> str:
+    return os.environ.get("CONFORMANCE_NODE") or shutil.which("node") or "node"
 
 
-def _node_command() -> list[str]:
-    exe = os.environ.get("CONFORMANCE_NODE") or shutil.which("node") or "node"
-    return [exe, str(CLIENTS_DIR / "node" / "scenarios.js")]
+def _python_script(script: str) -> Callable[[], list[str]]:
+    return lambda: [_conformance_python(), str(CLIENTS_DIR / script)]
 
 
-def _node_installed() -> str | None:
-    if not shutil.which(_node_command()[0]) and not Path(_node_command()[0]).exists():
-        return "node is not on PATH"
-    if not (CLIENTS_DIR / "node" / "node_modules" / "rocketmq-client-nodejs").is_dir():
-        return "conformance/clients/node/node_modules is missing (run `make install-conformance`)"
-    return None
+def _node_script(script: str) -> Callable[[], list[str]]:
+    return lambda: [_node(), str(CLIENTS_DIR / script)]
 
 
+def _python_installed(*packages: str) -> Callable[[], str | None]:
+    """The conformance venv exists and holds ``packages`` (import names, checked on disk: importing
+    them here would need that venv)."""
+
+    def check() -> str | None:
+        exe = Path(_conformance_python())
+        if not exe.exists():
+            return f"{exe} is missing (run `make install-conformance`)"
+        if os.environ.get("CONFORMANCE_PYTHON"):
+            return None  # someone else's interpreter: trust it
+        site = list((REPO / ".venv-conformance" / "lib").glob("python3*/site-packages"))
+        for pkg in packages:
+            if not any((d / pkg).exists() for d in site):
+                return f"{pkg} is not installed in .venv-conformance (run `make install-conformance`)"
+        return None
+
+    return check
+
+
+def _node_installed(package: str) -> Callable[[], str | None]:
+    def check() -> str | None:
+        if not shutil.which(_node()) and not Path(_node()).exists():
+            return "node is not on PATH"
+        if not (CLIENTS_DIR / "node" / "node_modules" / package).is_dir():
+            return (
+                f"conformance/clients/node/node_modules/{package} is missing (run `make install-conformance`)"
+            )
+        return None
+
+    return check
+
+
+def _mosquitto_installed() -> str | None:
+    missing = [exe for exe in ("mosquitto_pub", "mosquitto_sub") if not shutil.which(exe)]
+    if missing:
+        return f"{' and '.join(missing)} not on PATH (Debian mosquitto-clients: `make install-system`)"
+    # The driver runs in the conformance venv: cross_protocol uses the RocketMQ Python client.
+    return _python_installed("rocketmq")()
+
+
+# RocketMQ 5 gRPC clients keep their historical names (python, node); MQTT clients are named after
+# the library (paho, mqttjs) or tool (mosquitto), whatever language drives them.
 CLIENTS: dict[str, ClientEnv] = {
     "python": ClientEnv(
         "python",
         "rocketmq-python-client 5.1.2 (PyPI) in .venv-conformance",
-        _python_command,
-        _python_installed,
+        _python_script("python/scenarios.py"),
+        _python_installed("rocketmq"),
     ),
     "node": ClientEnv(
         "node",
         "rocketmq-client-nodejs 1.0.8 (npm) in conformance/clients/node",
-        _node_command,
-        _node_installed,
+        _node_script("node/scenarios.js"),
+        _node_installed("rocketmq-client-nodejs"),
+    ),
+    "paho": ClientEnv(
+        "paho",
+        "paho-mqtt 2.2.0 (PyPI, Eclipse Paho Python) in .venv-conformance",
+        _python_script("python/paho_scenarios.py"),
+        _python_installed("paho", "rocketmq"),
+    ),
+    "mqttjs": ClientEnv(
+        "mqttjs",
+        "mqtt 5.16.0 (npm, MQTT.js) in conformance/clients/node",
+        _node_script("node/mqttjs_scenarios.js"),
+        _node_installed("mqtt"),
+    ),
+    "mosquitto": ClientEnv(
+        "mosquitto",
+        "mosquitto_pub / mosquitto_sub (Debian mosquitto-clients), driven from .venv-conformance",
+        _python_script("mosquitto/scenarios.py"),
+        _mosquitto_installed,
     ),
 }
 
@@ -114,17 +165,27 @@ class Scenario:
     # Clients that cannot run this scenario, with the reason (shown as SKIP in the table).
     unsupported: dict[str, str] = field(default_factory=dict)
 
+    def applies_to(self, client: str) -> bool:
+        """The client has a script for this scenario or is listed as unable to run it."""
+        return client in self.clients or client in self.unsupported
+
 
 @dataclass(frozen=True)
 class Target:
     host: str = "127.0.0.1"
     grpc_port: int = 8081
     http_port: int = 8082
+    mqtt_port: int = 1883
 
     @property
     def grpc_endpoint(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{host}:{self.grpc_port}"
+
+    @property
+    def mqtt_endpoint(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.mqtt_port}"
 
     def admin(self) -> AdminClient:
         return AdminClient(self.host, self.http_port)
@@ -227,6 +288,8 @@ def run_scenario(
     params.update(extra_params or {})
     config = {
         "endpoint": target.grpc_endpoint,
+        "mqtt": {"host": target.host, "port": target.mqtt_port},
+        "prefix": names.prefix,
         "topics": topics,
         "groups": groups,
         "timeout": spec.timeout,
@@ -328,7 +391,14 @@ def run_all(
     run_id = new_run_id()
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="conformance-"))
     wanted = set(scenarios) if scenarios else None
-    pairs = [(p, s, c) for p in protocols for s in reg[p] if wanted is None or s in wanted for c in clients]
+    pairs = [
+        (p, s, c)
+        for p in protocols
+        for s, spec in reg[p].items()
+        if wanted is None or s in wanted
+        for c in clients
+        if spec.applies_to(c)
+    ]
     results: list[Result] = []
 
     def one(pair):
@@ -346,6 +416,22 @@ def run_all(
 
 
 def format_table(results: list[Result], clients: list[str]) -> str:
+    """One table per protocol (rows: scenarios; columns: the given clients that ran in it), then
+    the reasons of every FAIL and SKIP."""
+    blocks = []
+    for proto in dict.fromkeys(r.protocol for r in results):
+        blocks.append(_protocol_table([r for r in results if r.protocol == proto], clients))
+    notes = [r for r in results if r.status in ("FAIL", "SKIP")]
+    if notes:
+        lines = []
+        for r in notes:
+            where = f" [{r.log_dir}]" if r.status == "FAIL" and r.log_dir else ""
+            lines.append(f"{r.status} {r.protocol}/{r.scenario}/{r.client}: {r.reason}{where}")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def _protocol_table(results: list[Result], clients: list[str]) -> str:
     rows: dict[tuple[str, str], dict[str, Result]] = {}
     for r in results:
         rows.setdefault((r.protocol, r.scenario), {})[r.client] = r
@@ -355,16 +441,11 @@ def format_table(results: list[Result], clients: list[str]) -> str:
             return "-"
         return f"{r.status} {r.elapsed:.1f}s" if r.status != "SKIP" else "SKIP"
 
+    clients = [c for c in clients if any(r.client == c for r in results)]
     header = ["protocol", "scenario", *clients]
     body = [[p, s, *(cell(rows[(p, s)].get(c)) for c in clients)] for (p, s) in rows]
     widths = [max(len(str(x[i])) for x in [header, *body]) for i in range(len(header))]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     lines = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
-    lines += [fmt.format(*row) for row in body]
-    notes = [r for r in results if r.status in ("FAIL", "SKIP")]
-    if notes:
-        lines.append("")
-        for r in notes:
-            where = f" [{r.log_dir}]" if r.status == "FAIL" and r.log_dir else ""
-            lines.append(f"{r.status} {r.protocol}/{r.scenario}/{r.client}: {r.reason}{where}")
+    lines += [fmt.format(*row).rstrip() for row in body]
     return "\n".join(lines)
