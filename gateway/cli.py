@@ -57,6 +57,11 @@ _START_FLAGS: dict[str, dict[str, Any]] = {
     "tls_key": {"metavar": "PEM", "help": "private key of --tls-cert (default: inside the cert file)"},
     "mqtt_tls_port": {"type": int, "metavar": "N", "help": "MQTT over TLS port (default 8883)"},
     "mqtt_max_keep_alive": {"type": int, "metavar": "S", "help": "longest MQTT keep-alive allowed (0 = any)"},
+    "cloudevents_dedup_window_s": {
+        "type": int,
+        "metavar": "S",
+        "help": "CloudEvents ingest drops a source+id seen within S seconds (default 0: off)",
+    },
 }
 
 

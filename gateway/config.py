@@ -81,6 +81,7 @@ class Settings:
     tls_key: str | None = None  # PEM private key of tls_cert (default: in the tls_cert file)
     mqtt_tls_port: int = 8883
     mqtt_max_keep_alive: int = 0  # 0: clients choose; else the most a client may ask (5.0: Server Keep Alive)
+    cloudevents_dedup_window_s: int = 0  # > 0: CloudEvents ingest skips a source+id stored this recently
 
     def __post_init__(self) -> None:
         for name, choices in (
@@ -101,6 +102,7 @@ class Settings:
         for name in ("grpc_port", "remoting_port", "http_port", "mqtt_port", "amqp_port", "mqtt_tls_port"):
             _check_int(name, getattr(self, name), 0, 65535)
         _check_int("mqtt_max_keep_alive", self.mqtt_max_keep_alive, 0, 65535)
+        _check_int("cloudevents_dedup_window_s", self.cloudevents_dedup_window_s, 0, 30 * 86400)
         for name in ("tls_cert", "tls_key"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):

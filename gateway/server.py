@@ -130,10 +130,12 @@ class Gateway:
     def _make_adapter(self, name: str) -> Adapter:
         s = self.settings
         if name == "http":
+            from adapters.cloudevents import CloudEvents
             from gateway.http import HttpAdapter, create_app
 
-            app = create_app(self.processor, self.extra_routers, listeners=self.listeners)
-            return HttpAdapter(app, s.host, s.http_port, access_log=s.log_level == "debug")
+            ce = CloudEvents(self.processor, dedup_window_s=s.cloudevents_dedup_window_s)
+            app = create_app(self.processor, [*ce.routers(), *self.extra_routers], listeners=self.listeners)
+            return ce.serve(HttpAdapter(app, s.host, s.http_port, access_log=s.log_level == "debug"))
         if name == "grpc":
             try:
                 from adapters.grpc import GrpcAdapter

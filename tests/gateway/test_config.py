@@ -212,6 +212,7 @@ NON_DEFAULT = {
     "tls_key": "/etc/gw/key.pem",
     "mqtt_tls_port": 8884,
     "mqtt_max_keep_alive": 120,
+    "cloudevents_dedup_window_s": 600,
 }
 
 
