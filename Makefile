@@ -25,7 +25,15 @@ CONF_NODE_DIR := conformance/clients/node
 CONF_NODE_STAMP := $(CONF_NODE_DIR)/node_modules/.installed
 NPM ?= npm
 
-.PHONY: install install-system install-conformance lock-conformance conformance run test bench lint clean
+# RocketMQ 4.x remoting clients for tests/remoting: PyPI rocketmq 0.4.4 (the Apache C++ client; its
+# import name clashes with the 5.x client, hence its own venv) and ali-ons (npm).
+REM_VENV := .venv-remoting
+REM_PY_DIR := tests/remoting/clients/python
+REM_PY_STAMP := $(REM_VENV)/.installed
+REM_NODE_DIR := tests/remoting/clients/node
+REM_NODE_STAMP := $(REM_NODE_DIR)/node_modules/.installed
+
+.PHONY: install install-system install-conformance lock-conformance install-remoting-clients lock-remoting-clients conformance run test bench lint clean
 
 $(UV):
 	$(PYTHON) -m venv $(UV_HOME)
@@ -52,6 +60,22 @@ $(CONF_NODE_STAMP): $(CONF_NODE_DIR)/package-lock.json $(CONF_NODE_DIR)/package.
 
 install-conformance: $(CONF_PY_STAMP) $(CONF_NODE_STAMP)
 
+$(REM_PY_STAMP): $(REM_PY_DIR)/requirements.lock | $(UV)
+	test -x $(REM_VENV)/bin/python || $(UV) venv --quiet --python "$$($(PYTHON) -c 'import sys; print(sys.executable)')" $(REM_VENV)
+	$(UV) pip sync --quiet --require-hashes --python $(REM_VENV)/bin/python $<
+	touch $@
+
+$(REM_NODE_STAMP): $(REM_NODE_DIR)/package-lock.json $(REM_NODE_DIR)/package.json
+	cd $(REM_NODE_DIR) && $(NPM) ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+install-remoting-clients: $(REM_PY_STAMP) $(REM_NODE_STAMP)
+
+lock-remoting-clients: | $(UV)
+	$(UV) pip compile --quiet --generate-hashes --python-version 3.11 \
+		-o $(REM_PY_DIR)/requirements.lock $(REM_PY_DIR)/requirements.in
+	cd $(REM_NODE_DIR) && $(NPM) install --package-lock-only --no-audit --no-fund
+
 # Re-resolve the conformance locks after editing requirements.in / package.json.
 lock-conformance: | $(UV)
 	$(UV) pip compile --quiet --generate-hashes --python-version 3.11 \
@@ -65,7 +89,7 @@ conformance: install install-system install-conformance
 run: install
 	$(VENV)/bin/gateway start --data-dir ./data
 
-test: install install-system install-conformance
+test: install install-system install-conformance install-remoting-clients
 	$(VENV)/bin/pytest -q tests
 
 bench: install install-system
@@ -79,5 +103,5 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) $(UV_HOME) $(CONF_VENV) $(CONF_NODE_DIR)/node_modules .pytest_cache .ruff_cache .hypothesis build dist *.egg-info
+	rm -rf $(VENV) $(UV_HOME) $(CONF_VENV) $(CONF_NODE_DIR)/node_modules $(REM_VENV) $(REM_NODE_DIR)/node_modules .pytest_cache .ruff_cache .hypothesis build dist *.egg-info
 	find . -name __pycache__ -type d -prune -not -path './.git/*' -exec rm -rf {} +

@@ -39,7 +39,7 @@ _START_FLAGS: dict[str, dict[str, Any]] = {
     "protocols": {
         "type": parse_protocols,
         "metavar": "LIST",
-        "help": "comma list of listeners to enable (default grpc,http)",
+        "help": "comma list of listeners to enable (default grpc,remoting,mqtt,http)",
     },
     "advertise_host": {"metavar": "ADDR", "help": "host clients are told to connect to (default: --host)"},
     "auto_create_topics": {
@@ -89,6 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
         if "type" in opts and opts["type"] is not int and opts["type"] is not float:
             opts["type"] = _arg_type(opts["type"])
         start.add_argument("--" + field.replace("_", "-"), dest=field, default=None, **opts)
+
+    from namesrv.cli import add_parser as add_namesrv_parser
+
+    add_namesrv_parser(sub)
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -227,6 +231,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "start":
         return _start(args)
+    if args.command == "namesrv":
+        from namesrv.cli import run
+
+        return run(args)
     return _admin(args)
 
 

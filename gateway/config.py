@@ -19,8 +19,8 @@ ENV_PREFIX = "GATEWAY_"
 
 # Listener names, in start order. IMPLEMENTED are those this build can serve.
 PROTOCOLS = ("grpc", "remoting", "mqtt", "amqp", "http")
-IMPLEMENTED_PROTOCOLS = ("grpc", "mqtt", "http")
-DEFAULT_PROTOCOLS = ("grpc", "mqtt", "http")
+IMPLEMENTED_PROTOCOLS = ("grpc", "remoting", "mqtt", "http")
+DEFAULT_PROTOCOLS = ("grpc", "remoting", "mqtt", "http")
 
 MIB = 1024 * 1024
 MAX_BODY_LIMIT = 100 * MIB  # a record must fit one 128 MiB commit log segment

@@ -160,6 +160,17 @@ class Gateway:
                 ssl=self._tls_context(),
                 tls_port=s.mqtt_tls_port,
             )
+        if name == "remoting":
+            from adapters.remoting import RemotingAdapter
+
+            return RemotingAdapter(
+                self.processor,
+                s.host,
+                s.remoting_port,
+                advertise_host=s.advertise_host,
+                default_queues=s.default_queues,
+                max_frame_size=max(16 * MIB, s.max_body_size + MIB),
+            )
         raise StartupError(f"the {name} listener is not available yet")
 
     async def stop(self) -> None:

@@ -497,6 +497,46 @@ class MessagingProcessor:
     async def get_message_by_id(self, message_id: str) -> list[Message]:
         return await self.store.get_by_id(message_id)
 
+    # ------------------------------------------------------------------ protocol-managed redelivery
+    # RocketMQ 4.x consumers read by offset and hand failed messages back by commit log offset
+    # alone (CONSUMER_SEND_MSG_BACK); the broker then stores a copy in %RETRY%<group> (delayed)
+    # or %DLQ%<group>. These two calls let an adapter do that without reaching past the processor.
+    async def get_message_at(self, commitlog_offset: int) -> Message:
+        """The message stored at `commitlog_offset`; MESSAGE_NOT_FOUND when none starts there."""
+        try:
+            msg = await self.store.get_message(commitlog_offset)
+        except Exception as e:  # noqa: BLE001 - unknown, deleted or not a record start
+            raise ProcessorError(
+                ErrorKind.MESSAGE_NOT_FOUND, f"no message at commit log offset {commitlog_offset}"
+            ) from e
+        if msg.commitlog_offset != commitlog_offset:
+            raise ProcessorError(
+                ErrorKind.MESSAGE_NOT_FOUND, f"no message at commit log offset {commitlog_offset}"
+            )
+        return msg
+
+    async def send_to_system_topic(self, ctx: ClientContext, msg: Message) -> SendReceipt:
+        """Store `msg` in a retry (`%RETRY%<group>`) or dead-letter (`%DLQ%<group>`) topic, which
+        `send` refuses to producers; the topic is created on first use. A `deliver_at` delays it."""
+        topic = msg.topic
+        if not topic.startswith(("%RETRY%", "%DLQ%")):
+            raise ProcessorError(ErrorKind.ILLEGAL_TOPIC, f"{topic!r} is not a retry or dead-letter topic")
+        check_topic(topic, self.limits)
+        if len(msg.body) > self.limits.max_body_size:
+            raise ProcessorError(ErrorKind.BODY_TOO_LARGE, f"body of {len(msg.body)} bytes is too large")
+        with _StoreCall(self.metrics, ctx.protocol, "send"):
+            if await self.store.get_topic(topic) is None:
+                await self.store.create_topic(topic, None, None, None)
+                log.info("topic %s created on first use", topic)
+            r = await self.store.append(msg)
+        if topic.startswith("%DLQ%"):
+            self.metrics.dlq[(ctx.protocol, topic)] += 1
+        else:
+            self.metrics.messages_in[(ctx.protocol, topic)] += 1
+        return SendReceipt(
+            r.message_id, r.topic, r.queue_id, r.queue_offset, r.commitlog_offset, r.store_timestamp
+        )
+
     # ------------------------------------------------------------------ durable protocol metadata
     # Adapters keep what must outlive a proxy (MQTT sessions and retained messages, AMQP
     # declarations, webhook subscriptions) here, under a namespace of their own ("mqtt.session").

@@ -273,8 +273,8 @@ def test_bad_settings_exit_2_with_one_line(tmp_path):
     )
     assert r.returncode == 2
     assert r.stderr.strip() == "gateway: GATEWAY_HTTP_PORT must be an integer, got 'not-a-port'"
-    r = cli("start", "--protocols", "http,amqp")
-    assert r.returncode == 2 and "protocol 'amqp' is not available yet" in r.stderr
+    r = cli("start", "--protocols", "http,smtp")
+    assert r.returncode == 2 and "unknown protocol 'smtp'" in r.stderr
 
 
 def free_port() -> int:

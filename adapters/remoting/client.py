@@ -1,0 +1,148 @@
+"""A small asyncio remoting client: request/response by opaque, oneway requests, and a callback for
+requests the server sends (CHECK_TRANSACTION_STATE, NOTIFY_CONSUMER_IDS_CHANGED).
+
+Used by the name server's clients (store nodes and proxies registering, see namesrv/client.py)
+and by tests. Not a RocketMQ client library: no routes, no rebalancing."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import Awaitable, Callable
+
+from adapters.remoting.codec import (
+    FLAG_ONEWAY,
+    Decoder,
+    RemotingCodecError,
+    RemotingCommand,
+)
+
+ServerRequestHandler = Callable[[RemotingCommand], Awaitable[RemotingCommand | None] | None]
+
+
+class RemotingClientError(ConnectionError):
+    pass
+
+
+class RemotingClient:
+    """One connection. `await RemotingClient.connect(host, port)`, then `invoke` / `oneway`."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        on_request: ServerRequestHandler | None = None,
+        *,
+        language: str = "PYTHON",
+        version: int = 401,
+    ) -> None:
+        self.reader, self.writer = reader, writer
+        self.on_request = on_request
+        self.language = language
+        self.version = version
+        self.requests: list[RemotingCommand] = []  # server-initiated requests seen (for tests)
+        self.server_requests: asyncio.Queue[RemotingCommand] = asyncio.Queue()
+        self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
+        self._opaque = itertools.count(1)
+        self._decoder = Decoder()
+        self._reader_task = asyncio.get_running_loop().create_task(self._read())
+        self.closed = asyncio.Event()
+
+    @classmethod
+    async def connect(
+        cls,
+        host: str,
+        port: int,
+        on_request: ServerRequestHandler | None = None,
+        *,
+        timeout: float = 5.0,
+        **kw: object,
+    ) -> RemotingClient:
+        r, w = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+        return cls(r, w, on_request, **kw)  # type: ignore[arg-type]
+
+    def command(
+        self, code: int, ext: dict[str, object] | None = None, body: bytes = b"", *, oneway: bool = False
+    ) -> RemotingCommand:
+        fields = {k: str(v) for k, v in (ext or {}).items() if v is not None}
+        return RemotingCommand(
+            code,
+            next(self._opaque),
+            FLAG_ONEWAY if oneway else 0,
+            self.language,
+            self.version,
+            ext_fields=fields,
+            body=body,
+        )
+
+    async def invoke(
+        self,
+        code_or_cmd: int | RemotingCommand,
+        ext: dict[str, object] | None = None,
+        body: bytes = b"",
+        *,
+        timeout: float = 10.0,
+        raw: bytes | None = None,
+    ) -> RemotingCommand:
+        """Send a request and wait for its response. `raw`: send these bytes as the frame instead
+        (for tests of what clients send), matched by the opaque of `code_or_cmd`."""
+        cmd = (
+            code_or_cmd if isinstance(code_or_cmd, RemotingCommand) else self.command(code_or_cmd, ext, body)
+        )
+        if self.closed.is_set():
+            raise RemotingClientError("connection closed")
+        fut: asyncio.Future[RemotingCommand] = asyncio.get_running_loop().create_future()
+        self._pending[cmd.opaque] = fut
+        try:
+            self.writer.write(raw if raw is not None else cmd.encode())
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self._pending.pop(cmd.opaque, None)
+
+    def oneway(self, code: int, ext: dict[str, object] | None = None, body: bytes = b"") -> None:
+        self.writer.write(self.command(code, ext, body, oneway=True).encode())
+
+    def send_raw(self, data: bytes) -> None:
+        self.writer.write(data)
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                data = await self.reader.read(1 << 16)
+                if not data:
+                    break
+                self._decoder.feed(data)
+                for cmd in self._decoder:
+                    if cmd.is_response:
+                        fut = self._pending.pop(cmd.opaque, None)
+                        if fut is not None and not fut.done():
+                            fut.set_result(cmd)
+                    else:
+                        self.requests.append(cmd)
+                        self.server_requests.put_nowait(cmd)
+                        if self.on_request is not None:
+                            await self._answer(cmd)
+        except (ConnectionError, RemotingCodecError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self.closed.set()
+            for fut in self._pending.values():
+                if not fut.done():
+                    fut.set_exception(RemotingClientError("connection closed"))
+
+    async def _answer(self, cmd: RemotingCommand) -> None:
+        assert self.on_request is not None
+        resp = self.on_request(cmd)
+        if asyncio.iscoroutine(resp) or isinstance(resp, asyncio.Future):
+            resp = await resp
+        if resp is not None and not cmd.is_oneway:
+            self.writer.write(resp.encode())
+
+    async def close(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(Exception):
+            await self.writer.wait_closed()
+        self._reader_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._reader_task

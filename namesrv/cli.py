@@ -1,0 +1,63 @@
+"""`gateway namesrv [--config FILE] [--host ADDR] [--port N] [--lease-period-s S]
+[--lease-expiry-s S] [--scan-interval-s S] [--event-loop L] [--log-level L]`: a standalone name
+server, serving until SIGTERM/SIGINT (exit 0; 1 if the port cannot be bound; 2 for bad settings)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from typing import Any
+
+from gateway.config import EVENT_LOOPS, LOG_LEVELS, ConfigError
+
+from .config import load
+
+_FLAGS: dict[str, dict[str, Any]] = {
+    "host": {"metavar": "ADDR", "help": "address to bind (default 127.0.0.1)"},
+    "port": {"type": int, "metavar": "N", "help": "port (default 9876; 0 = ephemeral)"},
+    "lease_period_s": {"type": float, "metavar": "S", "help": "registrants renew every S s (default 30)"},
+    "lease_expiry_s": {
+        "type": float,
+        "metavar": "S",
+        "help": "drop registrations idle for S s (default 120)",
+    },
+    "scan_interval_s": {"type": float, "metavar": "S", "help": "check leases every S s (default 5)"},
+    "event_loop": {"choices": EVENT_LOOPS, "help": "asyncio event loop (default uvloop)"},
+    "log_level": {"choices": LOG_LEVELS, "help": "log level (default info)"},
+}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser("namesrv", help="run a standalone RocketMQ-compatible name server")
+    p.add_argument("--config", metavar="FILE", help="TOML settings file (keys at top level or in [namesrv])")
+    for field, opts in _FLAGS.items():
+        p.add_argument("--" + field.replace("_", "-"), dest=field, default=None, **opts)
+    return p
+
+
+def run(args: argparse.Namespace, env: dict[str, str] | None = None) -> int:
+    try:
+        settings = load(
+            {f: getattr(args, f, None) for f in _FLAGS}, dict(os.environ) if env is None else env, args.config
+        )
+    except ConfigError as e:
+        print(f"gateway: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    from .server import serve
+
+    factory = None
+    if settings.event_loop == "uvloop":
+        try:
+            import uvloop
+
+            factory = uvloop.new_event_loop
+        except ImportError:
+            logging.getLogger("namesrv").warning("uvloop is not installed; using the default event loop")
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(serve(settings))

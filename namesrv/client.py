@@ -1,0 +1,176 @@
+"""`NameServerClient`: what store nodes and proxies use to register with name servers and to ask
+them for routes and proxies. Talks to every configured name server (as RocketMQ brokers do);
+queries go to the first that answers.
+
+    ns = NameServerClient(["127.0.0.1:9876"])
+    await ns.register_broker(cluster="c", name="store-a", addr="10.0.0.1:10911",
+                             topics={"orders": TopicQueues(8, 8)})
+    task = ns.keep_registered(lambda: ns.register_broker(...), period_s=30)   # lease renewals
+    brokers, queues = await ns.route("orders")"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from adapters.remoting.client import RemotingClient, RemotingClientError
+from adapters.remoting.codec import RemotingCommand, RequestCode, ResponseCode, loads, parse_host_port
+from adapters.remoting.codec import routes as rd
+
+from .body import body_crc32, encode_register_body
+from .routeinfo import TopicQueues
+
+log = logging.getLogger("namesrv.client")
+
+
+class NameServerError(Exception):
+    def __init__(self, code: int, remark: str) -> None:
+        super().__init__(f"{remark} (code {code})")
+        self.code = code
+
+
+class NameServerClient:
+    def __init__(self, addrs: list[str] | str, *, timeout: float = 3.0) -> None:
+        self.addrs = [a.strip() for a in (addrs.split(";") if isinstance(addrs, str) else addrs) if a.strip()]
+        if not self.addrs:
+            raise ValueError("no name server address")
+        self.timeout = timeout
+        self._conns: dict[str, RemotingClient] = {}
+        self._lock = asyncio.Lock()
+
+    async def _conn(self, addr: str) -> RemotingClient:
+        c = self._conns.get(addr)
+        if c is not None and not c.closed.is_set():
+            return c
+        host, port = parse_host_port(addr, 9876)
+        c = await RemotingClient.connect(host, port, timeout=self.timeout)
+        self._conns[addr] = c
+        return c
+
+    async def _invoke_one(self, addr: str, code: int, ext: dict[str, Any], body: bytes) -> RemotingCommand:
+        c = await self._conn(addr)
+        return await c.invoke(code, ext, body, timeout=self.timeout)
+
+    async def _invoke_all(self, code: int, ext: dict[str, Any], body: bytes = b"") -> list[RemotingCommand]:
+        """Send to every name server; returns the responses of those that answered."""
+        results = await asyncio.gather(
+            *(self._invoke_one(a, code, ext, body) for a in self.addrs), return_exceptions=True
+        )
+        out = []
+        for a, r in zip(self.addrs, results, strict=True):
+            if isinstance(r, BaseException):
+                log.warning("name server %s: %s", a, r)
+                self._conns.pop(a, None)
+            else:
+                out.append(r)
+        if not out:
+            raise RemotingClientError(f"no name server of {', '.join(self.addrs)} answered")
+        return out
+
+    async def _invoke_any(self, code: int, ext: dict[str, Any], body: bytes = b"") -> RemotingCommand:
+        last: BaseException | None = None
+        for a in self.addrs:
+            try:
+                return await self._invoke_one(a, code, ext, body)
+            except (OSError, TimeoutError, RemotingClientError) as e:
+                last = e
+                self._conns.pop(a, None)
+        raise RemotingClientError(f"no name server of {', '.join(self.addrs)} answered: {last}")
+
+    # ------------------------------------------------------------------ registration
+    async def register_broker(
+        self,
+        *,
+        cluster: str,
+        name: str,
+        addr: str,
+        topics: dict[str, TopicQueues],
+        broker_id: int = 0,
+        ha_addr: str = "",
+        timeout_ms: int = 0,
+        compressed: bool = False,
+    ) -> list[RemotingCommand]:
+        body = encode_register_body(topics, compressed=compressed)
+        ext: dict[str, Any] = {
+            "brokerName": name,
+            "brokerAddr": addr,
+            "clusterName": cluster,
+            "haServerAddr": ha_addr or addr,
+            "brokerId": broker_id,
+            "compressed": "true" if compressed else "false",
+            "bodyCrc32": body_crc32(body),
+        }
+        if timeout_ms:
+            ext["heartbeatTimeoutMillis"] = timeout_ms
+        return _ok(await self._invoke_all(RequestCode.REGISTER_BROKER, ext, body))
+
+    async def unregister_broker(self, *, cluster: str, name: str, addr: str, broker_id: int = 0) -> None:
+        ext = {"brokerName": name, "brokerAddr": addr, "clusterName": cluster, "brokerId": broker_id}
+        _ok(await self._invoke_all(RequestCode.UNREGISTER_BROKER, ext))
+
+    async def register_proxy(
+        self,
+        *,
+        name: str,
+        endpoints: dict[str, str],
+        cluster: str = "",
+        attributes: dict[str, str] | None = None,
+        timeout_ms: int = 0,
+    ) -> list[RemotingCommand]:
+        ext: dict[str, Any] = {"proxyName": name, "clusterName": cluster}
+        if timeout_ms:
+            ext["heartbeatTimeoutMillis"] = timeout_ms
+        body = json.dumps({"endpoints": endpoints, "attributes": attributes or {}}).encode()
+        return _ok(await self._invoke_all(RequestCode.REGISTER_PROXY, ext, body))
+
+    async def unregister_proxy(self, name: str) -> None:
+        _ok(await self._invoke_all(RequestCode.UNREGISTER_PROXY, {"proxyName": name}))
+
+    def keep_registered(
+        self, register: Callable[[], Awaitable[object]], period_s: float = 30.0
+    ) -> asyncio.Task[None]:
+        """A task that calls `register()` every `period_s` (failures are logged and retried)."""
+
+        async def loop() -> None:
+            while True:
+                try:
+                    await register()
+                except Exception as e:  # noqa: BLE001 - name servers come and go; keep trying
+                    log.warning("registration with name servers failed: %s", e)
+                await asyncio.sleep(period_s)
+
+        return asyncio.get_running_loop().create_task(loop(), name="namesrv registration")
+
+    # ------------------------------------------------------------------ queries
+    async def route(self, topic: str) -> tuple[list[rd.BrokerData], list[rd.QueueData]] | None:
+        r = await self._invoke_any(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
+        if r.code == ResponseCode.TOPIC_NOT_EXIST:
+            return None
+        _ok([r])
+        return rd.parse_route(loads(r.body))
+
+    async def cluster_info(self) -> dict[str, Any]:
+        r = _ok([await self._invoke_any(RequestCode.GET_BROKER_CLUSTER_INFO, {})])[0]
+        return loads(r.body)
+
+    async def proxies(self, protocol: str = "", cluster: str = "") -> list[dict[str, Any]]:
+        ext = {"protocol": protocol, "clusterName": cluster}
+        r = _ok([await self._invoke_any(RequestCode.GET_PROXY_LIST, ext)])[0]
+        return list(json.loads(r.body).get("proxies", []))
+
+    async def close(self) -> None:
+        conns, self._conns = self._conns, {}
+        for c in conns.values():
+            with contextlib.suppress(Exception):
+                await c.close()
+
+
+def _ok(resps: list[RemotingCommand]) -> list[RemotingCommand]:
+    for r in resps:
+        if r.code != ResponseCode.SUCCESS:
+            raise NameServerError(r.code, r.remark or "")
+    return resps

@@ -1,0 +1,322 @@
+"""`NameServer`: the remoting protocol on port 9876 over `RouteInfo` (see docs/namesrv.md).
+
+Requests: REGISTER_BROKER, UNREGISTER_BROKER, QUERY_DATA_VERSION and BROKER_HEARTBEAT (lease
+renewals), GET_ROUTEINFO_BY_TOPIC, GET_BROKER_CLUSTER_INFO, GET_ALL_TOPIC_LIST_FROM_NAMESERVER,
+GET_KV_CONFIG (always QUERY_NOT_FOUND: no KV config), and the gateway's REGISTER_PROXY (7001),
+UNREGISTER_PROXY (7002), GET_PROXY_LIST (7003). Anything else: REQUEST_CODE_NOT_SUPPORTED."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from adapters.remoting.codec import (
+    Decoder,
+    Ext,
+    HeaderError,
+    RemotingCodecError,
+    RemotingCommand,
+    RequestCode,
+    ResponseCode,
+    dumps_bytes,
+    loads,
+    wants_standard_json,
+)
+from adapters.remoting.codec import routes as rd
+
+from .body import BodyError, body_crc32, decode_register_body
+from .config import NamesrvSettings
+from .routeinfo import RouteInfo
+
+log = logging.getLogger("namesrv")
+QUERY_DATA_VERSION = 322
+BROKER_HEARTBEAT = 904
+R = ResponseCode
+
+Handler = Callable[["NameServer", "NamesrvConnection", RemotingCommand], Awaitable[RemotingCommand]]
+
+
+class NamesrvConnection(asyncio.Protocol):
+    def __init__(self, server: NameServer) -> None:
+        self.server = server
+        self.decoder = Decoder()
+        self.transport: asyncio.Transport | None = None
+        self.remote = ""
+        self.closed = False
+        self.tasks: set[asyncio.Task] = set()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.remote = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "")
+        self.server.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        self.decoder.feed(data)
+        try:
+            for cmd in self.decoder:
+                if not cmd.is_response:
+                    t = asyncio.get_running_loop().create_task(self._serve(cmd))
+                    self.tasks.add(t)
+                    t.add_done_callback(self.tasks.discard)
+        except RemotingCodecError as e:
+            log.info("name server connection %s: %s; closing it", self.remote, e)
+            if self.transport is not None:
+                self.transport.close()
+
+    async def _serve(self, cmd: RemotingCommand) -> None:
+        resp = await self.server.dispatch(self, cmd)
+        if resp is not None and not self.closed and self.transport is not None:
+            self.transport.write(resp.encode())
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.server.connections.discard(self)
+        self.server.routes.connection_closed(self)
+
+
+class NameServer:
+    """Serve until `stop()`; `address` is the bound host:port."""
+
+    def __init__(
+        self, settings: NamesrvSettings | None = None, *, clock: Callable[[], float] = time.monotonic
+    ):
+        self.settings = settings or NamesrvSettings()
+        self.clock = clock
+        self.routes = RouteInfo(self.settings.lease_expiry_s)
+        self.connections: set[NamesrvConnection] = set()
+        self._server: asyncio.Server | None = None
+        self._scanner: asyncio.Task | None = None
+        self._address = f"{self.settings.host}:{self.settings.port}"
+        self.handlers: dict[int, Handler] = {
+            RequestCode.REGISTER_BROKER: _register_broker,
+            RequestCode.UNREGISTER_BROKER: _unregister_broker,
+            QUERY_DATA_VERSION: _query_data_version,
+            BROKER_HEARTBEAT: _broker_heartbeat,
+            RequestCode.GET_ROUTEINFO_BY_TOPIC: _get_route,
+            RequestCode.GET_BROKER_CLUSTER_INFO: _cluster_info,
+            RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER: _topic_list,
+            RequestCode.GET_KV_CONFIG: _get_kv_config,
+            RequestCode.REGISTER_PROXY: _register_proxy,
+            RequestCode.UNREGISTER_PROXY: _unregister_proxy,
+            RequestCode.GET_PROXY_LIST: _proxy_list,
+        }
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    @property
+    def port(self) -> int:
+        return int(self._address.rsplit(":", 1)[1])
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        s = self.settings
+        self._server = await loop.create_server(lambda: NamesrvConnection(self), s.host, s.port)
+        sock = self._server.sockets[0].getsockname()
+        self._address = f"{sock[0]}:{sock[1]}"
+        self._scanner = loop.create_task(self._scan(), name="namesrv lease scan")
+
+    async def _scan(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.scan_interval_s)
+            self.routes.scan(self.clock())
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        if self._scanner is not None:
+            self._scanner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._scanner
+        for c in list(self.connections):
+            if c.transport is not None:
+                c.transport.abort()
+        if self._server is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._server.wait_closed(), 2.0)
+            self._server = None
+
+    async def dispatch(self, conn: NamesrvConnection, cmd: RemotingCommand) -> RemotingCommand | None:
+        handler = self.handlers.get(cmd.code)
+        try:
+            if handler is None:
+                resp = cmd.response(R.REQUEST_CODE_NOT_SUPPORTED, f"request type {cmd.code} not supported")
+            else:
+                resp = await handler(self, conn, cmd)
+        except HeaderError as e:
+            resp = cmd.response(e.code, str(e))
+        except BodyError as e:
+            resp = cmd.response(R.SYSTEM_ERROR, str(e))
+        except Exception as e:  # noqa: BLE001 - answer, keep serving
+            log.exception("name server request %d from %s failed", cmd.code, conn.remote)
+            resp = cmd.response(R.SYSTEM_ERROR, f"{type(e).__name__}: {e}")
+        return None if cmd.is_oneway else resp
+
+
+def _required(e: Ext, name: str) -> str:
+    v = e.str(name).strip()
+    if not v:
+        raise HeaderError(f"the request field {name} is empty")
+    return v
+
+
+def _timeout_s(e: Ext) -> float | None:
+    ms = e.opt_int("heartbeatTimeoutMillis")
+    return ms / 1000 if ms and ms > 0 else None
+
+
+def _lease_ext(ns: NameServer, timeout_s: float | None) -> dict[str, str]:
+    return {
+        "leasePeriodMillis": str(int(ns.settings.lease_period_s * 1000)),
+        "heartbeatTimeoutMillis": str(int((timeout_s or ns.routes.default_timeout_s) * 1000)),
+    }
+
+
+async def _register_broker(ns: NameServer, conn: NamesrvConnection, cmd: RemotingCommand) -> RemotingCommand:
+    e = Ext(cmd.ext_fields)
+    crc = e.int("bodyCrc32", 0)
+    if crc and body_crc32(cmd.body) != crc:
+        return cmd.response(R.SYSTEM_ERROR, "crc32 not match")
+    topics, version = decode_register_body(cmd.body, e.bool("compressed"))
+    timeout = _timeout_s(e)
+    master, ha = ns.routes.register_broker(
+        cluster=_required(e, "clusterName"),
+        addr=_required(e, "brokerAddr"),
+        name=_required(e, "brokerName"),
+        broker_id=e.int("brokerId", 0),
+        ha_addr=e.str("haServerAddr", ""),
+        topics=topics if cmd.body else None,
+        timeout_s=timeout,
+        conn=conn,
+        data_version=version,
+        now=ns.clock(),
+    )
+    ext = {"masterAddr": master, "haServerAddr": ha, **_lease_ext(ns, timeout)}
+    return cmd.response(R.SUCCESS, None, ext, dumps_bytes({"table": {}}))
+
+
+async def _unregister_broker(
+    ns: NameServer, conn: NamesrvConnection, cmd: RemotingCommand
+) -> RemotingCommand:
+    e = Ext(cmd.ext_fields)
+    ns.routes.unregister_broker(e.str("brokerAddr"), e.str("brokerName", ""), e.opt_int("brokerId"))
+    return cmd.response(R.SUCCESS)
+
+
+async def _query_data_version(
+    ns: NameServer, conn: NamesrvConnection, cmd: RemotingCommand
+) -> RemotingCommand:
+    """A broker asks whether its topic configs changed since it last registered (and renews)."""
+    addr = Ext(cmd.ext_fields).str("brokerAddr")
+    have = ns.routes.data_version(addr)
+    try:
+        theirs = loads(cmd.body) if cmd.body else {}
+    except (ValueError, UnicodeDecodeError):
+        theirs = {}
+    changed = have is None or have != theirs
+    ns.routes.touch_broker(addr, ns.clock())
+    body = dumps_bytes(have) if have else b""
+    return cmd.response(R.SUCCESS, None, {"changed": "true" if changed else "false"}, body)
+
+
+async def _broker_heartbeat(ns: NameServer, conn: NamesrvConnection, cmd: RemotingCommand) -> RemotingCommand:
+    ns.routes.touch_broker(Ext(cmd.ext_fields).str("brokerAddr"), ns.clock())
+    return cmd.response(R.SUCCESS)
+
+
+async def _get_route(ns: NameServer, conn: NamesrvConnection, cmd: RemotingCommand) -> RemotingCommand:
+    topic = Ext(cmd.ext_fields).str("topic")
+    found = ns.routes.route(topic)
+    if found is None:
+        return cmd.response(R.TOPIC_NOT_EXIST, f"No topic route info in name server for the topic: {topic}")
+    data = rd.route_data(*found)
+    body = rd.encode(data, wants_standard_json(cmd.version, cmd.ext_fields))
+    return cmd.response(R.SUCCESS, None, None, body)
+
+
+async def _cluster_info(ns: NameServer, conn: NamesrvConnection, cmd: RemotingCommand) -> RemotingCommand:
+    data = rd.cluster_info(ns.routes.broker_list())
+    return cmd.response(
+        R.SUCCESS, None, None, rd.encode(data, wants_standard_json(cmd.version, cmd.ext_fields))
+    )
+
+
+async def _topic_list(ns: NameServer, conn: NamesrvConnection, cmd: RemotingCommand) -> RemotingCommand:
+    return cmd.response(R.SUCCESS, None, None, dumps_bytes({"topicList": ns.routes.topic_list()}))
+
+
+async def _get_kv_config(ns: NameServer, conn: NamesrvConnection, cmd: RemotingCommand) -> RemotingCommand:
+    e = Ext(cmd.ext_fields)
+    return cmd.response(
+        R.QUERY_NOT_FOUND, f"No config item, Namespace: {e.str('namespace', '')} Key: {e.str('key', '')}"
+    )
+
+
+async def _register_proxy(ns: NameServer, conn: NamesrvConnection, cmd: RemotingCommand) -> RemotingCommand:
+    """REGISTER_PROXY (7001): extFields proxyName*, clusterName, heartbeatTimeoutMillis; body
+    `{"endpoints":{"grpc":"host:port",...},"attributes":{...}}`. Renew by sending it again."""
+    e = Ext(cmd.ext_fields)
+    try:
+        data = loads(cmd.body) if cmd.body else {}
+    except (ValueError, UnicodeDecodeError) as err:
+        return cmd.response(R.SYSTEM_ERROR, f"body is not JSON: {err}")
+    if not isinstance(data, dict):
+        return cmd.response(R.SYSTEM_ERROR, "body is not a JSON object")
+    endpoints = {str(k): str(v) for k, v in (data.get("endpoints") or {}).items()}
+    attributes = {str(k): str(v) for k, v in (data.get("attributes") or {}).items()}
+    timeout = _timeout_s(e)
+    ns.routes.register_proxy(
+        name=_required(e, "proxyName"),
+        endpoints=endpoints,
+        cluster=e.str("clusterName", ""),
+        attributes=attributes,
+        timeout_s=timeout,
+        conn=conn,
+        now=ns.clock(),
+    )
+    return cmd.response(R.SUCCESS, None, _lease_ext(ns, timeout))
+
+
+async def _unregister_proxy(ns: NameServer, conn: NamesrvConnection, cmd: RemotingCommand) -> RemotingCommand:
+    ns.routes.unregister_proxy(Ext(cmd.ext_fields).str("proxyName"))
+    return cmd.response(R.SUCCESS)
+
+
+async def _proxy_list(ns: NameServer, conn: NamesrvConnection, cmd: RemotingCommand) -> RemotingCommand:
+    """GET_PROXY_LIST (7003): optional extFields protocol, clusterName -> `{"proxies":[...]}`."""
+    e = Ext(cmd.ext_fields)
+    now = ns.clock()
+    proxies = [p.as_json(now) for p in ns.routes.proxy_list(e.str("protocol", ""), e.str("clusterName", ""))]
+    return cmd.response(R.SUCCESS, None, None, json.dumps({"proxies": proxies}, sort_keys=True).encode())
+
+
+async def serve(settings: NamesrvSettings) -> int:
+    """Run a name server until SIGTERM/SIGINT; returns the exit code."""
+    import signal
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    ns = NameServer(settings)
+    try:
+        await ns.start()
+    except OSError as e:
+        log.error("namesrv cannot listen on %s:%d: %s", settings.host, settings.port, e.strerror or e)
+        return 1
+    log.info("namesrv listening on %s", ns.address)
+    log.info(
+        "name server ready (lease period %.0f s, expiry %.0f s)",
+        settings.lease_period_s,
+        settings.lease_expiry_s,
+    )
+    await stop.wait()
+    log.info("name server stopping")
+    await ns.stop()
+    return 0
