@@ -39,7 +39,7 @@ _START_FLAGS: dict[str, dict[str, Any]] = {
     "protocols": {
         "type": parse_protocols,
         "metavar": "LIST",
-        "help": "comma list of listeners to enable (default grpc,remoting,mqtt,http)",
+        "help": "comma list of listeners to enable (default grpc,remoting,mqtt,amqp,http)",
     },
     "advertise_host": {"metavar": "ADDR", "help": "host clients are told to connect to (default: --host)"},
     "auto_create_topics": {
@@ -56,6 +56,7 @@ _START_FLAGS: dict[str, dict[str, Any]] = {
     "tls_cert": {"metavar": "PEM", "help": "PEM certificate chain: enables TLS listeners"},
     "tls_key": {"metavar": "PEM", "help": "private key of --tls-cert (default: inside the cert file)"},
     "mqtt_tls_port": {"type": int, "metavar": "N", "help": "MQTT over TLS port (default 8883)"},
+    "amqp_tls_port": {"type": int, "metavar": "N", "help": "AMQP over TLS port (default 5671)"},
     "mqtt_max_keep_alive": {"type": int, "metavar": "S", "help": "longest MQTT keep-alive allowed (0 = any)"},
     "cloudevents_dedup_window_s": {
         "type": int,

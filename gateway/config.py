@@ -19,9 +19,18 @@ ENV_PREFIX = "GATEWAY_"
 
 # Listener names, in start order. IMPLEMENTED are those this build can serve.
 PROTOCOLS = ("grpc", "remoting", "mqtt", "amqp", "http")
-IMPLEMENTED_PROTOCOLS = ("grpc", "remoting", "mqtt", "http")
-DEFAULT_PROTOCOLS = ("grpc", "remoting", "mqtt", "http")
+IMPLEMENTED_PROTOCOLS = ("grpc", "remoting", "mqtt", "amqp", "http")
+DEFAULT_PROTOCOLS = ("grpc", "remoting", "mqtt", "amqp", "http")
 
+PORT_FIELDS = (
+    "grpc_port",
+    "remoting_port",
+    "http_port",
+    "mqtt_port",
+    "amqp_port",
+    "mqtt_tls_port",
+    "amqp_tls_port",
+)
 MIB = 1024 * 1024
 MAX_BODY_LIMIT = 100 * MIB  # a record must fit one 128 MiB commit log segment
 
@@ -80,6 +89,7 @@ class Settings:
     tls_cert: str | None = None  # PEM certificate chain: enables the TLS listeners (MQTT on mqtt_tls_port)
     tls_key: str | None = None  # PEM private key of tls_cert (default: in the tls_cert file)
     mqtt_tls_port: int = 8883
+    amqp_tls_port: int = 5671
     mqtt_max_keep_alive: int = 0  # 0: clients choose; else the most a client may ask (5.0: Server Keep Alive)
     cloudevents_dedup_window_s: int = 0  # > 0: CloudEvents ingest skips a source+id stored this recently
 
@@ -99,7 +109,7 @@ class Settings:
             not isinstance(self.advertise_host, str) or not self.advertise_host
         ):
             raise ConfigError(f"advertise_host must be a non-empty string, got {self.advertise_host!r}")
-        for name in ("grpc_port", "remoting_port", "http_port", "mqtt_port", "amqp_port", "mqtt_tls_port"):
+        for name in PORT_FIELDS:
             _check_int(name, getattr(self, name), 0, 65535)
         _check_int("mqtt_max_keep_alive", self.mqtt_max_keep_alive, 0, 65535)
         _check_int("cloudevents_dedup_window_s", self.cloudevents_dedup_window_s, 0, 30 * 86400)

@@ -160,6 +160,16 @@ class Gateway:
                 ssl=self._tls_context(),
                 tls_port=s.mqtt_tls_port,
             )
+        if name == "amqp":
+            from adapters.amqp import AmqpAdapter
+
+            return AmqpAdapter(
+                self.processor,
+                s.host,
+                s.amqp_port,
+                ssl=self._tls_context(),
+                tls_port=s.amqp_tls_port,
+            )
         if name == "remoting":
             from adapters.remoting import RemotingAdapter
 

@@ -450,6 +450,11 @@ class MessagingProcessor:
             await self.get_group(g.name) for g in await self.store.list_groups() if not g.name.startswith("%")
         ]
 
+    async def backlog(self, group: str, topic: str) -> tuple[int, int]:
+        """(messages of `topic` not yet acked by `group`, how many of those are in flight)."""
+        with _StoreCall(None, "", ""):
+            return await self.store.backlog(group, topic), await self.store.inflight_count(group, topic)
+
     async def get_max_attempts(self, group: str) -> int:
         g = await self.store.get_group(group)
         return g.max_attempts if g is not None else 16

@@ -99,7 +99,7 @@ def test_new_defaults():
         5672,
     )
     assert s.protocols == config.DEFAULT_PROTOCOLS
-    assert {"grpc", "mqtt", "http"} <= set(s.protocols)
+    assert {"grpc", "mqtt", "amqp", "http"} <= set(s.protocols)
     assert s.advertise_host is None
     assert s.auto_create_topics is False
     assert s.max_body_size == 4 * 1024 * 1024
@@ -219,6 +219,7 @@ NON_DEFAULT = {
     "tls_cert": "/etc/gw/cert.pem",
     "tls_key": "/etc/gw/key.pem",
     "mqtt_tls_port": 8884,
+    "amqp_tls_port": 5672,
     "mqtt_max_keep_alive": 120,
     "cloudevents_dedup_window_s": 600,
 }

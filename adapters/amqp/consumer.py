@@ -1,0 +1,152 @@
+"""A consumer (basic.consume): a DeliveryLoop over its queue's group whose handler writes
+basic.deliver and waits until the client settles the delivery (or its channel ends); and the record
+of an unacked delivery."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from messaging_processor import Delivery, DeliveryLoop, Outcome, ProcessorError
+
+from .codec import encode_deliver
+from .mapping import expires_at, now_ms, present
+
+if TYPE_CHECKING:
+    from .channel import Channel
+    from .queues import Queue
+
+log = logging.getLogger("adapters.amqp")
+
+OPEN, CLOSING, CLOSED = range(3)  # channel states
+ACK, REQUEUE, REJECT = range(3)  # what the client asked for a delivery
+UNLIMITED = 1000  # in-flight deliveries of a consumer without prefetch (and of no-ack consumers)
+
+
+class Unacked:
+    """A delivery the client has not settled yet."""
+
+    __slots__ = ("tag", "handle", "queue", "message", "fut", "deadline", "delivered", "attempt")
+
+    def __init__(self, tag: int, d: Delivery, queue: Queue, fut: asyncio.Future | None, popped: int) -> None:
+        self.tag = tag
+        self.handle = d.receipt_handle
+        self.queue = queue
+        self.message = d.message
+        self.fut = fut  # the delivery loop's handler waits on it (None for basic.get)
+        self.deadline = d.invisible_until
+        self.delivered = popped  # epoch ms (when it was popped)
+        self.attempt = d.delivery_attempt
+
+
+class Consumer:
+    __slots__ = (
+        "tag",
+        "tag_b",
+        "channel",
+        "queue",
+        "no_ack",
+        "exclusive",
+        "prefetch",
+        "loop",
+        "cancelled",
+        "_loop",
+    )
+
+    def __init__(
+        self, channel: Channel, tag: str, queue: Queue, no_ack: bool, exclusive: bool, prefetch: int
+    ) -> None:
+        self.channel = channel
+        self.tag = tag
+        self.tag_b = tag.encode("utf-8", "surrogateescape")
+        self.queue = queue
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        self.prefetch = prefetch
+        self.loop: DeliveryLoop | None = None
+        self.cancelled = False
+        self._loop = asyncio.get_running_loop()
+
+    def max_inflight(self) -> int:
+        if self.no_ack:
+            return UNLIMITED
+        n = self.prefetch or UNLIMITED
+        g = self.channel.global_prefetch
+        return min(n, g) if g else n
+
+    def start(self) -> None:
+        if self.loop is not None or self.cancelled:
+            return
+        ch = self.channel
+        b = ch.broker
+        q = self.queue
+        mi = self.max_inflight()
+        self.loop = DeliveryLoop(
+            b.processor,
+            ch.conn.ctx,
+            q.group,
+            q.topic,
+            self.handle,
+            max_inflight=mi,
+            invisible_time_ms=b.invisible_time_ms,
+            long_poll_ms=b.long_poll_ms,
+            batch=min(mi, 256),
+            on_error=self._ended,
+        ).start()
+
+    def _ended(self, e: ProcessorError) -> None:
+        if not self.cancelled:
+            log.info("amqp consumer %s on %r ends: %s", self.tag, self.queue.name, e)
+            self.channel.server_cancel(self)
+
+    async def stop(self) -> None:
+        self.cancelled = True
+        if self.loop is not None:
+            await self.loop.stop(drain_timeout=2.0)
+
+    async def handle(self, d: Delivery) -> Outcome:
+        ch = self.channel
+        if self.cancelled or ch.state != OPEN:
+            return Outcome.REQUEUE
+        q = self.queue
+        b = ch.broker
+        m = d.message
+        exp = expires_at(m)
+        if exp and exp <= now_ms():
+            await b.dead_letter(q, m, "expired")
+            return Outcome.ACK
+        if q.delivery_limit is not None and d.delivery_attempt - 1 > q.delivery_limit:
+            await b.dead_letter(q, m, "delivery_limit")
+            return Outcome.ACK
+        conn = ch.conn
+        try:
+            if not conn.writable.is_set():
+                await conn.writable.wait()
+            g = ch.global_prefetch
+            if g and not self.no_ack:
+                while len(ch.unacked) >= g:
+                    ch.room.clear()
+                    await ch.room.wait()
+                    g = ch.global_prefetch
+                    if not g:
+                        break
+        except asyncio.CancelledError:
+            conn.spawn(ch.requeue_handle(d.receipt_handle))
+            raise
+        if self.cancelled or ch.state != OPEN:
+            return Outcome.REQUEUE
+        tag = ch.delivery_tag = ch.delivery_tag + 1
+        ex, rk, raw = present(m)
+        conn.write(
+            encode_deliver(
+                ch.number, self.tag_b, tag, d.delivery_attempt > 1, ex, rk, raw, m.body, conn.frame_max
+            )
+        )
+        if self.no_ack:
+            return Outcome.ACK
+        fut = self._loop.create_future()
+        rec = ch.unacked[tag] = Unacked(tag, d, q, fut, d.invisible_until - b.invisible_time_ms)
+        action = await fut
+        await ch.perform(rec, action)
+        return Outcome.SETTLED

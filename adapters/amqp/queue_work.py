@@ -1,0 +1,224 @@
+"""Queue-side store work of the broker: the store copies of a publish, sends, dead-lettering
+with RabbitMQ's x-death headers, x-max-length (drop-head), TTL expiry of queues without
+consumers, and connection.blocked when the store refuses writes. A mixin of Broker (broker.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+from messaging_processor import ClientContext, ErrorKind, Message, MessagingProcessor, ProcessorError
+
+from .codec import decode_properties
+from .mapping import P_EXPIRES, base_properties, dead_letter_properties, expires_at, now_ms, present, tag_for
+from .queues import Queue
+
+if TYPE_CHECKING:
+    from .broker import VHost
+    from .routing import Exchange
+    from .session import Connection
+
+log = logging.getLogger("adapters.amqp")
+
+
+class QueueWork:
+    """Broker methods that store, move or expire messages of queues."""
+
+    processor: MessagingProcessor
+    ctx: ClientContext
+    vhosts: dict[str, VHost]
+    connections: set[Connection]
+    closed: bool
+    blocked: str | None
+    _unblock: asyncio.TimerHandle | None
+
+    if TYPE_CHECKING:  # provided by Broker
+
+        def spawn(self, coro: Any) -> asyncio.Task: ...
+        def route(self, vh: VHost, ex: Exchange, rk: str, raw: bytes) -> tuple[Queue, ...] | list[Queue]: ...
+        async def ready_count(self, q: Queue) -> int: ...
+
+    def copies(
+        self,
+        queues: tuple[Queue, ...] | list[Queue],
+        exchange: str,
+        rk: str,
+        raw: bytes,
+        body: bytes,
+        readable: Any,
+        ttl_ms: int | None,
+        now: int,
+    ) -> list[Message]:
+        """One store message per destination queue (properties shared unless a TTL applies)."""
+        base = base_properties(exchange, rk, raw, readable)
+        tag = tag_for(rk) if exchange else ""
+        out = []
+        for q in queues:
+            p = base
+            exp = now + ttl_ms if ttl_ms is not None else 0
+            if q.ttl is not None:
+                e = now + q.ttl
+                exp = min(exp, e) if exp else e
+            if exp:
+                p = dict(base)
+                p[P_EXPIRES] = str(exp)
+                if not q.has_expiring:
+                    q.has_expiring = True
+                    self._start_sweeper(q)
+            out.append(Message(q.topic, body, tag, (), p))
+        return out
+
+    async def send(self, ctx: ClientContext, msgs: list[Message]) -> None:
+        """processor.send in chunks of the processor's batch limit; blocks connections when the
+        store is full."""
+        p = self.processor
+        step = p.limits.max_batch
+        try:
+            for i in range(0, len(msgs), step):
+                await p.send(ctx, msgs[i : i + step] if len(msgs) > step else msgs, auto_create=True)
+        except ProcessorError as e:
+            if e.kind is ErrorKind.STORE_FULL:
+                self.block(str(e))
+            raise
+
+    def after_publish(self, queues: set[Queue]) -> None:
+        """Once stored: wake TTL sweepers, trim queues over x-max-length (drop-head)."""
+        for q in queues:
+            if q.has_expiring and not q.consumers:
+                q.wake.set()
+            if q.max_length is not None and q.overflow == "drop-head":
+                if q.trimming:
+                    q.trimming = 2
+                else:
+                    q.trimming = 1
+                    self.spawn(self._trim(q))
+
+    async def _trim(self, q: Queue) -> None:
+        """x-max-length with drop-head: drop (dead-letter, reason maxlen) the oldest ready messages."""
+        p, ctx = self.processor, self.ctx
+        try:
+            while not q.deleted:
+                excess = await self.ready_count(q) - (q.max_length or 0)
+                if excess > 0:
+                    ds = await p.pop(
+                        ctx, q.group, q.topic, max_messages=min(excess, 1024), invisible_time_ms=60_000
+                    )
+                    for d in ds:
+                        await self.dead_letter(q, d.message, "maxlen")
+                        with contextlib.suppress(ProcessorError):
+                            await p.ack(ctx, d.receipt_handle)
+                    if ds:
+                        continue
+                if q.trimming == 2:
+                    q.trimming = 1
+                    continue
+                break
+        except ProcessorError as e:
+            log.warning("amqp: trimming queue %r failed: %s", q.name, e)
+        finally:
+            q.trimming = 0
+
+    # ------------------------------------------------------------------ dead-lettering
+    async def dead_letter(self, q: Queue, m: Message, reason: str) -> None:
+        """Republish a message to the queue's x-dead-letter-exchange (nothing without one; a
+        missing exchange or no route drops it, as in RabbitMQ). A message dead-lettered back to
+        the same queue for a reason other than rejection is dropped (cycle)."""
+        if q.dlx is None:
+            return
+        vh = self.vhosts.get(q.vhost)
+        ex = vh.exchanges.get(q.dlx) if vh is not None else None
+        if vh is None or ex is None:
+            return
+        exchange, rk, raw = present(m)
+        new_rk = q.dlrk if q.dlrk is not None else rk
+        new_raw = dead_letter_properties(raw, q.name, reason, exchange, [rk])
+        queues = self.route(vh, ex, new_rk, new_raw)
+        if reason != "rejected":
+            queues = [d for d in queues if d is not q]
+        if not queues:
+            return
+        msgs = self.copies(
+            queues, ex.name, new_rk, new_raw, m.body, decode_properties(new_raw), None, now_ms()
+        )
+        await self.send(self.ctx, msgs)
+        self.after_publish(set(queues))
+
+    # ------------------------------------------------------------------ TTL expiry without consumers
+    def _start_sweeper(self, q: Queue) -> None:
+        if q.sweeper is None and not q.deleted and not self.closed:
+            q.sweeper = asyncio.get_running_loop().create_task(self._sweep(q), name=f"amqp ttl {q.name}")
+
+    async def _sweep(self, q: Queue) -> None:
+        """While a queue with expiring messages has no consumer, dead-letter (or drop) the expired
+        messages at its head when they expire (consumers check expiry on delivery)."""
+        while not q.deleted and not self.closed:
+            due: float | None = None
+            if not q.consumers:
+                try:
+                    due = await self._expire_head(q)
+                except ProcessorError as e:
+                    log.warning("amqp: expiring messages of %r failed: %s", q.name, e)
+                    due = 1.0
+                except Exception:  # noqa: BLE001 - keep sweeping
+                    log.exception("amqp: expiring messages of %r failed", q.name)
+                    due = 1.0
+            q.wake.clear()
+            if due == 0:
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(q.wake.wait(), due)
+
+    async def _expire_head(self, q: Queue) -> float | None:
+        """Expire the leading expired messages; seconds until the next one expires (None: unknown)."""
+        p, ctx = self.processor, self.ctx
+        now = now_ms()
+        expired = 0
+        due: int | None = None
+        route = await p.query_route(ctx, q.topic)
+        for r in route.queues:
+            start = await p.committed_offset(q.group, q.topic, r.queue_id)
+            if start < 0:
+                start = (await p.queue_offsets(q.topic, r.queue_id))[0]
+            msgs = await p.read(ctx, q.topic, r.queue_id, start, None, 64)
+            for m in msgs:
+                e = expires_at(m)
+                if e and e <= now:
+                    expired += 1
+                    continue
+                if e:
+                    due = e - now if due is None else min(due, e - now)
+                break
+        if not expired:
+            return None if due is None else max(due, 1) / 1000
+        ds = await p.pop(ctx, q.group, q.topic, max_messages=min(expired, 1024), invisible_time_ms=60_000)
+        for d in ds:
+            e = expires_at(d.message)
+            if e and e <= now_ms():
+                await self.dead_letter(q, d.message, "expired")
+                with contextlib.suppress(ProcessorError):
+                    await p.ack(ctx, d.receipt_handle)
+            else:
+                with contextlib.suppress(ProcessorError):
+                    await p.change_invisible_time(ctx, d.receipt_handle, 0)
+        return 0 if ds else 1.0
+
+    # ------------------------------------------------------------------ connection.blocked
+    def block(self, reason: str) -> None:
+        """The store refuses writes: tell every client that supports it (connection.blocked),
+        unblock after a second (the next refusal blocks again)."""
+        loop = asyncio.get_running_loop()
+        if self._unblock is not None:
+            self._unblock.cancel()
+        self._unblock = loop.call_later(1.0, self._unblock_all)
+        if self.blocked is None:
+            self.blocked = reason
+            for c in list(self.connections):
+                c.set_blocked(reason)
+
+    def _unblock_all(self) -> None:
+        self._unblock = None
+        self.blocked = None
+        for c in list(self.connections):
+            c.set_blocked(None)

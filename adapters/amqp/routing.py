@@ -1,0 +1,177 @@
+"""Exchanges and their routing: direct, fanout, topic (`*` one word, `#` zero or more), headers
+(x-match all / any / all-with-x / any-with-x), exchange-to-exchange bindings and alternate
+exchanges. Routing happens at publish time, in memory; see broker.py for declarations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .mapping import headers_of
+
+EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
+_CACHE_MAX = 4096
+
+
+class Binding:
+    """source exchange -> destination (a Queue or an Exchange), with its key and arguments."""
+
+    __slots__ = ("source", "dest", "routing_key", "args", "key")
+
+    def __init__(self, source: Exchange, dest: Any, routing_key: str, args: dict[str, Any], key: str) -> None:
+        self.source = source
+        self.dest = dest
+        self.routing_key = routing_key
+        self.args = args
+        self.key = key  # identity (vhost, source, dest kind + name, routing key, arguments)
+
+
+class Exchange:
+    __slots__ = (
+        "vhost",
+        "name",
+        "type",
+        "durable",
+        "auto_delete",
+        "internal",
+        "args",
+        "bindings",
+        "_direct",
+        "_cache",
+        "_headers",
+        "alternate",
+        "deleted",
+        "queues_only",
+    )
+
+    def __init__(
+        self,
+        vhost: str,
+        name: str,
+        type_: str,
+        durable: bool = True,
+        auto_delete: bool = False,
+        internal: bool = False,
+        args: dict[str, Any] | None = None,
+    ) -> None:
+        self.vhost = vhost
+        self.name = name
+        self.type = type_
+        self.durable = durable
+        self.auto_delete = auto_delete
+        self.internal = internal
+        self.args = args or {}
+        ae = self.args.get("alternate-exchange")
+        self.alternate: str | None = ae if isinstance(ae, str) and ae else None
+        self.bindings: dict[str, Binding] = {}
+        self._direct: dict[str, list[Any]] = {}
+        self._cache: dict[str, tuple[Any, ...]] = {}
+        self._headers: list[tuple[bool, bool, dict[str, Any], Any]] = []
+        self.deleted = False
+        self.queues_only = True  # no exchange-to-exchange binding from here
+
+    def __repr__(self) -> str:
+        return f"Exchange({self.vhost!r}, {self.name!r}, {self.type})"
+
+    # ------------------------------------------------------------------ bindings
+    def bind(self, b: Binding) -> bool:
+        """Add a binding; False if it already exists."""
+        if b.key in self.bindings:
+            return False
+        self.bindings[b.key] = b
+        self._rebuild()
+        return True
+
+    def unbind(self, key: str) -> Binding | None:
+        b = self.bindings.pop(key, None)
+        if b is not None:
+            self._rebuild()
+        return b
+
+    def _rebuild(self) -> None:
+        self._cache.clear()
+        direct: dict[str, list[Any]] = {}
+        headers: list[tuple[bool, bool, dict[str, Any], Any]] = []
+        for b in self.bindings.values():
+            if self.type == "direct":
+                lst = direct.setdefault(b.routing_key, [])
+                if b.dest not in lst:
+                    lst.append(b.dest)
+            elif self.type == "headers":
+                mode = str(b.args.get("x-match", "all"))
+                with_x = mode.endswith("-with-x")
+                want = {k: v for k, v in b.args.items() if with_x or not k.startswith("x-")}
+                headers.append((mode.startswith("any"), with_x, want, b.dest))
+        self._direct = direct
+        self._headers = headers
+        self.queues_only = all(not isinstance(b.dest, Exchange) for b in self.bindings.values())
+
+    # ------------------------------------------------------------------ matching
+    def match(self, routing_key: str, raw_properties: bytes) -> tuple[Any, ...] | list[Any]:
+        """The direct destinations of a message (queues and exchanges, no duplicates); the headers
+        exchange decodes the headers from the raw content properties."""
+        t = self.type
+        if t == "direct":
+            return self._direct.get(routing_key, ())
+        if t == "fanout":
+            r = self._cache.get("")
+            if r is None:
+                r = self._cache[""] = tuple(dict.fromkeys(b.dest for b in self.bindings.values()))
+            return r
+        if t == "topic":
+            r = self._cache.get(routing_key)
+            if r is None:
+                words = routing_key.split(".")
+                r = tuple(
+                    dict.fromkeys(
+                        b.dest
+                        for b in self.bindings.values()
+                        if topic_matches(b.routing_key.split("."), words)
+                    )
+                )
+                if len(self._cache) >= _CACHE_MAX:
+                    self._cache.clear()
+                self._cache[routing_key] = r
+            return r
+        if t == "headers" and self._headers:
+            h = headers_of(raw_properties)
+            out: list[Any] = []
+            for any_, _with_x, want, dest in self._headers:
+                if dest not in out and headers_match(any_, want, h):
+                    out.append(dest)
+            return out
+        return ()
+
+
+def topic_matches(pattern: list[str], words: list[str]) -> bool:
+    """AMQP topic matching of routing key words against binding pattern words."""
+
+    def m(i: int, j: int) -> bool:
+        np, nw = len(pattern), len(words)
+        while i < np:
+            p = pattern[i]
+            if p == "#":
+                while i + 1 < np and pattern[i + 1] == "#":
+                    i += 1
+                if i + 1 == np:
+                    return True
+                return any(m(i + 1, k) for k in range(j, nw + 1))
+            if j >= nw or (p != "*" and p != words[j]):
+                return False
+            i += 1
+            j += 1
+        return j == nw
+
+    return m(0, 0)
+
+
+def headers_match(any_: bool, want: dict[str, Any], headers: dict[str, Any]) -> bool:
+    """x-match any / all: a binding value of None (void) matches the header's mere presence."""
+    if not want:
+        return not any_
+    for k, v in want.items():
+        ok = k in headers and (v is None or headers[k] == v)
+        if any_ and ok:
+            return True
+        if not any_ and not ok:
+            return False
+    return not any_

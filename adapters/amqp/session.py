@@ -1,0 +1,507 @@
+"""One AMQP connection: a state machine over the codec's events.
+
+The asyncio glue (server.py) feeds received bytes to `Connection.feed` and gives the connection
+`write(bytes)`, `close()` and reading pause/resume callables; channels (channel.py) do the rest.
+
+States: HEADER (protocol header expected) -> START (connection.start sent, start-ok expected;
+credentials checked by processor.authorize) -> TUNE (tune-ok expected) -> OPENING (connection.open
+expected; the vhost checked) -> OPEN -> CLOSING (connection.close sent, close-ok expected) ->
+CLOSED. Errors: a channel error closes the channel (channel.close, the connection stays usable),
+any other closes the connection (connection.close, then the socket); framing errors that lose
+sync with the byte stream close the socket at once. Writes of one event-loop tick are sent with one
+transport write; heartbeats go out when nothing else did for half the interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from messaging_processor import Action, ClientContext, Identity, ProcessorError, Resource
+
+from . import codec as c
+from .channel import CLOSED as CH_CLOSED
+from .channel import CLOSING as CH_CLOSING
+from .channel import Channel
+from .codec import (
+    HEARTBEAT,
+    AMQPError,
+    Decoder,
+    Heartbeat,
+    Message,
+    Method,
+    ProtocolHeader,
+    ReplyCode,
+    encode_method,
+)
+from .mapping import now_ms
+
+if TYPE_CHECKING:
+    from .broker import Broker, VHost
+    from .queues import Queue
+
+log = logging.getLogger("adapters.amqp")
+
+HEADER, START, TUNE, OPENING, OPEN, CLOSING, CLOSED = range(7)
+SERVER_PROPERTIES = {
+    "product": "msg-gateway",
+    "version": "0.1",
+    "platform": "Python",
+    "information": "AMQP 0-9-1 adapter of msg-gateway",
+    "capabilities": {
+        "publisher_confirms": True,
+        "exchange_exchange_bindings": True,
+        "basic.nack": True,
+        "consumer_cancel_notify": True,
+        "connection.blocked": True,
+        "authentication_failure_close": True,
+        "per_consumer_qos": True,
+        "consumer_priorities": False,
+        "direct_reply_to": True,
+    },
+    "cluster_name": "msg-gateway",
+}
+
+
+def credentials(mechanism: str, response: bytes) -> tuple[str, str] | None:
+    """(username, password) of a PLAIN or AMQPLAIN start-ok response; None if malformed."""
+    if mechanism == "PLAIN":
+        parts = response.split(b"\x00")
+        if len(parts) != 3:
+            return None
+        return parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
+    try:  # AMQPLAIN: a field table without its length prefix (some clients send one)
+        if len(response) >= 4 and struct.unpack(">I", response[:4])[0] == len(response) - 4:
+            table = c.decode_table(response, 0, len(response))[0]
+        else:
+            table = c.decode_table(struct.pack(">I", len(response)) + response, 0, len(response) + 4)[0]
+    except (ValueError, IndexError, struct.error):
+        return None
+    login, password = table.get("LOGIN"), table.get("PASSWORD")
+    if login is None or password is None:
+        return None
+    as_str = lambda v: v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)  # noqa: E731
+    return as_str(login), as_str(password)
+
+
+class Connection:
+    def __init__(
+        self,
+        broker: Broker,
+        write: Callable[[bytes], Any],
+        close: Callable[[], Any],
+        remote: str = "",
+        pause_reading: Callable[[], Any] | None = None,
+        resume_reading: Callable[[], Any] | None = None,
+        *,
+        heartbeat: int = 60,
+        frame_max: int = c.DEFAULT_FRAME_MAX,
+        channel_max: int = 2047,
+    ) -> None:
+        self.broker = broker
+        self._transport_write = write
+        self._close = close
+        self._pause = pause_reading
+        self._resume = resume_reading
+        self.remote = remote
+        self.loop = asyncio.get_running_loop()
+        self.decoder = Decoder(decode_properties=False, max_body_size=broker.max_body_size)
+        self.state = HEADER
+        self.ctx = ClientContext("amqp", remote=remote)
+        self.vhost_obj: VHost | None = None
+        self.channels: dict[int, Channel] = {}
+        self.exclusive_queues: set[Queue] = set()
+        self.heartbeat = heartbeat
+        self.frame_max = frame_max
+        self.channel_max = channel_max
+        self.cancel_notify = False
+        self.blocked_notify = False
+        self.writable = asyncio.Event()
+        self.writable.set()
+        self.last_rx = self.loop.time()
+        self.last_tx = self.last_rx
+        self._wbuf: list[bytes] = []
+        self._tasks: set[asyncio.Task] = set()
+        self._backlog: list[Any] | None = None
+        self._timer: asyncio.TimerHandle | None = self.loop.call_later(10.0, self._handshake_timeout)
+        self._inflight = 0
+        self._paused = False
+        self.closed_event = asyncio.Event()
+
+    @property
+    def ended(self) -> bool:
+        """The connection is closing or closed."""
+        return self.state >= CLOSING
+
+    # ------------------------------------------------------------------ output
+    def write(self, data: bytes) -> None:
+        if self.state == CLOSED:
+            return
+        if not self._wbuf:
+            self.loop.call_soon(self._flush_writes)
+        self._wbuf.append(data)
+
+    def _flush_writes(self) -> None:
+        buf = self._wbuf
+        if not buf or self.state == CLOSED:
+            return
+        self._wbuf = []
+        self.last_tx = self.loop.time()
+        self._transport_write(buf[0] if len(buf) == 1 else b"".join(buf))
+
+    def spawn(self, coro: Any) -> asyncio.Task:
+        t = self.loop.create_task(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+        return t
+
+    def pause_writing(self) -> None:
+        self.writable.clear()
+
+    def resume_writing(self) -> None:
+        self.writable.set()
+
+    def publishes_started(self, n: int) -> None:
+        self._inflight += n
+        if not self._paused and self._inflight > self.broker.max_inflight_publishes and self._pause:
+            self._paused = True
+            self._pause()
+
+    def publishes_done(self, n: int) -> None:
+        self._inflight -= n
+        if self._paused and self._inflight <= self.broker.max_inflight_publishes // 2:
+            self._paused = False
+            if self._resume is not None and self.state != CLOSED:
+                self._resume()
+
+    # ------------------------------------------------------------------ input
+    def feed(self, data: bytes) -> None:
+        if self.state == CLOSED:
+            return
+        self.last_rx = self.loop.time()
+        dec = self.decoder
+        batch: list[Message] | None = None
+        bch = 0
+        try:
+            dec.feed(data)
+            while True:
+                ev = dec.next_event()
+                if ev is None:
+                    break
+                if type(ev) is Message:
+                    if batch is not None:
+                        if ev.channel == bch:
+                            batch.append(ev)
+                            continue
+                        self._publish(bch, batch)
+                    batch = [ev]
+                    bch = ev.channel
+                    continue
+                if batch is not None:
+                    self._publish(bch, batch)
+                    batch = None
+                self._handle(ev)
+                if self.state == CLOSED:
+                    return
+        except AMQPError as e:
+            if batch is not None:
+                self._publish(bch, batch)
+            self.fail(e)
+            return
+        except Exception as e:  # noqa: BLE001 - a bug closes this connection, not the listener
+            log.exception("amqp %s: internal error", self.remote)
+            self.fail(AMQPError(ReplyCode.INTERNAL_ERROR, f"{type(e).__name__}: {e}"))
+            return
+        if batch is not None:
+            self._publish(bch, batch)
+
+    def _publish(self, number: int, batch: list[Message]) -> None:
+        ch = self.channels.get(number)
+        if ch is None:
+            if self.state == OPEN:
+                self.fail(AMQPError(ReplyCode.CHANNEL_ERROR, f"expected 'channel.open' on channel {number}"))
+            return
+        ch.handle(batch)
+
+    def _handle(self, ev: Any) -> None:
+        t = type(ev)
+        if t is Heartbeat:
+            return
+        if self._backlog is not None:
+            self._backlog.append(ev)
+            return
+        if t is Method:
+            if ev.channel:
+                self._channel_method(ev)
+            else:
+                self._connection_method(ev.method)
+        elif t is ProtocolHeader:
+            self.state = START
+            self.write(
+                encode_method(0, c.ConnectionStart(0, 9, SERVER_PROPERTIES, b"PLAIN AMQPLAIN", b"en_US"))
+            )
+
+    def _channel_method(self, ev: Method) -> None:
+        if self.state != OPEN:
+            if self.state != CLOSING:
+                self.fail(AMQPError(ReplyCode.COMMAND_INVALID, f"{ev.method.NAME} before connection.open"))
+            return
+        n = ev.channel
+        m = ev.method
+        ch = self.channels.get(n)
+        if type(m) is c.ChannelOpen:
+            if ch is not None:
+                self.fail(
+                    AMQPError(
+                        ReplyCode.CHANNEL_ERROR,
+                        f"second 'channel.open' seen on channel {n}",
+                        class_id=20,
+                        method_id=10,
+                    )
+                )
+            elif n > self.channel_max:
+                self.fail(
+                    AMQPError(
+                        ReplyCode.CHANNEL_ERROR,
+                        f"channel {n} exceeds channel_max {self.channel_max}",
+                        class_id=20,
+                        method_id=10,
+                    )
+                )
+            else:
+                self.channels[n] = Channel(self, n)
+                self.write(encode_method(n, c.ChannelOpenOk()))
+            return
+        if ch is None:
+            self.fail(
+                AMQPError(
+                    ReplyCode.CHANNEL_ERROR,
+                    f"expected 'channel.open' on channel {n}",
+                    class_id=m.CLASS_ID,
+                    method_id=m.METHOD_ID,
+                )
+            )
+            return
+        if ch.state == CH_CLOSING:  # we closed it: only the client's close / close-ok count
+            if type(m) is c.ChannelCloseOk:
+                self.channel_closed(ch)
+            elif type(m) is c.ChannelClose:
+                self.write(encode_method(n, c.ChannelCloseOk()))
+                self.channel_closed(ch)
+            return
+        ch.handle(ev)
+
+    def channel_closed(self, ch: Channel) -> None:
+        ch.state = CH_CLOSED
+        if self.channels.get(ch.number) is ch:
+            del self.channels[ch.number]
+
+    # ------------------------------------------------------------------ connection class
+    def _connection_method(self, m: Any) -> None:
+        t = type(m)
+        st = self.state
+        if t is c.ConnectionClose:
+            log.debug("amqp %s: client closes: %s %s", self.remote, m.reply_code, m.reply_text)
+            self.write(encode_method(0, c.ConnectionCloseOk()))
+            self.close()
+        elif t is c.ConnectionCloseOk:
+            if st == CLOSING:
+                self.close()
+        elif st == START and t is c.ConnectionStartOk:
+            self._backlog = []
+            self.spawn(self._start_ok(m))
+        elif st == TUNE and t is c.ConnectionTuneOk:
+            self._tune_ok(m)
+        elif st == OPENING and t is c.ConnectionOpen:
+            self._backlog = []
+            self.spawn(self._open(m))
+        elif st == OPEN and t is c.ConnectionUpdateSecret:
+            self.write(encode_method(0, c.ConnectionUpdateSecretOk()))
+        elif st != CLOSING:
+            self.fail(
+                AMQPError(
+                    ReplyCode.COMMAND_INVALID,
+                    f"{m.NAME} not expected now",
+                    class_id=m.CLASS_ID,
+                    method_id=m.METHOD_ID,
+                )
+            )
+
+    def _resume_backlog(self) -> None:
+        backlog, self._backlog = self._backlog, None
+        for ev in backlog or ():
+            if self.state in (CLOSING, CLOSED):
+                return
+            self._handle(ev)
+
+    async def _start_ok(self, m: c.ConnectionStartOk) -> None:
+        caps = m.client_properties.get("capabilities") if isinstance(m.client_properties, dict) else None
+        if isinstance(caps, dict):
+            self.cancel_notify = bool(caps.get("consumer_cancel_notify"))
+            self.blocked_notify = bool(caps.get("connection.blocked"))
+        mech = m.mechanism
+        if mech not in ("PLAIN", "AMQPLAIN"):
+            self._refuse(ReplyCode.COMMAND_INVALID, f"unknown authentication mechanism '{mech}'")
+            return
+        cred = credentials(mech, m.response)
+        refused = (
+            f"Login was refused using authentication mechanism {mech}. For details see the broker logfile."
+        )
+        if cred is None:
+            self._refuse(ReplyCode.ACCESS_REFUSED, refused)
+            return
+        identity = Identity(cred[0], cred[1], mech.lower())
+        self.ctx = ClientContext(
+            "amqp", client_id=f"amqp-{self.remote}", identity=identity, remote=self.remote
+        )
+        try:
+            await self.broker.processor.authorize(identity, Action.CONNECT, Resource("cluster", "amqp"))
+        except ProcessorError as e:
+            log.info("amqp %s: login of %r refused: %s", self.remote, cred[0], e)
+            self._refuse(ReplyCode.ACCESS_REFUSED, refused)
+            return
+        if self.state != START:
+            return
+        self.state = TUNE
+        self.write(encode_method(0, c.ConnectionTune(self.channel_max, self.frame_max, self.heartbeat)))
+        self._resume_backlog()
+
+    def _tune_ok(self, m: c.ConnectionTuneOk) -> None:
+        fm = m.frame_max or self.frame_max
+        if fm < c.FRAME_MIN_SIZE or fm > self.frame_max:
+            self._refuse(
+                ReplyCode.NOT_ALLOWED,
+                f"frame_max {m.frame_max} outside [{c.FRAME_MIN_SIZE}, {self.frame_max}]",
+            )
+            return
+        self.frame_max = fm
+        self.decoder.frame_max = fm
+        if m.channel_max:
+            self.channel_max = min(self.channel_max, m.channel_max)
+        self.heartbeat = m.heartbeat
+        self.state = OPENING
+
+    async def _open(self, m: c.ConnectionOpen) -> None:
+        vhost = m.virtual_host or "/"
+        try:
+            await self.broker.processor.authorize(self.ctx.identity, Action.CONNECT, Resource("vhost", vhost))
+        except ProcessorError:
+            self._refuse(
+                ReplyCode.NOT_ALLOWED,
+                f"access to vhost '{vhost}' refused for user '{self.ctx.identity.username or ''}'",
+            )
+            return
+        if self.state != OPENING:
+            return
+        self.vhost_obj = self.broker.vhost(vhost)
+        self.state = OPEN
+        self.broker.connections.add(self)
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = None
+        self.write(encode_method(0, c.ConnectionOpenOk()))
+        if self.broker.blocked is not None:
+            self.set_blocked(self.broker.blocked)
+        self._arm_timer()
+        self._resume_backlog()
+
+    def _refuse(self, code: int, text: str) -> None:
+        """Refuse the connection during the handshake: connection.close, then the socket."""
+        log.info("amqp %s: %s", self.remote, text)
+        self.write(AMQPError(code, text, class_id=10, method_id=11).response())
+        self._backlog = None
+        self.close()
+
+    def _handshake_timeout(self) -> None:
+        self._timer = None
+        if self.state < OPEN:
+            log.info("amqp %s: handshake timeout", self.remote)
+            self.close()
+
+    # ------------------------------------------------------------------ heartbeats, renewals
+    def _arm_timer(self) -> None:
+        """Heartbeats every half interval; invisible-time renewals four times per invisible time."""
+        hb = self.heartbeat
+        period = min(5.0, self.broker.invisible_time_ms / 4000)
+        if hb:
+            period = min(period, hb / 2)
+        self._timer = self.loop.call_later(period, self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        if self.state not in (OPEN, CLOSING):
+            return
+        now = self.loop.time()
+        hb = self.heartbeat
+        if hb:
+            if now - self.last_rx > 2 * hb:
+                log.info("amqp %s: missed heartbeats from client, timeout: %ds", self.remote, hb)
+                self.close()
+                return
+            if now - self.last_tx >= hb / 2 and not self._wbuf:
+                self.write(HEARTBEAT)
+        ms = now_ms()
+        for ch in list(self.channels.values()):
+            if ch.unacked:
+                ch.renew(ms)
+        self._arm_timer()
+
+    def set_blocked(self, reason: str | None) -> None:
+        if self.blocked_notify and self.state == OPEN:
+            self.write(
+                encode_method(
+                    0, c.ConnectionBlocked(reason) if reason is not None else c.ConnectionUnblocked()
+                )
+            )
+
+    # ------------------------------------------------------------------ errors and closing
+    def fail(self, e: AMQPError) -> None:
+        """A protocol error: channel errors close the channel, others the connection."""
+        if self.state in (CLOSING, CLOSED):
+            if e.fatal:
+                self.close()
+            return
+        if e.soft and e.channel:
+            ch = self.channels.get(e.channel)
+            if ch is not None:
+                ch.fail(e)
+                return
+        log.info("amqp %s: %r; closing the connection", self.remote, e)
+        self.write(e.response())
+        if e.fatal or self.state < OPEN:
+            self.close()
+            return
+        self.state = CLOSING
+        self.decoder.closing = True
+        self._release()
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_later(5.0, self.close)
+
+    def close(self) -> None:
+        """Close the socket (after what was written) and release everything."""
+        if self.state == CLOSED:
+            return
+        self._flush_writes()
+        self.state = CLOSED
+        self._close()
+        self.connection_lost()
+
+    def connection_lost(self) -> None:
+        """The transport is gone (idempotent)."""
+        self.state = CLOSED
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._release()
+        self.closed_event.set()
+
+    def _release(self) -> None:
+        for ch in list(self.channels.values()):
+            ch.release()
+            ch.state = CH_CLOSED
+        self.channels.clear()
+        self.broker.connection_closed(self)
