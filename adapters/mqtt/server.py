@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import ssl as ssl_mod
 
 from messaging_processor import MessagingProcessor
 
+from ..listener import TcpListeners
 from .broker import Broker
 from .session import Session
 
@@ -69,49 +69,33 @@ class MqttAdapter:
             max_keep_alive=max_keep_alive,
         )
         self.connections: set[MqttProtocol] = set()
-        self.ssl = ssl
-        self.tls_port = tls_port
-        self._server: asyncio.Server | None = None
-        self._tls_server: asyncio.Server | None = None
-        self._address = f"{host}:{port}"
-        self._tls_address: str | None = None
+        self.net = TcpListeners(host, port, ssl=ssl, tls_port=tls_port, tls_name="mqtts")
 
     async def start(self) -> None:
         await self.broker.start()
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: MqttProtocol(self), self.host, self.port)
-        sock = self._server.sockets[0].getsockname()
-        self._address = f"{sock[0]}:{sock[1]}"
-        if self.ssl is not None:
-            self._tls_server = await loop.create_server(
-                lambda: MqttProtocol(self), self.host, self.tls_port, ssl=self.ssl
-            )
-            sock = self._tls_server.sockets[0].getsockname()
-            self._tls_address = f"{sock[0]}:{sock[1]}"
+        await self.net.start(lambda: MqttProtocol(self))
 
     @property
     def listening(self) -> bool:
-        return self._server is not None and self._server.is_serving()
+        return self.net.listening
 
     @property
     def address(self) -> str:
-        return self._address
+        return self.net.address
 
     @property
     def extra_listeners(self) -> dict[str, str]:
         """Listeners besides `address` (the TLS one when a certificate is configured)."""
-        return {"mqtts": self._tls_address} if self._tls_address else {}
+        return self.net.extra_listeners
 
     @property
     def bound_port(self) -> int:
-        return int(self._address.rsplit(":", 1)[1])
+        return self.net.bound_port
 
     async def stop(self, grace: float) -> None:
         """Stop accepting, let in-flight stores finish for up to `grace` s, then close sessions
         (5.0 clients get DISCONNECT 0x8B Server shutting down)."""
-        for srv in (self._server, self._tls_server):
-            if srv is not None:
-                srv.close()
+        self.net.close()
         tasks = [t for c in self.connections if c.session is not None for t in c.session._tasks]
         if tasks and grace > 0:
             await asyncio.wait(tasks, timeout=grace)
@@ -119,8 +103,4 @@ class MqttAdapter:
         for c in list(self.connections):
             if c.transport is not None:
                 c.transport.abort()
-        for srv in (self._server, self._tls_server):
-            if srv is not None:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(srv.wait_closed(), 2.0)
-        self._server = self._tls_server = None
+        await self.net.wait_closed()

@@ -8,6 +8,7 @@ import contextlib
 import itertools
 import logging
 
+from adapters.listener import TcpListeners
 from adapters.remoting.codec import (
     FLAG_ONEWAY,
     Decoder,
@@ -202,16 +203,13 @@ class RemotingAdapter:
         )
         self.connections: set[RemotingConnection] = set()
         self.accepting = False
-        self._server: asyncio.Server | None = None
-        self._address = f"{host}:{port}"
+        self.net = TcpListeners(host, port)
         self._housekeeping: asyncio.Task | None = None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: RemotingConnection(self), self.host, self.port)
-        sock = self._server.sockets[0].getsockname()
-        self._address = f"[{sock[0]}]:{sock[1]}" if ":" in str(sock[0]) else f"{sock[0]}:{sock[1]}"
-        self.service.bound(int(sock[1]))
+        await self.net.start(lambda: RemotingConnection(self))
+        self.service.bound(self.net.bound_port)
         self.service.hold.start()
         self._housekeeping = loop.create_task(self._expire_clients(), name="remoting client expiry")
         self.accepting = True
@@ -223,11 +221,11 @@ class RemotingAdapter:
 
     @property
     def listening(self) -> bool:
-        return self._server is not None and self._server.is_serving()
+        return self.net.listening
 
     @property
     def address(self) -> str:
-        return self._address
+        return self.net.address
 
     @property
     def bound_port(self) -> int:
@@ -237,8 +235,7 @@ class RemotingAdapter:
         """Stop accepting; let running requests finish for up to `grace` s (held pulls are answered
         at once), then close every connection."""
         self.accepting = False
-        if self._server is not None:
-            self._server.close()
+        self.net.close()
         await self.service.hold.stop()  # held pulls answer now (PULL_NOT_FOUND)
         tasks = [t for c in self.connections for t in c.tasks]
         if tasks and grace > 0:
@@ -251,7 +248,4 @@ class RemotingAdapter:
         for c in list(self.connections):
             if c.transport is not None:
                 c.transport.abort()
-        if self._server is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._server.wait_closed(), 2.0)
-            self._server = None
+        await self.net.wait_closed()
