@@ -95,6 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_namesrv_parser(sub)
 
+    from analytics.cli import add_parser as add_analytics_parser
+
+    add_analytics_parser(sub)
+
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--url",
@@ -236,6 +240,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from namesrv.cli import run
 
         return run(args)
+    if args.command == "analytics":
+        from analytics.cli import run as run_analytics
+
+        return run_analytics(args)
     return _admin(args)
 
 

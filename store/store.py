@@ -753,6 +753,26 @@ class Store:
             off += n
         return out
 
+    # Raw range reads for bulk consumers (the gateway's read API for Spark): record bytes instead of
+    # one decoded Message per record. Record layout: store/codec.py and docs/store.md.
+    def queue_entries(
+        self, topic: str, queue_id: int, start: int, end: int, max_entries: int
+    ) -> tuple[int, Iterable]:
+        """(first offset, entries) of one queue in [start, end) clamped to what is stored: at most
+        `max_entries` (commit log offset, size, tag hash, store time) tuples, lazily."""
+        cq = self._queue(topic, queue_id)
+        first = max(start, cq.min_offset)
+        return first, cq.entries(first, max(0, min(max_entries, min(end, cq.max_offset) - first)))
+
+    def read_log(self, offset: int, size: int) -> bytes:
+        """`size` bytes of the commit log from `offset` (within one segment); KeyError when they
+        are no longer stored (retention)."""
+        return self.commitlog.read(offset, size)
+
+    @property
+    def segment_size(self) -> int:
+        return self.commitlog.segment_size
+
     def search_offset(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         """The first queue offset stored at or after `timestamp_ms`."""
         return self._queue(topic, queue_id).offset_for_timestamp(timestamp_ms)

@@ -9,7 +9,7 @@ from fastapi import APIRouter, FastAPI
 from adapters.base import Adapter
 from messaging_processor import MessagingProcessor
 
-from . import admin, health, metrics
+from . import admin, health, metrics, read_api
 from .errors import install_error_handlers
 
 ListenerSource = Callable[[], Iterable[Adapter]]
@@ -39,6 +39,7 @@ def create_app(
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.include_router(admin.router)
+    app.include_router(read_api.router)
     for router in extra_routers:
         app.include_router(router)
     return app
