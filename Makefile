@@ -98,6 +98,8 @@ bench: install install-system
 	$(VENV)/bin/python bench/mqtt_codec_bench.py
 	$(VENV)/bin/python bench/mqtt_bench.py
 	$(VENV)/bin/python bench/amqp_codec_bench.py
+	$(VENV)/bin/python bench/http_bench.py
+	$(VENV)/bin/python bench/analytics_bench.py
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -28,7 +28,18 @@ _TEXT_TYPE = re.compile(r"^(text/[^;]+|application/([a-zA-Z0-9\-.]+\+)?xml)\s*(;
 
 def is_json_type(content_type: str | None) -> bool:
     """Whether data of this media type is JSON (absent counts as JSON, per the JSON format)."""
-    return content_type is None or _JSON_TYPE.match(content_type) is not None
+    if content_type is None:
+        return True
+    known = _JSON_TYPES.get(content_type)
+    if known is None:
+        known = _JSON_TYPE.match(content_type) is not None
+        if len(_JSON_TYPES) >= 1024:
+            _JSON_TYPES.clear()
+        _JSON_TYPES[content_type] = known
+    return known
+
+
+_JSON_TYPES: dict[str, bool] = {}  # media type -> is_json_type, the values seen (bounded)
 
 
 def is_text_type(content_type: str | None) -> bool:
@@ -44,12 +55,25 @@ def canonical(value: AttrValue) -> str:
     return value if isinstance(value, str) else str(value)
 
 
-_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+try:  # the C encoder made once: JSONEncoder.encode builds one per call, a third of its cost
+    from json.encoder import c_encode_basestring, c_make_encoder  # type: ignore[attr-defined]
+
+    _C_ENCODE = (
+        c_make_encoder(None, _ENCODER.default, c_encode_basestring, None, ":", ",", False, False, True)
+        if c_make_encoder is not None and c_encode_basestring is not None
+        else None
+    )
+except ImportError:  # pragma: no cover - CPython always has _json
+    _C_ENCODE = None
 
 
 def dump_json(value: object) -> bytes:
-    """Compact UTF-8 JSON."""
-    return _ENCODE(value).encode()
+    """Compact UTF-8 JSON (non-ASCII characters as UTF-8, not escaped)."""
+    cls = value.__class__
+    if _C_ENCODE is not None and (cls is dict or cls is list):
+        return "".join(_C_ENCODE(value, 0)).encode()
+    return _ENCODER.encode(value).encode()
 
 
 @dataclass(slots=True)

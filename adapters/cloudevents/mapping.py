@@ -6,7 +6,8 @@ decoded, JSON `data` serialized compactly, text `data` as UTF-8), and every cont
 
     ce.id ce.source ce.type ce.subject ce.time ce.dataschema ce.datacontenttype ce.<extension>
     ce._types   extensions that were JSON integers / booleans: "name:i,name:b" (absent: all strings)
-    ce._data    how structured mode carried data: json | text | binary (absent: binary mode)
+    ce._data    how structured mode carried data: text | binary, or json when datacontenttype is
+                not a JSON type (absent: binary mode, or JSON data of a JSON type or of none)
 
 so that the event leaves exactly as it came (same attribute strings, same extension types, same data
 representation). A message without `ce.id` entered through another protocol and is presented with
@@ -28,7 +29,7 @@ from datetime import UTC, datetime
 
 from messaging_processor import Message
 
-from .event import SPECVERSION, AttrValue, Event
+from .event import SPECVERSION, AttrValue, Event, is_json_type
 
 PREFIX = "ce."
 P_ID = "ce.id"
@@ -45,23 +46,42 @@ ROCKETMQ_TYPE = "org.apache.rocketmq.message"
 def to_message(topic: str, ev: Event) -> Message:
     """The store message of an event (not yet sent)."""
     props: dict[str, str] = {}
-    types: list[str] = []
+    types: list[str] | None = None
+    keys = _KEYS
     for name, value in ev.attributes.items():
-        if name == "specversion":
-            continue
-        if isinstance(value, bool):
-            props[PREFIX + name] = "true" if value else "false"
-            types.append(name + ":b")
-        elif isinstance(value, int):
-            props[PREFIX + name] = str(value)
-            types.append(name + ":i")
+        key = keys.get(name)
+        if key is None:
+            if name == "specversion":
+                continue
+            key = PREFIX + name
+            if len(keys) < _KEYS_MAX:
+                keys[name] = key
+        if value.__class__ is str:
+            props[key] = value  # type: ignore[assignment]
+        elif isinstance(value, bool | int):
+            if types is None:
+                types = []
+            if isinstance(value, bool):
+                props[key] = "true" if value else "false"
+                types.append(name + ":b")
+            else:
+                props[key] = str(value)
+                types.append(name + ":i")
         else:
-            props[PREFIX + name] = value
+            props[key] = str(value)
     if types:
         props[P_TYPES] = ",".join(types)
-    if ev.data_form is not None:
-        props[P_DATA] = ev.data_form
+    form = ev.data_form
+    if form is not None and (form != "json" or not is_json_type(ev.datacontenttype)):
+        props[P_DATA] = form  # JSON data of a JSON media type (or none) needs no mark
     return Message(topic=topic, body=ev.data or b"", properties=props)
+
+
+# attribute name -> property name, so that the hot path does not build the same strings again
+_KEYS: dict[str, str] = {
+    n: PREFIX + n for n in ("id", "source", "type", "subject", "time", "datacontenttype")
+}
+_KEYS_MAX = 4096
 
 
 def is_cloudevent(msg: Message) -> bool:

@@ -6,9 +6,11 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Sequence
+from urllib.parse import parse_qsl
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from starlette.types import Scope
 
 from messaging_processor import ANONYMOUS, ClientContext, Identity
 
@@ -50,7 +52,16 @@ def method_not_allowed() -> JSONResponse:
 def identity(request: Request) -> Identity:
     """Credentials as the webhook spec passes them: `Authorization: Bearer <token>` (or Basic), or
     the `access_token` query parameter. The processor's authorizer decides what they allow."""
-    auth = request.headers.get("authorization")
+    return scope_identity(request.scope)
+
+
+def scope_identity(scope: Scope) -> Identity:
+    """`identity` of an ASGI scope."""
+    auth = None
+    for k, v in scope["headers"]:
+        if k == b"authorization":
+            auth = v.decode("latin-1")
+            break
     if auth:
         scheme, _, value = auth.partition(" ")
         scheme = scheme.lower()
@@ -62,14 +73,22 @@ def identity(request: Request) -> Identity:
             except (binascii.Error, UnicodeDecodeError):
                 return ANONYMOUS
             return Identity(username=user, secret=password, mechanism="plain")
-    token = request.query_params.get("access_token")
-    if token:
-        return Identity(secret=token, mechanism="bearer")
+    query = scope.get("query_string", b"")
+    if b"access_token" in query:
+        # as Starlette's query_params: blank values kept, the last one wins
+        token = dict(parse_qsl(query.decode("latin-1"), keep_blank_values=True)).get("access_token")
+        if token:
+            return Identity(secret=token, mechanism="bearer")
     return ANONYMOUS
 
 
 def context(request: Request) -> ClientContext:
     """The processor context of one HTTP request."""
-    client = request.client
-    remote = f"{client.host}:{client.port}" if client else ""
-    return ClientContext(protocol="http", client_id=remote, identity=identity(request), remote=remote)
+    return scope_context(request.scope)
+
+
+def scope_context(scope: Scope) -> ClientContext:
+    """`context` of an ASGI scope."""
+    client = scope.get("client")
+    remote = f"{client[0]}:{client[1]}" if client else ""
+    return ClientContext(protocol="http", client_id=remote, identity=scope_identity(scope), remote=remote)

@@ -31,8 +31,6 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import httpx
-
 from messaging_processor import (
     ClientContext,
     Delivery,
@@ -50,6 +48,7 @@ from .event import Event, canonical
 from .filters import compile_filters
 from .mapping import attributes_of, from_message
 from .models import MAX_INVISIBLE_MS, SubscriptionRecord, SubscriptionStatus, duration_ms
+from .webhook import WebhookError, WebhookTimeout
 
 if TYPE_CHECKING:
     from .service import CloudEvents
@@ -246,17 +245,17 @@ class Dispatcher:
     async def _handshake(self, url: str) -> str | None:
         try:
             r = await self.service.client.request(
-                "OPTIONS", url, headers={"WebHook-Request-Origin": self.origin}, timeout=self.timeout_s
+                "OPTIONS", url, [("webhook-request-origin", self.origin)], timeout=self.timeout_s
             )
-        except httpx.HTTPError as e:
-            return f"handshake with {url} failed: {e!r}"
-        allowed = r.headers.get("webhook-allowed-origin")
+        except WebhookError as e:
+            return f"handshake with {url} failed: {e}"
+        allowed = r.header("webhook-allowed-origin")
         if allowed is None or (allowed.strip() != "*" and allowed.strip() != self.origin):
             return (
                 f"{url} did not grant origin {self.origin} "
-                f"(status {r.status_code}, WebHook-Allowed-Origin {allowed!r})"
+                f"(status {r.status}, WebHook-Allowed-Origin {allowed!r})"
             )
-        rate = (r.headers.get("webhook-allowed-rate") or "").strip()
+        rate = (r.header("webhook-allowed-rate") or "").strip()
         if rate.isdigit() and int(rate) > 0:
             self._interval_s = max(self._interval_s, 60.0 / int(rate))
         return None
@@ -340,18 +339,17 @@ class Dispatcher:
             headers.append(("prefer", "reply"))
         await self._pace()
         try:
-            r = await self.service.client.post(url, content=body, headers=headers, timeout=self.timeout_s)
-        except httpx.TimeoutException as e:
-            return Attempt(False, retryable=True, error=f"timeout: {e!r}")
-        except httpx.HTTPError as e:
-            return Attempt(False, retryable=True, error=f"{type(e).__name__}: {e}")
-        status = r.status_code
+            r = await self.service.client.request("POST", url, headers, body, timeout=self.timeout_s)
+        except WebhookTimeout as e:
+            return Attempt(False, retryable=True, error=f"timeout: {e}")
+        except WebhookError as e:
+            return Attempt(False, retryable=True, error=str(e))
+        status = r.status
         if 200 <= status < 300:
             reply = None
             if expect_reply and status == 200 and r.content:
                 try:
-                    headers = [(k.lower(), v) for k, v in r.headers.multi_items()]
-                    reply = codec.decode_reply(headers, r.content)
+                    reply = codec.decode_reply(r.headers, r.content)
                 except codec.CodecError as e:
                     log.info("subscription %s: ignoring an invalid reply: %s", self.sub.id, e)
             return Attempt(True, status, reply=reply)
@@ -359,7 +357,7 @@ class Dispatcher:
             False,
             status,
             retryable=is_retryable(status),
-            retry_after_s=parse_retry_after(r.headers.get("retry-after")),
+            retry_after_s=parse_retry_after(r.header("retry-after")),
             body=r.content,
         )
 

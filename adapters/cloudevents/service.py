@@ -8,8 +8,8 @@ import contextlib
 import logging
 from collections.abc import Sequence
 
-import httpx
 from fastapi import APIRouter
+from starlette.applications import Starlette
 
 from adapters.base import Adapter
 from messaging_processor import ClientContext, MessagingProcessor
@@ -18,6 +18,7 @@ from . import ingest, pull, subscriptions
 from .dedup import Deduplicator
 from .event import Event
 from .mapping import to_message
+from .webhook import WebhookClient
 
 log = logging.getLogger("adapters.cloudevents")
 
@@ -29,23 +30,27 @@ class CloudEvents:
         self.processor = processor
         self.dedup = Deduplicator(processor, dedup_window_s) if dedup_window_s > 0 else None
         self.subscriptions = subscriptions.SubscriptionManager(self)
-        self._client: httpx.AsyncClient | None = None
+        self.ingest = ingest.IngestEndpoint(self)
+        self._client: WebhookClient | None = None
 
     @property
-    def client(self) -> httpx.AsyncClient:
-        """The keep-alive client every push subscription shares."""
+    def client(self) -> WebhookClient:
+        """The keep-alive client every push subscription shares (webhook.py)."""
         if self._client is None:
-            self._client = httpx.AsyncClient(
-                follow_redirects=False,
-                limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
-                headers={"user-agent": "msg-gateway-cloudevents"},
+            self._client = WebhookClient(
+                user_agent="msg-gateway-cloudevents", max_connections=256, max_idle_per_origin=64
             )
         return self._client
 
     def routers(self) -> list[APIRouter]:
-        return [ingest.router(self), pull.router(self), subscriptions.router(self)]
+        return [ingest.router(self, self.ingest), pull.router(self), subscriptions.router(self)]
 
     def serve(self, http: Adapter) -> ServedAdapter:
+        """Attach to the HTTP listener. When it serves a Starlette app (the gateway's HttpAdapter),
+        the ingest route is also put first in that app's routing table (ingest.put_first)."""
+        app = getattr(http, "app", None)
+        if isinstance(app, Starlette):
+            ingest.put_first(app, self.ingest)
         return ServedAdapter(http, self)
 
     async def start(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import calendar
 import re
 from dataclasses import dataclass
+from datetime import datetime
 
 from .event import CORE, OPTIONAL, SPECVERSION, AttrValue
 
@@ -23,6 +24,10 @@ _TIME = re.compile(
     re.ASCII,
 )
 _TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
+_TIME_SHAPE = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?(?:Z|[+-][0-9]{2}:[0-9]{2})",
+    re.ASCII,
+)
 _MEDIA_TYPE = re.compile(
     rf'^{_TOKEN}/{_TOKEN}(?:[ \t]*;[ \t]*{_TOKEN}=(?:{_TOKEN}|"(?:[^"\\\x00-\x1f\x7f]|\\.)*"))*[ \t]*$',
     re.ASCII,
@@ -30,6 +35,13 @@ _MEDIA_TYPE = re.compile(
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:", re.ASCII)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _SPACE_OR_CONTROL = re.compile(r"[\s\x00-\x1f\x7f-\x9f]")
+
+# Values already found valid, so that the hot path skips the regexes. Bounded: cleared when full.
+_CACHE_MAX = 4096
+_OK_MEDIA_TYPES: set[str] = set()
+_OK_NAMES: set[str] = set()  # extension names
+_REQUIRED = frozenset(("specversion", "id", "source", "type"))
+_RESERVED = frozenset(("data", "data_base64"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,33 +70,109 @@ def check_name(name: str) -> str | None:
 
 def check_time(value: str) -> str | None:
     """RFC 3339 `date-time`: seconds required, offset `Z` or `+hh:mm`, calendar-valid fields."""
+    # Fast path: the exact RFC 3339 shape, then the C parser for the calendar and the ranges. It
+    # refuses a leap second (:60) and a lower-case `z`, which the full check below accepts.
+    if _TIME_SHAPE.fullmatch(value) is not None and (value[-1] == "Z" or value[-2:] <= "59"):
+        try:
+            datetime.fromisoformat(value)
+            return None
+        except ValueError:
+            pass
     m = _TIME.match(value)
     if m is None:
         return f"time {value!r} is not an RFC 3339 timestamp"
     year, month, day, hour, minute, second, _, _, oh, om = m.groups()
-    month_n, day_n = int(month), int(day)
-    if (
-        not 1 <= month_n <= 12
-        or day_n < 1
-        or (day_n > 28 and day_n > calendar.monthrange(int(year), month_n)[1])
-    ):
+    # Two-digit fields compare as strings exactly as their numbers do.
+    if not "01" <= month <= "12" or day < "01" or (day > "28" and int(day) > _days(int(year), int(month))):
         return f"time {value!r} has no such date"
-    if int(hour) > 23 or int(minute) > 59 or int(second) > 60:
+    if hour > "23" or minute > "59" or second > "60":
         return f"time {value!r} has no such time of day"
-    if oh is not None and (int(oh) > 23 or int(om) > 59):
+    if oh is not None and (oh > "23" or om > "59"):
         return f"time {value!r} has an offset out of range"
     return None
 
 
+def _days(year: int, month: int) -> int:
+    return calendar.monthrange(year, month)[1]
+
+
 def check_media_type(value: str) -> str | None:
     """RFC 2046 / RFC 9110 media type: `type/subtype` with optional `; name=value` parameters."""
+    if value in _OK_MEDIA_TYPES:
+        return None
     if not _MEDIA_TYPE.match(value):
         return f"{value!r} is not an RFC 2046 media type"
+    _remember(_OK_MEDIA_TYPES, value)
     return None
+
+
+def _remember(cache: set[str], value: str) -> None:
+    if len(cache) >= _CACHE_MAX:
+        cache.clear()
+    cache.add(value)
+
+
+def valid_fast(attrs: dict[str, AttrValue]) -> bool:
+    """True when the attributes are certainly valid; False means "run the full checks", which
+    then find the problems (or accept a rare valid form this shortcut does not cover, such as a
+    value with a non-printable but allowed character). Sound by construction: `str.isprintable()`
+    is False for every character `_CONTROL` matches and for every whitespace but the ASCII space,
+    so each shortcut below implies the full check's verdict."""
+    if attrs.get("specversion") != SPECVERSION:
+        return False
+    i, s, t = attrs.get("id"), attrs.get("source"), attrs.get("type")
+    if i.__class__ is not str or s.__class__ is not str or t.__class__ is not str:
+        return False
+    if not i or not s or not t or " " in s or not (i + s + t).isprintable():  # type: ignore[operator]
+        return False
+    if len(attrs) == 4:
+        return True
+    for name, v in attrs.items():
+        if name in _REQUIRED:
+            continue
+        if v.__class__ is str:
+            if name == "time":
+                if check_time(v) is not None:  # type: ignore[arg-type]
+                    return False
+            elif name == "datacontenttype":
+                if v not in _OK_MEDIA_TYPES and (not v or check_media_type(v) is not None):  # type: ignore[arg-type]
+                    return False
+            elif name == "subject":
+                if not v or not v.isprintable():  # type: ignore[union-attr]
+                    return False
+            elif name == "dataschema":
+                return False  # rare: the full check
+            else:  # an extension
+                if name not in _OK_NAMES:
+                    if not _NAME.match(name) or name in _RESERVED:
+                        return False
+                    _remember(_OK_NAMES, name)
+                if not v.isprintable():  # type: ignore[union-attr]
+                    return False
+        else:  # only extensions may be integers or booleans
+            if name in CORE:
+                return False
+            if v.__class__ is int:
+                if not INT32[0] <= v <= INT32[1]:  # type: ignore[operator]
+                    return False
+            elif v.__class__ is not bool:
+                return False
+            if name not in _OK_NAMES:
+                if not _NAME.match(name) or name in _RESERVED:
+                    return False
+                _remember(_OK_NAMES, name)
+    return True
 
 
 def check_attributes(attrs: dict[str, AttrValue], index: int | None = None) -> list[Problem]:
     """Every problem of a set of context attributes (nulls already dropped)."""
+    if valid_fast(attrs):
+        return []
+    return full_check(attrs, index)
+
+
+def full_check(attrs: dict[str, AttrValue], index: int | None = None) -> list[Problem]:
+    """check_attributes without the shortcut for common valid events (for tests)."""
     out: list[Problem] = []
 
     def bad(attribute: str, detail: str) -> None:
