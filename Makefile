@@ -33,7 +33,7 @@ REM_PY_STAMP := $(REM_VENV)/.installed
 REM_NODE_DIR := tests/remoting/clients/node
 REM_NODE_STAMP := $(REM_NODE_DIR)/node_modules/.installed
 
-.PHONY: install install-system install-conformance lock-conformance install-remoting-clients lock-remoting-clients conformance run test bench lint clean
+.PHONY: install install-system install-bench-system install-conformance lock-conformance install-remoting-clients lock-remoting-clients conformance run test bench lint clean
 
 $(UV):
 	$(PYTHON) -m venv $(UV_HOME)
@@ -45,9 +45,13 @@ $(STAMP): uv.lock pyproject.toml | $(UV)
 
 install: $(STAMP)
 
-# Pinned Debian packages (mosquitto-clients for tests, mosquitto for the bench): deps/debian-packages.txt.
+# Pinned Debian packages: deps/debian-packages.txt for the tests (mosquitto-clients, mosquitto),
+# deps/debian-bench-packages.txt as well for `make bench` (rabbitmq-server, the AMQP bench's peer).
 install-system:
-	deps/install-debian.sh
+	deps/install-debian.sh deps/debian-packages.txt
+
+install-bench-system:
+	deps/install-debian.sh deps/debian-packages.txt deps/debian-bench-packages.txt
 
 $(CONF_PY_STAMP): $(CONF_PY_DIR)/requirements.lock | $(UV)
 	test -x $(CONF_VENV)/bin/python || $(UV) venv --quiet --python "$$($(PYTHON) -c 'import sys; print(sys.executable)')" $(CONF_VENV)
@@ -92,12 +96,13 @@ run: install
 test: install install-system install-conformance install-remoting-clients
 	$(VENV)/bin/pytest -q tests
 
-bench: install install-system
+bench: install install-bench-system
 	$(VENV)/bin/python bench/store_bench.py
 	$(VENV)/bin/python bench/grpc_bench.py
 	$(VENV)/bin/python bench/mqtt_codec_bench.py
 	$(VENV)/bin/python bench/mqtt_bench.py
 	$(VENV)/bin/python bench/amqp_codec_bench.py
+	$(VENV)/bin/python bench/amqp_bench.py
 	$(VENV)/bin/python bench/http_bench.py
 	$(VENV)/bin/python bench/analytics_bench.py
 

@@ -1,6 +1,7 @@
 """python -m conformance --target HOST [--grpc-port 8081] [--http-port 8082] [--mqtt-port 1883]
-[--protocol grpc,mqtt] [--client python,node,paho,mqttjs,mosquitto] [--scenario NAME,...] [--jobs N]
-[--json]"""
+[--amqp-port 5672]
+[--protocol grpc,mqtt,http] [--client python,node,paho,mqttjs,mosquitto,cloudevents] [--scenario NAME,...]
+[--jobs N] [--json]"""
 
 from __future__ import annotations
 
@@ -28,9 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--http-port",
         type=int,
         default=8082,
-        help="admin API port (topics/groups are created there)",
+        help="HTTP port: the admin API (topics/groups are created there) and the CloudEvents routes",
     )
     p.add_argument("--mqtt-port", type=int, default=1883)
+    p.add_argument("--amqp-port", type=int, default=5672)
     p.add_argument("--protocol", type=_csv, default=None, help="comma list (default: all registered)")
     p.add_argument(
         "--client",
@@ -92,11 +94,11 @@ def main(argv: list[str] | None = None) -> int:
         target = spawned.start()
         print(
             f"spawned gateway: grpc {target.grpc_endpoint}, mqtt {target.mqtt_endpoint}, "
-            f"http {target.http_port}, log {spawned.log_path}",
+            f"http {target.http_port}, amqp {target.amqp_port}, log {spawned.log_path}",
             file=sys.stderr,
         )
     else:
-        target = Target(args.target, args.grpc_port, args.http_port, args.mqtt_port)
+        target = Target(args.target, args.grpc_port, args.http_port, args.mqtt_port, args.amqp_port)
     try:
         return _run(args, target, protocols, clients)
     finally:

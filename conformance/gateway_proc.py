@@ -1,6 +1,6 @@
 """Start and stop a local ``gateway start`` process for conformance runs (``--spawn``) and tests.
 
-It enables the gRPC, HTTP (admin) and MQTT listeners. Ports default to 0 (ephemeral); the bound
+It enables the gRPC, HTTP (admin), MQTT and AMQP listeners. Ports default to 0 (ephemeral); the bound
 ports are read from the gateway's ``<proto> listening on HOST:PORT`` log lines. ``kill9()`` +
 ``start()`` restarts on the same data dir and the same ports.
 """
@@ -21,7 +21,7 @@ from conformance.runner import REPO, Target
 
 _LISTENING = re.compile(r"\b(\w+) listening on (\S+):(\d+)")
 # The listeners a spawned gateway enables (each on an ephemeral port unless given).
-LISTENERS = ("grpc", "http", "mqtt")
+LISTENERS = ("grpc", "http", "mqtt", "amqp")
 
 # Small transaction timings so the check-back scenarios finish in seconds.
 TEST_ENV = {
@@ -47,6 +47,7 @@ class GatewayProcess:
         grpc_port: int = 0,
         http_port: int = 0,
         mqtt_port: int = 0,
+        amqp_port: int = 0,
         env: dict[str, str] | None = None,
         log_path: str | Path | None = None,
         extra_args: list[str] | None = None,
@@ -56,6 +57,7 @@ class GatewayProcess:
         self.grpc_port = grpc_port
         self.http_port = http_port
         self.mqtt_port = mqtt_port
+        self.amqp_port = amqp_port
         self.env = {**TEST_ENV, **(env or {})}
         self.log_path = (
             Path(log_path) if log_path else self.data_dir.parent / f"{self.data_dir.name}-gateway.log"
@@ -66,7 +68,7 @@ class GatewayProcess:
 
     @property
     def target(self) -> Target:
-        return Target(self.host, self.grpc_port, self.http_port, self.mqtt_port)
+        return Target(self.host, self.grpc_port, self.http_port, self.mqtt_port, self.amqp_port)
 
     def start(self, timeout: float = 60.0) -> Target:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -83,6 +85,8 @@ class GatewayProcess:
             str(self.http_port),
             "--mqtt-port",
             str(self.mqtt_port),
+            "--amqp-port",
+            str(self.amqp_port),
             "--protocols",
             ",".join(LISTENERS),  # only what the scenarios use: other default ports may be taken
             *self.extra_args,
@@ -104,6 +108,7 @@ class GatewayProcess:
                 ports[proto.lower()] = int(port)
             time.sleep(0.05)
         self.grpc_port, self.http_port, self.mqtt_port = ports["grpc"], ports["http"], ports["mqtt"]
+        self.amqp_port = ports["amqp"]
         admin = AdminClient(self.host, self.http_port)
         while not admin.healthy():
             self._check_alive()

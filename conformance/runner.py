@@ -131,6 +131,26 @@ CLIENTS: dict[str, ClientEnv] = {
         _python_script("mosquitto/scenarios.py"),
         _mosquitto_installed,
     ),
+    # AMQP 0-9-1: pika (blocking connection) and aio-pika (asyncio, on aiormq); see protocols/amqp.py.
+    "pika": ClientEnv(
+        "pika",
+        "pika 1.4.4 (PyPI, BlockingConnection) in .venv-conformance",
+        _python_script("python/amqp_scenarios.py"),
+        _python_installed("pika", "paho"),
+    ),
+    "aiopika": ClientEnv(
+        "aiopika",
+        "aio-pika 10.2.1 (PyPI, on aiormq 7.2.4) in .venv-conformance",
+        _python_script("python/amqp_scenarios.py"),
+        _python_installed("aio_pika", "paho"),
+    ),
+    # HTTP / CloudEvents: the CloudEvents Python SDK with httpx (and Paho for cross_protocol).
+    "cloudevents": ClientEnv(
+        "cloudevents",
+        "cloudevents 2.2.0 (PyPI, CloudEvents Python SDK) + httpx 0.28.1 in .venv-conformance",
+        _python_script("python/cloudevents_scenarios.py"),
+        _python_installed("cloudevents", "httpx", "paho"),
+    ),
 }
 
 
@@ -176,6 +196,7 @@ class Target:
     grpc_port: int = 8081
     http_port: int = 8082
     mqtt_port: int = 1883
+    amqp_port: int = 5672
 
     @property
     def grpc_endpoint(self) -> str:
@@ -289,6 +310,9 @@ def run_scenario(
     config = {
         "endpoint": target.grpc_endpoint,
         "mqtt": {"host": target.host, "port": target.mqtt_port},
+        "http": {"host": target.host, "port": target.http_port},
+        "amqp": {"host": target.host, "port": target.amqp_port},
+        "client": client,
         "prefix": names.prefix,
         "topics": topics,
         "groups": groups,

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Install the pinned Debian packages of deps/debian-packages.txt that are not installed yet.
+# Install the pinned Debian packages listed in the given files (default deps/debian-packages.txt)
+# that are not installed yet.
 # A pinned version the mirror no longer carries (a security update replaced it) falls back to the
 # mirror's candidate with a warning rather than failing the build. Services that packages would start
 # (mosquitto on port 1883) are kept from starting: tests and benches start their own on free ports.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+lists=("$@")
+[[ ${#lists[@]} -eq 0 ]] && lists=("$here/debian-packages.txt")
 want=()
 while read -r line; do
     spec="${line%%#*}"; spec="$(echo "$spec" | xargs)"
@@ -13,7 +16,7 @@ while read -r line; do
     if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
         want+=("$spec")
     fi
-done < "$here/debian-packages.txt"
+done < <(cat "${lists[@]}")
 [[ ${#want[@]} -eq 0 ]] && exit 0
 SUDO=""
 if [[ "$(id -u)" != 0 ]]; then SUDO="sudo"; fi

@@ -225,8 +225,8 @@ def check_equivalent(
 
     if durable != q.durable:
         raise fail("durable", durable, q.durable)
-    if exclusive != q.exclusive:
-        raise fail("exclusive", exclusive, q.exclusive)
+    # `exclusive` is not compared (as in RabbitMQ): the owner may redeclare either way; another
+    # connection is refused with 405 RESOURCE_LOCKED before this check.
     if auto_delete != q.auto_delete:
         raise fail("auto_delete", auto_delete, q.auto_delete)
     for key in COMPARED_ARGS:

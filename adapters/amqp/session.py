@@ -262,11 +262,13 @@ class Connection:
                         method_id=10,
                     )
                 )
-            elif n > self.channel_max:
+            elif self.channel_max and len(self.channels) >= self.channel_max:
+                # RabbitMQ counts open channels against channel_max, whatever their numbers
                 self.fail(
                     AMQPError(
-                        ReplyCode.CHANNEL_ERROR,
-                        f"channel {n} exceeds channel_max {self.channel_max}",
+                        ReplyCode.NOT_ALLOWED,
+                        f"number of channels opened ({len(self.channels)}) has reached the "
+                        f"negotiated channel_max ({self.channel_max})",
                         class_id=20,
                         method_id=10,
                     )

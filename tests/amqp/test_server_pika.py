@@ -264,3 +264,29 @@ async def test_pika_connection_blocked_when_the_store_is_full(env, monkeypatch):
 
     events, count = await run(env, scenario)
     assert events == ["blocked", "unblocked"] and count == 1
+
+
+async def test_channel_max_counts_open_channels_not_channel_numbers(env):
+    def scenario(env):
+        params = pika.ConnectionParameters("127.0.0.1", env.port, channel_max=2)
+        with pika.BlockingConnection(params) as conn:
+            conn.channel(channel_number=60000)  # any number: only the count is limited
+            conn.channel(channel_number=7)
+            with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as exc:
+                conn.channel(channel_number=8)
+                conn.process_data_events(time_limit=1)
+            return exc.value.reply_code
+
+    assert await run(env, scenario) == 530
+
+
+async def test_owner_may_redeclare_its_exclusive_queue_without_exclusive(env):
+    def scenario(env):
+        with env.blocking() as conn:
+            a, b = conn.channel(), conn.channel()
+            name = "excl-" + uuid.uuid4().hex[:6]
+            a.queue_declare(name, exclusive=True)
+            ok = b.queue_declare(name, exclusive=False)  # same connection: accepted, as RabbitMQ does
+            return ok.method.queue == name and b.is_open
+
+    assert await run(env, scenario)

@@ -1,0 +1,460 @@
+"""AMQP 0-9-1 broker benchmark: our gateway against RabbitMQ, same load generator, same machine.
+
+    .venv/bin/python bench/amqp_bench.py [--brokers gateway,rabbitmq] [--duration S] [--warmup S]
+        [--publishers N] [--procs K] [--window W] [--prefetch P] [--latency-rate R] [--quick] [--json]
+
+For each broker (bench/amqp_servers.py: started on loopback in a fresh directory, pinned to
+`--server-cpu`, default CPU 0) the load generator (bench/amqp_loadgen.py: `--procs` processes
+pinned to `--gen-cpus`, default CPU 1, raw asyncio sockets with frames pre-encoded by our codec;
+this process is pinned there too) measures, in this order:
+
+1. Persistent publish with confirms: N publishers (one connection each, spread over the generator
+   processes), each on its own durable queue (default exchange, routing key = queue), 100-byte
+   bodies, delivery_mode 2, `confirm.select`, at most `--window` (200) unconfirmed messages each.
+   After `--warmup` s, confirms counted over `--duration` s: msg/s, and the server's CPU (utime +
+   stime from /proc/<pid>/stat over the same window) per confirmed message.
+2. Consume + ack: one consumer per queue of phase 1 (prefetch `--prefetch`, 100; manual ack, one
+   basic.ack per delivery) drains the backlog phase 1 left (the declare-ok message count, i.e. every
+   confirmed message). Rate = backlog / time until the last consumer has its last message; CPU =
+   server CPU from the start until the server is idle again / backlog.
+3. Latency: one confirmed persistent publisher paced at `--latency-rate` (2,000) msg/s and one
+   consumer (prefetch 100, acking) on another generator process; latency = receive time - write
+   time stamped in the body (CLOCK_MONOTONIC); p50/p99 over messages written in the window.
+
+Our gateway runs with its defaults: flush policy `sync`, i.e. a confirm is sent after the group
+commit's fdatasync (data directory under `--dir`, default the system temp directory; the output
+says which filesystem). RabbitMQ 3.10 (Debian) runs with its defaults (classic queues; confirms
+after its message store / queue index sync) but with scheduler busy-waiting off so that idle
+spinning is not counted as its CPU (see bench/amqp_servers.py). The gateway's CPU is its main
+process (its fsync helper child, if any, is in `cpu_us_per_msg_incl_children`); RabbitMQ's is
+beam.smp (epmd negligible, reported as `epmd_cpu_s`).
+
+Shared machines: before each measured run the bench waits (at most `--quiet-wait` s) until the
+machine uses < 0.3 CPUs besides itself, and reports per run `other_util` (CPUs used by anything
+but the server and the generator during the window, from /proc/stat) and the load average.
+
+Output: a table (figures, gateway / RabbitMQ ratios, targets: ≥ 1.0× RabbitMQ on confirms and no
+more CPU per message); `--json` prints one JSON object instead (progress on stderr) with
+`confirms_ratio_vs_rabbitmq`, `consume_ratio_vs_rabbitmq`, `cpu_us_per_msg` (gateway, phase 1),
+`rabbitmq_cpu_us_per_msg`, `cpu_ratio_vs_rabbitmq`, `ratios`, `brokers` (figures and details per
+broker), `config`. A broker that cannot start or a phase that fails gives null figures and an
+`error`; the run goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import multiprocessing as mp
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from amqp_loadgen import Job, Spec, worker_main  # noqa: E402
+from amqp_servers import AmqpServer, epmd_cpu_s, start_gateway, start_rabbitmq  # noqa: E402
+from mqtt_servers import ServerError, cpu_s, descendants, system_busy_s, tree_cpu_s, wait_idle, wait_quiet  # noqa: E402
+
+BROKERS = ("gateway", "rabbitmq")
+
+# (key, label, higher is better)
+FIGURES: list[tuple[str, str, bool]] = [
+    ("confirms_msgs_per_s", "persistent publish+confirm, msg/s", True),
+    ("consume_msgs_per_s", "consume+ack (prefetch 100), msg/s", True),
+    ("p50_ms", "p50 latency ms", False),
+    ("p99_ms", "p99 latency ms", False),
+    ("cpu_us_per_msg", "server CPU µs/confirmed msg", False),
+    ("cpu_us_per_consumed_msg", "server CPU µs/consumed msg", False),
+]
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class Generator:
+    def __init__(self, base: Job, specs: list[Spec], procs: int, placement: list[int] | None = None) -> None:
+        ctx = mp.get_context("fork")
+        procs = max(1, min(procs, len(specs)))
+        placement = placement or [i % procs for i in range(len(specs))]
+        self.pipes: list[Any] = []
+        self.procs: list[Any] = []
+        for k in range(procs):
+            mine = [s for s, p in zip(specs, placement, strict=True) if p == k]
+            if not mine:
+                continue
+            parent, child = ctx.Pipe()
+            job = Job(**{**base.__dict__, "specs": mine})
+            p = ctx.Process(target=worker_main, args=(job, child), daemon=True)
+            p.start()
+            child.close()
+            self.pipes.append(parent)
+            self.procs.append(p)
+
+    def _recv(self, pipe: Any, timeout: float, want: str) -> Any:
+        if not pipe.poll(timeout):
+            raise TimeoutError(f"load generator: no {want} after {timeout:.0f} s")
+        kind, payload = pipe.recv()
+        if kind == "error":
+            raise RuntimeError(f"load generator: {payload}")
+        return payload
+
+    def ready(self, timeout: float = 60) -> list[dict]:
+        return [self._recv(p, timeout, "ready") for p in self.pipes]
+
+    def start_run(self, t_start: float, t0: float, t1: float) -> None:
+        for p in self.pipes:
+            p.send(("run", t_start, t0, t1))
+
+    def results(self, timeout: float) -> dict[str, Any]:
+        rs = [self._recv(p, timeout, "result") for p in self.pipes]
+        roles: dict[str, dict[str, int]] = {}
+        for r in rs:
+            for role, v in r["roles"].items():
+                acc = roles.setdefault(role, {})
+                for k, x in v.items():
+                    acc[k] = acc.get(k, 0) + x
+        return {
+            "roles": roles,
+            "gen_cpu_s": sum(r["gen_cpu_s"] for r in rs),
+            "lat_ns": sorted(x for r in rs for x in r["lat_ns"]),
+            "errors": [e for r in rs for e in r["errors"]],
+            "done_at": [t for r in rs for t in r["done_at"]],
+        }
+
+    def stop(self) -> None:
+        for pipe in self.pipes:
+            with contextlib.suppress(OSError, EOFError, BrokenPipeError):
+                pipe.send(("stop",))
+        for p in self.procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+def _sleep_until(t: float) -> None:
+    d = t - time.monotonic()
+    if d > 0:
+        time.sleep(d)
+
+
+def _pct(sorted_ns: list[int], p: float) -> float | None:
+    if not sorted_ns:
+        return None
+    i = min(len(sorted_ns) - 1, max(0, math.ceil(p / 100 * len(sorted_ns)) - 1))
+    return sorted_ns[i] / 1e6
+
+
+def loadavg() -> float:
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
+
+
+class BrokerBench:
+    def __init__(self, server: AmqpServer, args: argparse.Namespace) -> None:
+        self.server = server
+        self.args = args
+        self.base = Job(
+            host="127.0.0.1",
+            port=server.port,
+            payload=args.payload,
+            window=args.window,
+            prefetch=args.prefetch,
+            rate=args.latency_rate,
+            cpus=args.gen_cpu_list,
+        )
+        self.kids = descendants(server.pid) if server.name == "gateway" else []
+
+    def _check(self) -> None:
+        if not self.server.alive():
+            raise ServerError(f"{self.server.name} died:\n{self.server.log_tail()}")
+
+    def _cpu(self) -> tuple[float, float]:
+        return cpu_s(self.server.pid), tree_cpu_s(self.server.pid, self.kids)
+
+    def _window(self, gen: Generator, warm: float, dur: float) -> dict[str, Any]:
+        a = self.args
+        waited = wait_quiet(a.quiet_wait) if a.quiet_wait > 0 else 0.0
+        if waited > 1:
+            log(f"  waited {waited:.1f} s for other processes to leave the CPUs")
+        la = loadavg()
+        t_start = time.monotonic() + 0.05
+        t0, t1 = t_start + warm, t_start + warm + dur
+        gen.start_run(t_start, t0, t1)
+        _sleep_until(t0)
+        c0, ct0 = self._cpu()
+        s0 = system_busy_s()
+        _sleep_until(t1)
+        c1, ct1 = self._cpu()
+        s1 = system_busy_s()
+        res = gen.results(timeout=60)
+        gen_cpu = res["gen_cpu_s"] * (dur / (warm + dur)) if warm + dur else 0.0
+        res.update(
+            {
+                "duration_s": dur,
+                "quiet_wait_s": waited,
+                "loadavg_1m": la,
+                "server_cpu_s": c1 - c0,
+                "server_tree_cpu_s": ct1 - ct0,
+                "server_util": (c1 - c0) / dur,
+                "gen_util": gen_cpu / (dur * max(1, len(a.gen_cpu_list or [0]))),
+                "other_util": max(0.0, (s1 - s0) - (ct1 - ct0) - gen_cpu) / dur,
+            }
+        )
+        self._check()
+        return res
+
+    def confirms(self) -> dict[str, Any]:
+        a = self.args
+        specs = [Spec("pub", i, f"amqpbench.q{i}") for i in range(a.publishers)]
+        gen = Generator(self.base, specs, a.procs)
+        try:
+            gen.ready()
+            r = self._window(gen, a.warmup, a.duration)
+        finally:
+            gen.stop()
+        c = r["roles"]["pub"]
+        n = c["window"]
+        return {
+            "publishers": a.publishers,
+            "window": a.window,
+            "confirmed_in_window": n,
+            "confirmed_total": c["final"],
+            "nacks": c["nacks"],
+            "confirms_msgs_per_s": n / r["duration_s"],
+            "cpu_us_per_msg": r["server_cpu_s"] / n * 1e6 if n else None,
+            "cpu_us_per_msg_incl_children": r["server_tree_cpu_s"] / n * 1e6 if n else None,
+            **_details(r),
+        }
+
+    def consume(self) -> dict[str, Any]:
+        a = self.args
+        specs = [Spec("cons", i, f"amqpbench.q{i}") for i in range(a.publishers)]
+        gen = Generator(self.base, specs, a.procs)
+        try:
+            backlog = sum(x["backlog"] for x in gen.ready())
+            if a.quiet_wait > 0:
+                wait_quiet(a.quiet_wait)
+            la = loadavg()
+            c0, ct0 = self._cpu()
+            s0 = system_busy_s()
+            t_start = time.monotonic() + 0.05
+            gen.start_run(t_start, t_start, t_start + a.consume_max)
+            res = gen.results(timeout=a.consume_max + 30)
+            t_end = max(res["done_at"]) if res["done_at"] else time.monotonic()
+            drain = wait_idle(self.server.pid, max_wait=10, interval=0.05)
+            c1, ct1 = self._cpu()
+            s1 = system_busy_s()
+        finally:
+            gen.stop()
+        self._check()
+        got = res["roles"]["cons"]["final"]
+        dur = max(1e-6, t_end - t_start)
+        wall = time.monotonic() - t_start
+        return {
+            "consumers": a.publishers,
+            "prefetch": a.prefetch,
+            "backlog": backlog,
+            "consumed": got,
+            "consume_s": dur,
+            "consume_msgs_per_s": got / dur,
+            "cpu_us_per_consumed_msg": (c1 - c0) / got * 1e6 if got else None,
+            "cpu_us_per_consumed_msg_incl_children": (ct1 - ct0) / got * 1e6 if got else None,
+            "server_util": (c1 - c0) / dur,
+            "settle_s": drain,
+            "loadavg_1m": la,
+            "other_util": max(0.0, (s1 - s0) - (ct1 - ct0) - res["gen_cpu_s"]) / wall,
+            "errors": res["errors"][:5],
+        }
+
+    def latency(self) -> dict[str, Any]:
+        a = self.args
+        specs = [Spec("latpub", 0, "amqpbench.lat"), Spec("latsub", 0, "amqpbench.lat")]
+        gen = Generator(self.base, specs, a.procs, [0, 1 % max(1, a.procs)])
+        try:
+            gen.ready()
+            r = self._window(gen, a.warmup, a.duration)
+        finally:
+            gen.stop()
+        lat = r["lat_ns"]
+        return {
+            "rate": a.latency_rate,
+            "samples": len(lat),
+            "p50_ms": _pct(lat, 50),
+            "p99_ms": _pct(lat, 99),
+            "max_ms": lat[-1] / 1e6 if lat else None,
+            **_details(r),
+        }
+
+
+def _details(r: dict[str, Any]) -> dict[str, Any]:
+    keys = ("server_util", "gen_util", "other_util", "loadavg_1m", "quiet_wait_s")
+    out = {k: r[k] for k in keys}
+    s, g = r["server_util"], r["gen_util"]
+    out["bottleneck"] = (
+        ("server and generator" if g >= 0.85 else "server")
+        if s >= 0.85
+        else ("generator" if g >= 0.85 else "neither (latency-bound)")
+    )
+    out["errors"] = r["errors"][:5]
+    return out
+
+
+def fs_of(path: Path) -> str:
+    with contextlib.suppress(Exception):
+        out = subprocess.run(["df", "-T", str(path)], capture_output=True, text=True, timeout=5).stdout
+        return out.splitlines()[1].split()[1]
+    return "?"
+
+
+def run_broker(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix=f"amqpbench-{name}-", dir=args.dir))
+    out: dict[str, Any] = {"figures": dict.fromkeys(k for k, _, _ in FIGURES), "phases": {}}
+    server: AmqpServer | None = None
+    try:
+        if name == "gateway":
+            server = start_gateway(work, args.server_cpu, args.gateway_args, src=args.gateway_src)
+        else:
+            server = start_rabbitmq(work, args.server_cpu)
+        out["info"] = {**server.info, "data_fs": fs_of(work)}
+        b = BrokerBench(server, args)
+        for phase, fn in (("confirms", b.confirms), ("consume", b.consume), ("latency", b.latency)):
+            if phase not in args.phase_list:
+                continue
+            log(f"{name}: {phase} ...")
+            try:
+                res = fn()
+                out["phases"][phase] = res
+                for k in out["figures"]:
+                    if k in res and res[k] is not None:
+                        out["figures"][k] = res[k]
+                log(
+                    f"{name}: {phase}: "
+                    + ", ".join(f"{k}={res[k]:.4g}" for k in out["figures"] if res.get(k) is not None)
+                )
+            except Exception as e:  # noqa: BLE001
+                out["phases"][phase] = {"error": f"{type(e).__name__}: {e}"}
+                log(f"{name}: {phase} failed: {e}\n{traceback.format_exc()}")
+                if server is not None and not server.alive():
+                    break
+        if name == "rabbitmq":
+            out["info"]["epmd_cpu_s"] = epmd_cpu_s(server)
+    except Exception as e:  # noqa: BLE001
+        out["error"] = f"{type(e).__name__}: {e}"
+        log(f"{name}: {out['error']}")
+    finally:
+        if server is not None:
+            server.stop()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def ratio(ours: float | None, peer: float | None) -> float | None:
+    if ours is None or peer is None or peer == 0:
+        return None
+    return ours / peer
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--brokers", default=",".join(BROKERS))
+    p.add_argument("--phases", default="confirms,consume,latency")
+    p.add_argument("--duration", type=float, default=8.0)
+    p.add_argument("--warmup", type=float, default=2.0)
+    p.add_argument("--publishers", type=int, default=4)
+    p.add_argument("--procs", type=int, default=2)
+    p.add_argument("--window", type=int, default=200)
+    p.add_argument("--prefetch", type=int, default=100)
+    p.add_argument("--payload", type=int, default=100)
+    p.add_argument("--latency-rate", type=int, default=2000)
+    p.add_argument("--consume-max", type=float, default=60.0)
+    p.add_argument("--server-cpu", type=int, default=0)
+    p.add_argument("--gen-cpus", default="1")
+    p.add_argument("--quiet-wait", type=float, default=10.0)
+    p.add_argument("--dir", default=None, help="parent of the brokers' data directories")
+    p.add_argument("--gateway-src", type=Path, default=None)
+    p.add_argument("--gateway-arg", dest="gateway_args", action="append", default=[])
+    p.add_argument("--keep", action="store_true")
+    p.add_argument("--quick", action="store_true", help="short runs (smoke test)")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.duration, a.warmup, a.quiet_wait, a.latency_rate, a.consume_max = 1.5, 0.3, 0.0, 500, 12.0
+    a.gen_cpu_list = [int(x) for x in a.gen_cpus.split(",") if x.strip()]
+    a.phase_list = [x.strip() for x in a.phases.split(",") if x.strip()]
+    ncpu = os.cpu_count() or 1
+    if a.server_cpu >= ncpu or any(c >= ncpu for c in a.gen_cpu_list):
+        a.server_cpu, a.gen_cpu_list = None, None
+    if a.gen_cpu_list:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, set(a.gen_cpu_list))
+    brokers = [b.strip() for b in a.brokers.split(",") if b.strip()]
+    results = {b: run_broker(b, a) for b in brokers}
+
+    g = results.get("gateway", {}).get("figures", {})
+    r = results.get("rabbitmq", {}).get("figures", {})
+    ratios = {k: ratio(g.get(k), r.get(k)) for k, _, _ in FIGURES}
+    doc = {
+        "confirms_ratio_vs_rabbitmq": ratios["confirms_msgs_per_s"],
+        "consume_ratio_vs_rabbitmq": ratios["consume_msgs_per_s"],
+        "cpu_us_per_msg": g.get("cpu_us_per_msg"),
+        "rabbitmq_cpu_us_per_msg": r.get("cpu_us_per_msg"),
+        "cpu_ratio_vs_rabbitmq": ratios["cpu_us_per_msg"],
+        "cpu_us_per_consumed_msg": g.get("cpu_us_per_consumed_msg"),
+        "rabbitmq_cpu_us_per_consumed_msg": r.get("cpu_us_per_consumed_msg"),
+        "p50_ms": g.get("p50_ms"),
+        "p99_ms": g.get("p99_ms"),
+        "rabbitmq_p50_ms": r.get("p50_ms"),
+        "rabbitmq_p99_ms": r.get("p99_ms"),
+        "targets": {
+            "confirms_ratio_vs_rabbitmq": ">= 1.0",
+            "cpu_ratio_vs_rabbitmq": "<= 1.0",
+        },
+        "ratios": ratios,
+        "brokers": results,
+        "config": {k: v for k, v in vars(a).items() if k not in ("gateway_src",) and not callable(v)}
+        | {"gateway_src": str(a.gateway_src) if a.gateway_src else None, "cpus": os.cpu_count()},
+    }
+    if a.json:
+        print(json.dumps(doc, default=str))
+        return 0
+    names = [b for b in BROKERS if b in results]
+    w = 36
+    print(f"{'figure':<{w}}" + "".join(f"{n:>14}" for n in names) + f"{'gw/rabbit':>12}")
+    for k, label, higher in FIGURES:
+        row = f"{label:<{w}}"
+        for n in names:
+            v = results[n]["figures"].get(k)
+            row += f"{v:>14.4g}" if v is not None else f"{'-':>14}"
+        rv = ratios[k]
+        row += (f"{rv:>10.2f}x" + ("↑" if higher else "↓")) if rv is not None else f"{'-':>12}"
+        print(row)
+    for n in names:
+        if results[n].get("error"):
+            print(f"{n}: {results[n]['error']}")
+        for ph, res in results[n]["phases"].items():
+            if "error" in res:
+                print(f"{n} {ph}: {res['error']}")
+            else:
+                print(
+                    f"{n} {ph}: server_util={res.get('server_util', 0):.2f} "
+                    f"gen_util={res.get('gen_util', 0) or 0:.2f} other_util={res.get('other_util', 0):.2f} "
+                    f"load={res.get('loadavg_1m')} {res.get('bottleneck', '')}"
+                )
+    print("targets: confirms >= 1.0x RabbitMQ; server CPU per message <= RabbitMQ")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""Brokers under test for bench/amqp_bench.py (process helpers shared with bench/mqtt_servers.py).
+
+- `gateway`: `.venv/bin/gateway start --protocols amqp,http --amqp-port P --http-port Q --data-dir
+  <tmp>` (or `python -m gateway.cli` from `--gateway-src`), ready when it logged `gateway ready`,
+  `GET /healthz` answers 200 and the AMQP port sends `connection.start`. Defaults: flush `sync`
+  (a confirm waits for the group commit's fdatasync).
+- `rabbitmq`: Debian's rabbitmq-server (deps/debian-packages.txt), run in the foreground as the
+  current user from its own sbin script (not the Debian wrapper that switches to the rabbitmq user)
+  with a private environment: RABBITMQ_NODENAME `amqpbench<pid>@localhost`, RABBITMQ_NODE_PORT P on
+  127.0.0.1, RABBITMQ_DIST_PORT and ERL_EPMD_PORT on free ports (its own epmd, never the system's),
+  RABBITMQ_MNESIA_BASE / RABBITMQ_LOG_BASE / HOME (Erlang cookie) in the work directory, an empty
+  enabled-plugins file (no management plugin), no config file (RabbitMQ's defaults: classic queues,
+  fsync on confirm batches). Scheduler busy-wait is off (`+sbwt none +sbwtdcpu none +sbwtdio
+  none`, RabbitMQ's own advice for shared machines), so spinning idle schedulers are not counted
+  as its CPU. Ready when the AMQP port sends `connection.start`. The measured process is beam.smp
+  (the script's child; epmd's CPU is negligible and reported apart in `info`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import urllib.request  # noqa: E402
+
+from mqtt_servers import (  # noqa: E402
+    REPO,
+    Server,
+    ServerError,
+    _flag,
+    _spawn,
+    _wait,
+    cpu_s,
+    descendants,
+    free_port,
+)
+
+
+class AmqpServer(Server):
+    """A Server whose measured process may be a descendant of the spawned one (beam.smp)."""
+
+    measured_pid: int | None = None
+    cleanup_pids: list[int] | None = None
+
+    @property
+    def pid(self) -> int:  # type: ignore[override]
+        return self.measured_pid or self.proc.pid
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self.measured_pid and self.measured_pid != self.proc.pid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self.measured_pid, signal.SIGTERM)
+            wait_gone(self.measured_pid, timeout)
+        super().stop(timeout)
+        for p in [self.measured_pid, *(self.cleanup_pids or [])]:
+            if p:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(p, signal.SIGKILL)
+
+
+def amqp_ready(port: int) -> bool:
+    """The port answers a protocol header with connection.start."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+            s.sendall(b"AMQP\x00\x00\x09\x01")
+            data = s.recv(64)
+            return len(data) >= 11 and data[0] == 1 and data[7:11] == b"\x00\x0a\x00\x0a"
+    except OSError:
+        return False
+
+
+def start_gateway(
+    workdir: Path, cpu: int | None, extra_args: list[str], src: Path | None = None, timeout: float = 60.0
+) -> AmqpServer:
+    port, http_port = free_port(), free_port()
+    args = [
+        "start",
+        "--data-dir",
+        str(workdir / "data"),
+        "--protocols",
+        "amqp,http",
+        "--amqp-port",
+        str(port),
+        "--http-port",
+        str(http_port),
+        *extra_args,
+    ]
+    env = dict(os.environ)
+    cwd = None
+    script = Path(sys.executable).parent / "gateway"
+    if src is not None or not script.exists():
+        env["PYTHONPATH"] = str(src or REPO)
+        cwd = str(src or REPO)
+        cmd = [sys.executable, "-m", "gateway.cli", *args]
+    else:
+        cmd = [str(script), *args]
+    proc, log_path = _spawn("gateway", cmd, workdir, cpu, env, cwd)
+    server = AmqpServer("gateway", proc, port, workdir, log_path)
+    server.info = {"command": " ".join(cmd), "flush": _flag(extra_args, "--flush")}
+
+    def ready() -> bool:
+        if b"gateway ready" not in log_path.read_bytes():
+            return False
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/healthz", timeout=2) as r:
+                if r.status != 200:
+                    return False
+        except OSError:
+            return False
+        return amqp_ready(port)
+
+    _wait(server, ready, timeout)
+    return server
+
+
+def rabbitmq_script() -> str | None:
+    found = sorted(glob.glob("/usr/lib/rabbitmq/lib/rabbitmq_server-*/sbin/rabbitmq-server"))
+    return found[-1] if found else None
+
+
+def _epmd_pids(epmd_port: int) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/comm") as f:
+                if f.read().strip() != "epmd":
+                    continue
+            with open(f"/proc/{d}/environ", "rb") as f:
+                if f"ERL_EPMD_PORT={epmd_port}".encode() in f.read().split(b"\0"):
+                    out.append(int(d))
+        except OSError:
+            continue
+    return out
+
+
+def start_rabbitmq(workdir: Path, cpu: int | None, timeout: float = 90.0) -> AmqpServer:
+    script = rabbitmq_script()
+    if script is None:
+        raise ServerError(
+            "rabbitmq-server is not installed (deps/debian-packages.txt: run deps/install-debian.sh)"
+        )
+    port, dist_port, epmd_port = free_port(), free_port(), free_port()
+    for d in ("mnesia", "log", "home"):
+        (workdir / d).mkdir(parents=True, exist_ok=True)
+    plugins = workdir / "enabled_plugins"
+    plugins.write_text("[].\n")
+    env = dict(os.environ)
+    env.update(
+        {
+            "HOME": str(workdir / "home"),
+            "RABBITMQ_NODENAME": f"amqpbench{os.getpid()}@localhost",
+            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+            "RABBITMQ_NODE_PORT": str(port),
+            "RABBITMQ_DIST_PORT": str(dist_port),
+            "ERL_EPMD_PORT": str(epmd_port),
+            "RABBITMQ_MNESIA_BASE": str(workdir / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(workdir / "log"),
+            "RABBITMQ_LOGS": "-",
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(plugins),
+            "RABBITMQ_CONFIG_FILE": str(workdir / "rabbitmq"),  # absent: defaults
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(workdir / "advanced.config"),
+            "RABBITMQ_CONF_ENV_FILE": str(workdir / "rabbitmq-env.conf"),
+            "RABBITMQ_PID_FILE": str(workdir / "rabbitmq.pid"),
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "+sbwt none +sbwtdcpu none +sbwtdio none",
+        }
+    )
+    proc, log_path = _spawn("rabbitmq", [script], workdir, cpu, env, str(workdir))
+    server = AmqpServer("rabbitmq", proc, port, workdir, log_path)
+    server.info = {"command": script, "node_port": port, "epmd_port": epmd_port}
+
+    def ready() -> bool:
+        return amqp_ready(port)
+
+    try:
+        _wait(server, ready, timeout)
+    finally:
+        server.cleanup_pids = _epmd_pids(epmd_port)
+    beam = [p for p in [proc.pid, *descendants(proc.pid)] if _comm(p) == "beam.smp"]
+    if not beam:
+        server.stop()
+        raise ServerError("rabbitmq: no beam.smp process found")
+    server.measured_pid = beam[0]
+    server.info["beam_pid"] = beam[0]
+    server.info["epmd_pids"] = server.cleanup_pids
+    return server
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def epmd_cpu_s(server: AmqpServer) -> float:
+    total = 0.0
+    for p in server.cleanup_pids or []:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            total += cpu_s(p)
+    return total
+
+
+def wait_gone(pid: int, timeout: float = 5.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and os.path.exists(f"/proc/{pid}"):
+        time.sleep(0.05)

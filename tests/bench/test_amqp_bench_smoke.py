@@ -1,0 +1,114 @@
+"""Smoke test of bench/amqp_bench.py: a quick run against our gateway (and RabbitMQ when
+`run_rabbitmq` is asked for with AMQP_BENCH_RABBITMQ=1 and Debian's rabbitmq-server is installed)
+prints one JSON object with the contract keys and positive figures, within 30 s."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "amqp_bench.py"
+
+FIGURES = [
+    "confirms_msgs_per_s",
+    "consume_msgs_per_s",
+    "p50_ms",
+    "p99_ms",
+    "cpu_us_per_msg",
+    "cpu_us_per_consumed_msg",
+]
+
+
+def _positive(v: object) -> bool:
+    return isinstance(v, int | float) and math.isfinite(v) and v > 0
+
+
+def test_amqp_bench_quick_json(tmp_path: Path) -> None:
+    brokers = "gateway"
+    sys.path.insert(0, str(SCRIPT.parent))
+    from amqp_servers import rabbitmq_script
+
+    if os.environ.get("AMQP_BENCH_RABBITMQ") == "1" and rabbitmq_script():
+        brokers = "gateway,rabbitmq"
+    t = time.monotonic()
+    # its own process group, so a timeout also kills the brokers it started
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "--quick", "--brokers", brokers, "--json", "--dir", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=60 if "rabbitmq" in brokers else 30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"bench timed out:\n{err[-3000:]}") from None
+    proc.stdout, proc.stderr = out, err  # type: ignore[assignment]
+    elapsed = time.monotonic() - t
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout)  # exactly one JSON object on stdout
+    for key in [
+        "confirms_ratio_vs_rabbitmq",
+        "consume_ratio_vs_rabbitmq",
+        "cpu_us_per_msg",
+        "rabbitmq_cpu_us_per_msg",
+    ]:
+        assert key in res, key
+    assert _positive(res["cpu_us_per_msg"]), proc.stderr[-3000:]
+    for name in brokers.split(","):
+        b = res["brokers"][name]
+        assert "error" not in b, b["error"]
+        for phase, d in b["phases"].items():
+            assert "error" not in d and not d.get("errors"), (name, phase, d)
+        for key in FIGURES:
+            assert _positive(b["figures"][key]), (name, key, b["figures"][key])
+    g = res["brokers"]["gateway"]["phases"]
+    assert g["confirms"]["nacks"] == 0
+    assert g["consume"]["consumed"] == g["consume"]["backlog"] > 0  # every confirmed message consumed
+    if "rabbitmq" in brokers:
+        assert _positive(res["confirms_ratio_vs_rabbitmq"]) and _positive(res["rabbitmq_cpu_us_per_msg"])
+    else:
+        assert res["confirms_ratio_vs_rabbitmq"] is None
+    assert elapsed < (60 if "rabbitmq" in brokers else 30)
+    assert list(tmp_path.iterdir()) == []  # work directories are removed
+
+
+def test_loadgen_frame_reader_handles_split_reads() -> None:
+    """The generator's frame reader reassembles frames across arbitrary read boundaries and keeps
+    frames that follow the one `expect` waited for (deliveries right after consume-ok)."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    from amqp_loadgen import Conn
+
+    def method(cls: int, mid: int, args: bytes = b"") -> bytes:
+        p = struct.pack(">HH", cls, mid) + args
+        return struct.pack(">BHI", 1, 1, len(p)) + p + b"\xce"
+
+    stream = method(60, 21, b"\x01c") + method(60, 60, b"\x01c" + struct.pack(">Q", 7) + b"\x00\x00\x01q")
+
+    class _Reader:
+        def __init__(self, data: bytes, chunk: int) -> None:
+            self.parts = [data[i : i + chunk] for i in range(0, len(data), chunk)]
+
+        async def read(self, n: int) -> bytes:
+            return self.parts.pop(0) if self.parts else b""
+
+    async def go(chunk: int) -> None:
+        c = Conn()
+        c.reader = _Reader(stream, chunk)  # type: ignore[assignment]
+        await c.expect(60, 21)
+        frames = await c.frames()
+        assert [(t, p[:4]) for t, p in frames] == [(1, b"\x00\x3c\x00\x3c")]
+        assert struct.unpack_from(">Q", frames[0][1], 6)[0] == 7
+
+    for chunk in (1, 5, len(stream)):
+        asyncio.run(go(chunk))
