@@ -188,9 +188,15 @@ class MessagingProcessor:
 
     # ------------------------------------------------------------------ send
     async def send(
-        self, ctx: ClientContext, messages: Sequence[Message], *, auto_create: bool | None = None
+        self,
+        ctx: ClientContext,
+        messages: Sequence[Message],
+        *,
+        auto_create: bool | None = None,
+        receipts: bool = True,
     ) -> list[SendReceipt]:
         """Store messages; returns once every one is durable per the store's flush policy.
+        With `receipts=False` it returns [] (callers that only need "stored" skip building them).
 
         All messages are validated before any is stored. A store failure raises ProcessorError;
         messages of the batch stored before it stay stored (producers retry, as in RocketMQ)."""
@@ -222,9 +228,15 @@ class MessagingProcessor:
                 self._known_topics.difference_update(topics)
             raise err from e
         counts = self.metrics.messages_in
+        if len(topics) == 1:
+            counts[(ctx.protocol, messages[0].topic)] += len(messages)
+        else:
+            for m in messages:
+                counts[(ctx.protocol, m.topic)] += 1
+        if not receipts:
+            return []
         out = []
         for m, r in zip(messages, results, strict=True):
-            counts[(ctx.protocol, m.topic)] += 1
             out.append(
                 SendReceipt(
                     r.message_id,

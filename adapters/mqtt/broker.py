@@ -569,7 +569,7 @@ class Broker:
                 await self._place(ctx, m)
             step = p.limits.max_batch
             for i in range(0, len(msgs), step):
-                await p.send(ctx, msgs[i : i + step], auto_create=True)
+                await p.send(ctx, msgs[i : i + step], auto_create=True, receipts=False)
         except Exception:  # noqa: BLE001 - answered per message below
             return [await self.publish(ctx, m, False) for m in msgs]
         return [0] * len(msgs)
