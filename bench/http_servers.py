@@ -16,23 +16,17 @@ Process figures (CPU seconds, idle detection, machine load) come from bench/mqtt
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
-import resource
-import shutil
 import signal
-import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from mqtt_servers import Server, ServerError, free_port  # noqa: E402
+from mqtt_servers import Server, ServerError, _spawn, _wait, free_port  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 EVENTS_PATH = "/topics/{topic}/events"
@@ -100,56 +94,12 @@ def bare_main(argv: list[str] | None = None) -> None:
 # ---------------------------------------------------------------------------- starting servers
 
 
-def _preexec(cpu: int | None) -> Callable[[], None]:
-    def fn() -> None:
-        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        if cpu is not None and shutil.which("taskset") is None:
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(0, {cpu})
-
-    return fn
-
-
-def _spawn(name: str, cmd: list[str], workdir: Path, cpu: int | None, env=None, cwd=None):
-    taskset = shutil.which("taskset")
-    if cpu is not None and taskset:
-        cmd = [taskset, "-c", str(cpu), *cmd]
-    log_path = workdir / f"{name}.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            preexec_fn=_preexec(cpu),
-            env=env,
-            cwd=cwd,
-        )
-    return proc, log_path
-
-
 def _healthy(port: int) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
             return r.status == 200
     except OSError:
         return False
-
-
-def _wait(server: Server, ready: Callable[[], bool], timeout: float) -> Server:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not server.alive():
-            raise ServerError(
-                f"{server.name} exited with status {server.proc.returncode}:\n{server.log_tail()}"
-            )
-        if ready():
-            return server
-        time.sleep(0.05)
-    server.stop()
-    raise ServerError(f"{server.name} not ready after {timeout:.0f} s:\n{server.log_tail()}")
 
 
 def _env(src: Path | None) -> dict[str, str]:
