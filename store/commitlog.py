@@ -113,10 +113,6 @@ class CommitLog:
                 return seg
         return self._add(base, create=True)
 
-    def prepare_segment(self, base: int) -> None:
-        """Create (zero-fill) the segment starting at `base` on a background thread, if missing."""
-        self._preallocate_next(base)
-
     def _preallocate_next(self, base: int) -> None:
         if self._prealloc_thread is not None and self._prealloc_thread.is_alive():
             return

@@ -174,9 +174,6 @@ class Store:
         store._timer_wake = asyncio.Event()
         try:
             await store._run_io(store._recover)
-            # the segment the next append lands in, zero-filled off the event loop (not by the first append)
-            pos = store.commitlog.write_pos
-            store.commitlog.prepare_segment(pos - pos % store.commitlog.segment_size)
         except BaseException:
             store._io.shutdown()
             store.meta.close()
