@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import multiprocessing as mp
 import os
 import shutil
@@ -63,6 +62,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from amqp_loadgen import Job, Spec, worker_main  # noqa: E402
 from amqp_servers import AmqpServer, epmd_cpu_s, start_gateway, start_rabbitmq  # noqa: E402
 from mqtt_servers import ServerError, cpu_s, descendants, system_busy_s, tree_cpu_s, wait_idle, wait_quiet  # noqa: E402
+from mqtt_servers import pct_ms as _pct  # noqa: E402
+from mqtt_servers import sleep_until as _sleep_until  # noqa: E402
 
 BROKERS = ("gateway", "rabbitmq")
 
@@ -140,19 +141,6 @@ class Generator:
             if p.is_alive():
                 p.kill()
                 p.join()
-
-
-def _sleep_until(t: float) -> None:
-    d = t - time.monotonic()
-    if d > 0:
-        time.sleep(d)
-
-
-def _pct(sorted_ns: list[int], p: float) -> float | None:
-    if not sorted_ns:
-        return None
-    i = min(len(sorted_ns) - 1, max(0, math.ceil(p / 100 * len(sorted_ns)) - 1))
-    return sorted_ns[i] / 1e6
 
 
 def loadavg() -> float:

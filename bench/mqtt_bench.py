@@ -60,7 +60,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import multiprocessing as mp
 import os
 import resource
@@ -93,6 +92,9 @@ from mqtt_servers import (  # noqa: E402
     wait_idle,
     wait_quiet,
 )
+from mqtt_servers import fmt as _fmt  # noqa: E402
+from mqtt_servers import pct_ms as _pct  # noqa: E402
+from mqtt_servers import sleep_until as _sleep_until  # noqa: E402
 
 BROKERS = ("gateway", "mosquitto", "amqtt")
 OURS = "gateway"
@@ -197,19 +199,6 @@ class Generator:
             if p.is_alive():
                 p.kill()
                 p.join()
-
-
-def _sleep_until(t: float) -> None:
-    d = t - time.monotonic()
-    if d > 0:
-        time.sleep(d)
-
-
-def _pct(sorted_ns: list[int], p: float) -> float | None:
-    if not sorted_ns:
-        return None
-    i = min(len(sorted_ns) - 1, max(0, math.ceil(p / 100 * len(sorted_ns)) - 1))
-    return sorted_ns[i] / 1e6
 
 
 # ---------------------------------------------------------------------------- one broker
@@ -607,22 +596,6 @@ def build_report(brokers: dict[str, dict[str, Any]], args: argparse.Namespace) -
         "quick": args.quick,
     }
     return report
-
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        if v >= 100_000:
-            return f"{v:,.0f}"
-        if v >= 100:
-            return f"{v:.0f}"
-        if v >= 10:
-            return f"{v:.1f}"
-        if v >= 1 or v == 0:
-            return f"{v:.2f}"
-        return f"{v:.2g}"
-    return str(v)
 
 
 def print_table(report: dict[str, Any]) -> None:

@@ -22,6 +22,7 @@ resolution), VmRSS of /proc/<pid>/status.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import resource
 import shutil
@@ -34,6 +35,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 MOSQUITTO = "/usr/sbin/mosquitto"
@@ -351,3 +353,36 @@ def start_amqtt(workdir: Path, cpu: int | None, timeout: float = 30.0) -> Server
         server.info["version"] = "amqtt ?"
     server.info["config"] = str(conf)
     return _wait(server, lambda: _tcp_ready(port), timeout)
+
+
+# ---------------------------------------------------------------------------- shared by the benches
+def sleep_until(t: float) -> None:
+    """Sleep until monotonic time `t` (no-op if it has passed)."""
+    d = t - time.monotonic()
+    if d > 0:
+        time.sleep(d)
+
+
+def pct_ms(sorted_ns: list[int], p: float) -> float | None:
+    """The p-th percentile (nearest rank) of sorted nanosecond samples, in ms; None if empty."""
+    if not sorted_ns:
+        return None
+    i = min(len(sorted_ns) - 1, max(0, math.ceil(p / 100 * len(sorted_ns)) - 1))
+    return sorted_ns[i] / 1e6
+
+
+def fmt(v: Any) -> str:
+    """A figure for the benches' tables: thousands separators for big numbers, 2-3 digits else."""
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if v >= 100_000:
+            return f"{v:,.0f}"
+        if v >= 100:
+            return f"{v:.0f}"
+        if v >= 10:
+            return f"{v:.1f}"
+        if v >= 1 or v == 0:
+            return f"{v:.2f}"
+        return f"{v:.2g}"
+    return str(v)
