@@ -8,8 +8,9 @@ by its full path. A subscription whose first level is a wildcard covers every st
 one exists, the topic list is re-read every `topic_scan_interval` seconds (and at once when an MQTT
 publish creates a store topic); topics found after the first scan are read from their start.
 
-Shared subscriptions `$share/<name>/<filter>`: each member runs its own DeliveryLoop with group
-`mqtt.share.<name>` over the filter's store topic with a path predicate; members compete (pop).
+Shared subscriptions `$share/<name>/<filter>` (shared.py): one DeliveryLoop per share in this
+proxy, group `mqtt.share.<name>` over the filter's store topic with a path predicate, hands the
+messages round robin to the local members; proxies compete through the store (pop).
 
 Persistent sessions (persistence.py) do not use the fan-out: each has its own consumer group and,
 while connected, one DeliveryLoop per store topic its subscriptions cover; a message is acked in the
@@ -67,6 +68,7 @@ from .mapping import (
     store_topic_of_level,
     to_message,
     v5_properties,
+    with_sub_ids,
 )
 from .persistence import (
     QOS2_NS,
@@ -77,6 +79,7 @@ from .persistence import (
     session_group,
 )
 from .session import CLOSED, CONNECTED, Session
+from .shared import ShareGroup, ShareMember
 
 log = logging.getLogger("adapters.mqtt")
 
@@ -124,7 +127,7 @@ class Sub:
         first = filt.split("/", 1)[0]
         self.wild = first in ("+", "#")
         self.first = first
-        self.loop: DeliveryLoop | None = None
+        self.loop: ShareMember | None = None  # a shared subscription's membership
 
 
 class Fanout:
@@ -205,6 +208,7 @@ class Broker:
         self.states: dict[str, SessionState] = {}  # persistent sessions by client id
         self.trie: TopicTrie[Sub] = TopicTrie()
         self.fanouts: dict[str, Fanout] = {}
+        self.shares: dict[tuple[str, str, str], ShareGroup] = {}
         self.topic_refs: dict[str, int] = {}
         self.wild_refs = 0
         self.wild_states: set[SessionState] = set()  # attached persistent sessions with root wildcards
@@ -442,7 +446,7 @@ class Broker:
             if expired(sp, now):
                 return Outcome.ACK
             q = min(sub.qos, qos_of(m))
-            props = _with_ids(v5_properties(sp, now), ids) if conn.version == MQTT_5 else None
+            props = with_sub_ids(v5_properties(sp, now), ids) if conn.version == MQTT_5 else None
             retain = sub.rap and sp.get(P_RETAIN) == "1"
             if q == 0:
                 conn.deliver(path_of(m), m.body, 0, retain, props)
@@ -608,7 +612,7 @@ class Broker:
         for s, sub in best.items():
             if s.version == MQTT_5 and props is False:
                 props = v5_properties(sp, now or None)
-            pp = _with_ids(props or None, ids.get(s)) if ids is not None else props or None
+            pp = with_sub_ids(props or None, ids.get(s)) if ids is not None else props or None
             q = sub.qos if sub.qos < pub_qos else pub_qos
             s.deliver(path, body, q, retained and sub.rap, pp)
 
@@ -698,7 +702,7 @@ class Broker:
                 q = min(sub.qos, qos_of(m))
                 props = None
                 if s.version == MQTT_5:
-                    props = _with_ids(v5_properties(m.properties), [sub.sub_id] if sub.sub_id else None)
+                    props = with_sub_ids(v5_properties(m.properties), [sub.sub_id] if sub.sub_id else None)
                 s.deliver(path, m.body, q, True, props)
 
         return suback, after if to_send else None
@@ -859,39 +863,15 @@ class Broker:
         holder[filt] = sub
         return qos
 
-    def _share_loop(self, sub: Sub, s: Session, group: str, topic: str) -> DeliveryLoop:
-        loop = asyncio.get_running_loop()
-        inner = sub.filter
-
-        async def handler(d: Any) -> Outcome:
-            if s.state != CONNECTED:
-                return Outcome.REQUEUE
-            m = d.message
-            sp = m.properties
-            now = int(time.time() * 1000)
-            if expired(sp, now):
-                return Outcome.ACK
-            q = min(sub.qos, qos_of(m))
-            props = None
-            if s.version == MQTT_5:
-                props = _with_ids(v5_properties(sp, now), [sub.sub_id] if sub.sub_id else None)
-            if q == 0:
-                s.deliver(path_of(m), m.body, 0, False, props)
-                return Outcome.ACK
-            done = loop.create_future()
-            s.deliver(path_of(m), m.body, q, False, props, done)
-            return Outcome.ACK if await done else Outcome.REQUEUE
-
-        return DeliveryLoop(
-            self.processor,
-            s.ctx,
-            group,
-            topic,
-            handler,
-            filter=Filter(predicate=lambda m: topic_matches(inner, path_of(m))),
-            max_inflight=max(1, min(s.send_quota, 64)),
-            long_poll_ms=20_000,
-        ).start()
+    def _share_loop(self, sub: Sub, s: Session, group: str, topic: str) -> ShareMember:
+        """Join `s` to this proxy's ShareGroup for (group, topic, filter)."""
+        key = (group, topic, sub.filter)
+        sg = self.shares.get(key)
+        if sg is None:
+            sg = self.shares[key] = ShareGroup(
+                self.processor, group, topic, sub.filter, lambda g: self.shares.pop(key, None)
+            )
+        return sg.join(s, sub.qos, sub.sub_id)
 
     # ------------------------------------------------------------------ shutdown
     async def close(self) -> None:
@@ -923,15 +903,6 @@ def _make_sub(
     if shared:
         return Sub(session, shared[1], qos, False, shared[0], nl, rh, sub_id)
     return Sub(session, filt, qos, rap, None, nl, rh, sub_id)
-
-
-def _with_ids(props: dict | None, ids: list[int] | None) -> dict | None:
-    """5.0 PUBLISH properties plus the matching Subscription Identifiers (a new dict if any)."""
-    if not ids:
-        return props
-    out = dict(props or {})
-    out[PropertyId.SUBSCRIPTION_IDENTIFIER] = ids
-    return out
 
 
 def _share_group(name: str) -> str:

@@ -151,3 +151,12 @@ def encode_retained(msg: Message) -> bytes:
 def decode_retained(path: str, value: bytes) -> Message:
     head, _, body = value.partition(b"\n")
     return Message(store_topic(path), body, properties=json.loads(head))
+
+
+def with_sub_ids(props: dict | None, ids: list[int] | None) -> dict | None:
+    """5.0 PUBLISH properties plus the matching Subscription Identifiers (a new dict if any)."""
+    if not ids:
+        return props
+    out = dict(props or {})
+    out[PropertyId.SUBSCRIPTION_IDENTIFIER] = ids
+    return out

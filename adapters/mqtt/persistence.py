@@ -79,9 +79,7 @@ class SessionState:
         return {store_topic_of_level(s.first) for s in self.subs.values() if s.share is None}
 
     def record(self) -> bytes:
-        subs = [
-            [f, s.qos, int(s.nl), int(s.rap), s.rh, s.sub_id] for f, s in self.subs.items()
-        ]
+        subs = [[f, s.qos, int(s.nl), int(s.rap), s.rh, s.sub_id] for f, s in self.subs.items()]
         return json.dumps(
             {"v": self.version, "e": self.expiry, "d": self.disconnected_at, "g": self.group, "s": subs},
             separators=(",", ":"),

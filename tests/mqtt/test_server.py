@@ -460,6 +460,32 @@ async def test_shared_subscription_splits_without_duplicates(env):
     assert sorted(got["a"] + got["b"]) == sorted(f"j{i}".encode() for i in range(n))
 
 
+@pytest.mark.parametrize("version", VERSIONS)
+async def test_shared_subscription_takes_turns_on_a_burst(env, version):
+    """A burst published at once is spread round robin over the members, not taken by whichever
+    member's poll woke first."""
+    n = 60
+    got: dict[str, list[bytes]] = {"a": [], "b": []}
+    async with env.client(version) as a, env.client(version) as b, env.client(version) as pub:
+        await a.subscribe("$share/fair/burst/#", qos=1)
+        await b.subscribe("$share/fair/burst/#", qos=1)
+        everything = asyncio.Event()
+
+        async def collect(name, c):
+            async for m in c.messages:
+                got[name].append(m.payload)
+                if len(got["a"]) + len(got["b"]) >= n:
+                    everything.set()
+
+        tasks = [asyncio.create_task(collect("a", a)), asyncio.create_task(collect("b", b))]
+        await asyncio.gather(*(pub.publish(f"burst/{i}", f"m{i}".encode(), qos=1) for i in range(n)))
+        await asyncio.wait_for(everything.wait(), T)
+        for t in tasks:
+            t.cancel()
+    assert sorted(got["a"] + got["b"]) == sorted(f"m{i}".encode() for i in range(n))
+    assert min(len(got["a"]), len(got["b"])) >= n // 3, {k: len(v) for k, v in got.items()}
+
+
 async def test_shared_members_compete_and_unacked_is_redelivered(env):
     """A member holding an unacked message (receive maximum 1) gets nothing more: the other member
     gets the rest; when the holder drops its connection its message goes to the other member."""
