@@ -44,6 +44,7 @@ async def open_env(
     queues: int = 2,
     mqtt: bool = False,
     grpc: bool = False,
+    amqp: bool = False,
     store_kw: dict | None = None,
     **adapter_kw,
 ) -> Env:
@@ -69,6 +70,12 @@ async def open_env(
         g = GrpcAdapter(processor, host="127.0.0.1", port=0)
         await g.start()
         env.extra.append(g)
+    if amqp:
+        from adapters.amqp import AmqpAdapter
+
+        a = AmqpAdapter(processor, "127.0.0.1", 0)
+        await a.start()
+        env.extra.append(a)
     return env
 
 

@@ -3,8 +3,8 @@
 
 Produce and push-consume with both (across clients), a consumer's retry redelivered through the
 retry topic after send-back, offsets resumed after a consumer restart, batch send, and messages
-from 4.x producers received by an MQTT subscriber, by a processor pop consumer and by the official
-RocketMQ 5 gRPC client (same message ids)."""
+from 4.x producers received by an MQTT subscriber, an AMQP consumer (aio-pika), a processor pop
+consumer and the official RocketMQ 5 gRPC client (same message ids)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.timeout(240)
 
 @pytest.fixture
 async def gw(tmp_path):
-    e = await open_env(str(tmp_path / "data"), queues=2, mqtt=True)
+    e = await open_env(str(tmp_path / "data"), queues=2, mqtt=True, amqp=True)
     yield e
     await close_env(e)
 
@@ -131,12 +131,16 @@ async def test_batch_send(gw, tmp_path):
 
 @needs_alions
 @needs_cpp
-async def test_4x_messages_reach_mqtt_subscribers_and_pop_consumers(gw, tmp_path):
+async def test_4x_messages_reach_mqtt_amqp_and_pop_consumers(gw, tmp_path):
+    import aio_pika
     import aiomqtt
 
     home = tmp_path / "home"
     await gw.processor.create_topic("iot", 2)
-    mqtt_port = gw.extra[0].bound_port
+    mqtt_port, amqp_port = gw.extra[0].bound_port, gw.extra[1].bound_port
+    amqp = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{amqp_port}/")
+    channel = await amqp.channel()
+    queue = await channel.declare_queue("iot", durable=True)  # AMQP queue iot is store topic iot
     async with aiomqtt.Client("127.0.0.1", mqtt_port, identifier="sub-4x") as sub:
         await sub.subscribe("iot/#", qos=1)
         await asyncio.sleep(0.2)
@@ -174,6 +178,20 @@ async def test_4x_messages_reach_mqtt_subscribers_and_pop_consumers(gw, tmp_path
         ("cpp-1", "hum", ("key-1",), "cpp"),
         ("js-0", "temp", ("key-0",), "ali-ons"),
         ("js-1", "temp", ("key-1",), "ali-ons"),
+    ]
+    amqp_got = []
+    async with queue.iterator() as it:
+        async for m in it:
+            amqp_got.append((m.body.decode(), m.routing_key, m.headers.get("origin")))
+            await m.ack()
+            if len(amqp_got) == 4:
+                break
+    await amqp.close()
+    assert sorted(amqp_got) == [
+        ("cpp-0", "hum", "cpp"),
+        ("cpp-1", "hum", "cpp"),
+        ("js-0", "temp", "ali-ons"),
+        ("js-1", "temp", "ali-ons"),
     ]
 
 
