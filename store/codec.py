@@ -88,11 +88,14 @@ def encode(
 ) -> bytes:
     """Encode one message record; the caller supplies its id, birth time and where it lands."""
     topic = msg.topic.encode()
-    tag = msg.tag.encode()
+    tag = msg.tag  # the optional fields are mostly empty: skip their encode calls
+    tag = tag.encode() if tag else b""
     keys = KEY_SEP.join(msg.keys).encode() if msg.keys else b""
-    group = msg.message_group.encode()
+    group = msg.message_group
+    group = group.encode() if group else b""
     mid = message_id.encode()
-    host = msg.born_host.encode()
+    host = msg.born_host
+    host = host.encode() if host else b""
     props = encode_properties(msg.properties) if msg.properties else b""
     body = msg.body
     payload = b"".join(

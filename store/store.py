@@ -40,6 +40,7 @@ from .kv import KeyValueStore
 from .message import AppendResult, Message, MessageIdFactory, MessageType, PoppedMessage, now_ms, tag_hash
 from .writer import GroupCommitWriter
 
+_new_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
 log = logging.getLogger("store")
 
 PROP_REAL_TOPIC = "__REAL_TOPIC"
@@ -518,9 +519,7 @@ class Store:
         self._place(msg, now, result_topic, fut)
         return fut
 
-    def _place(
-        self, msg: Message, now: int, result_topic: str | None, fut: asyncio.Future
-    ) -> AppendResult:
+    def _place(self, msg: Message, now: int, result_topic: str | None, fut: asyncio.Future) -> AppendResult:
         """Encode, place and queue one record for the writer, answered through `fut` (the hot
         path: keep it lean)."""
         if len(msg.body) > self._max_size:
@@ -553,7 +552,7 @@ class Store:
         cq.next_offset = qoff + 1
         th = tag_hash(msg.tag) if msg.tag else 0
         keys = msg.keys
-        res = AppendResult(mid, result_topic or topic, qid, qoff, clo, size, now)
+        res = _new_tuple(AppendResult, (mid, result_topic or topic, qid, qoff, clo, size, now))
         # record layout: see writer.py
         self._writer.put(
             (
