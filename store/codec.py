@@ -53,12 +53,25 @@ def encode_properties(props: dict[str, str]) -> bytes:
     return _encode_properties(props)
 
 
+_key_cache: dict[str, bytes] = {}  # property names repeat: their length-prefixed bytes, encoded once
+
+
 def _encode_properties(props: dict[str, str]) -> bytes:
     parts: list[bytes] = []
+    add = parts.append
+    keys = _key_cache
+    pack_len = _I.pack
     for k, v in props.items():
-        kb = k.encode()
+        kp = keys.get(k)
+        if kp is None:
+            kb = k.encode()
+            kp = _H.pack(len(kb)) + kb
+            if len(keys) < 4096:
+                keys[k] = kp
         vb = v.encode()
-        parts += (_H.pack(len(kb)), kb, _I.pack(len(vb)), vb)
+        add(kp)
+        add(pack_len(len(vb)))
+        add(vb)
     return b"".join(parts)
 
 

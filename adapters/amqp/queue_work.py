@@ -77,7 +77,9 @@ class QueueWork:
         step = p.limits.max_batch
         try:
             for i in range(0, len(msgs), step):
-                await p.send(ctx, msgs[i : i + step] if len(msgs) > step else msgs, auto_create=True)
+                await p.send(
+                    ctx, msgs[i : i + step] if len(msgs) > step else msgs, auto_create=True, receipts=False
+                )
         except ProcessorError as e:
             if e.kind is ErrorKind.STORE_FULL:
                 self.block(str(e))

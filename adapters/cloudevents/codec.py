@@ -20,7 +20,9 @@ from collections.abc import Iterable, Sequence
 from typing import Literal
 from urllib.parse import quote, unquote_to_bytes
 
-from .event import Event, canonical, dump_json, is_json_type
+import orjson
+
+from .event import Event, canonical, dump_json, dump_parsed_json, is_json_type
 from .validate import Problem, check_attributes, full_check, valid_fast
 
 STRUCTURED = "application/cloudevents+json"
@@ -133,11 +135,11 @@ def decode(headers: Sequence[tuple[str, str]], body: bytes, *, max_events: int =
     mode = content_mode(content_type)
     if mode == "binary":
         return [decode_binary(headers, body)]
-    obj = _load_json(body)
+    obj, fast = _load_json(body)
     if mode == "structured":
         if not isinstance(obj, dict):
             raise InvalidEvents("a structured event must be a JSON object")
-        return [_raise_if_invalid(*_from_json(obj, None))]
+        return [_raise_if_invalid(*_from_json(obj, None, fast))]
     if not isinstance(obj, list):
         raise InvalidEvents("a batch must be a JSON array")
     if len(obj) > max_events:
@@ -148,7 +150,7 @@ def decode(headers: Sequence[tuple[str, str]], body: bytes, *, max_events: int =
         if member.__class__ is not dict:
             problems.append(Problem("batch members must be JSON objects", None, i))
             continue
-        ev, errs = _from_json(member, i)
+        ev, errs = _from_json(member, i, fast)
         if errs:
             problems.extend(errs)
         events.append(ev)
@@ -157,9 +159,22 @@ def decode(headers: Sequence[tuple[str, str]], body: bytes, *, max_events: int =
     return events
 
 
-def _load_json(body: bytes) -> object:
+# orjson turns integers beyond 64 bits into floats: bodies with a run of 18+ digits go to the stdlib.
+# (Digits -> "0", everything else -> " ", then a substring search: ~10x faster than a regex.)
+_DIGITS_ONLY = bytes(48 if 48 <= i <= 57 else 32 for i in range(256))
+_LONG_RUN = b"0" * 18
+
+
+def _load_json(body: bytes) -> tuple[object, bool]:
+    """(value, parsed by orjson). orjson on the hot path; the stdlib (exact big integers, NaN, its
+    own error messages) for bodies with long digit runs and for whatever orjson refuses."""
+    if _LONG_RUN not in body.translate(_DIGITS_ONLY):
+        try:
+            return orjson.loads(body), True
+        except orjson.JSONDecodeError:
+            pass
     try:
-        return json.loads(body)
+        return json.loads(body), False
     except (ValueError, UnicodeDecodeError) as e:
         raise InvalidEvents(f"malformed JSON: {e}") from None
 
@@ -206,7 +221,7 @@ def from_json(obj: dict[str, object], index: int | None = None) -> tuple[Event, 
     return _from_json(dict(obj), index)
 
 
-def _from_json(obj: dict[str, object], index: int | None) -> tuple[Event, list[Problem]]:
+def _from_json(obj: dict[str, object], index: int | None, fast: bool = False) -> tuple[Event, list[Problem]]:
     """from_json on an object of our own (from json.loads): it becomes the event's attributes.
     The common case (valid attributes, JSON data) is the hot path of batched ingest."""
     data = obj.pop("data", None)
@@ -222,7 +237,7 @@ def _from_json(obj: dict[str, object], index: int | None) -> tuple[Event, list[P
             ct = attrs.get("datacontenttype")
             if ct.__class__ is str and not is_json_type(ct):  # type: ignore[arg-type]
                 return Event(attrs, data.encode(), "text"), problems  # type: ignore[attr-defined]
-        return Event(attrs, dump_json(data), "json"), problems
+        return Event(attrs, (dump_parsed_json if fast else dump_json)(data), "json"), problems
     ev = Event(attrs)
     if data is not None:
         problems.append(Problem("data and data_base64 are mutually exclusive", "data", index))

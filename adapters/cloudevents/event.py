@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+import orjson
+
 AttrValue = str | int | bool
 DataForm = Literal["json", "text", "binary"]
 
@@ -69,11 +71,21 @@ except ImportError:  # pragma: no cover - CPython always has _json
 
 
 def dump_json(value: object) -> bytes:
-    """Compact UTF-8 JSON (non-ASCII characters as UTF-8, not escaped)."""
+    """Compact UTF-8 JSON (non-ASCII characters as UTF-8, not escaped), byte for byte as the
+    stdlib writes it (NaN and infinities included)."""
     cls = value.__class__
     if _C_ENCODE is not None and (cls is dict or cls is list):
         return "".join(_C_ENCODE(value, 0)).encode()
     return _ENCODER.encode(value).encode()
+
+
+def dump_parsed_json(value: object) -> bytes:
+    """dump_json for a value orjson parsed (finite floats, integers within 64 bits): orjson's
+    output, the same JSON value (exponents may be written shorter: 2.5e-7, not 2.5e-07)."""
+    try:
+        return orjson.dumps(value)
+    except (TypeError, orjson.JSONEncodeError):
+        return dump_json(value)
 
 
 @dataclass(slots=True)

@@ -75,12 +75,12 @@ class CloudEvents:
             return
         msgs = [to_message(topic, ev) for ev in events]
         if self.dedup is None:
-            await p.send(ctx, msgs)
+            await p.send(ctx, msgs, receipts=False)
             return
         keep, keys = await self.dedup.claim(topic, events)
         try:
             if keep:
-                await p.send(ctx, [msgs[i] for i in keep])
+                await p.send(ctx, [msgs[i] for i in keep], receipts=False)
         except BaseException:
             self.dedup.release(keys)
             raise

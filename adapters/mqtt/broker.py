@@ -536,7 +536,7 @@ class Broker:
             await self._ensure_fanout(topic, from_now=False)
         try:
             await self._place(ctx, msg)
-            await self.processor.send(ctx, [msg], auto_create=True)
+            await self.processor.send(ctx, [msg], auto_create=True, receipts=False)
             if retain:
                 path = msg.properties[P_TOPIC]
                 if msg.body:
@@ -566,11 +566,18 @@ class Broker:
         """Store non-retained messages with as few processor sends as possible; a reason code per
         message (a refused batch is retried one by one to find which message was refused)."""
         p = self.processor
+        queues = self._queues
+        crc32 = zlib.crc32
         try:
             for m in msgs:
-                if self.wild_refs and m.topic not in self.fanouts:
-                    await self._ensure_fanout(m.topic, from_now=False)
-                await self._place(ctx, m)
+                topic = m.topic
+                if self.wild_refs and topic not in self.fanouts:
+                    await self._ensure_fanout(topic, from_now=False)
+                n = queues.get(topic)
+                if n is None:
+                    await self._place(ctx, m)
+                else:  # _place without a coroutine per message (hot path)
+                    m.queue_id = crc32(m.properties[P_TOPIC].encode()) % n
             step = p.limits.max_batch
             for i in range(0, len(msgs), step):
                 await p.send(ctx, msgs[i : i + step], auto_create=True, receipts=False)

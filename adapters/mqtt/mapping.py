@@ -62,10 +62,18 @@ def store_topic_of_level(level: str) -> str:
     return t
 
 
+_path_topic_cache: dict[str, str] = {}
+
+
 def store_topic(path: str) -> str:
     """The store topic of a full MQTT topic path."""
-    i = path.find("/")
-    return store_topic_of_level(path if i < 0 else path[:i])
+    t = _path_topic_cache.get(path)
+    if t is None:
+        i = path.find("/")
+        t = store_topic_of_level(path if i < 0 else path[:i])
+        if len(_path_topic_cache) < 100_000:
+            _path_topic_cache[path] = t
+    return t
 
 
 def to_message(path: str, payload: bytes, qos: int, retain: bool, props: dict | None) -> Message:

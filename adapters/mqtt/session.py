@@ -368,6 +368,8 @@ class Session:
     ) -> tuple[bytes | None, None]:
         rcs = await send
         v = self.version
+        if not any(rcs):  # all stored (the common case): plain PUBACKs
+            return b"".join([encode_puback(pid) for _, pid in acks]), None
         out = []
         for i, pid in acks:
             rc = rcs[i]
