@@ -86,15 +86,17 @@ def check_message(msg: Message, limits: Limits, now_ms: int) -> None:
                 ErrorKind.PROPERTIES_TOO_LARGE,
                 f"{len(props)} properties exceed the limit of {limits.max_properties}",
             )
-        size = 0
-        for k, v in props.items():
-            if k not in _OK_PROP_NAMES:
-                if not k or _CONTROL.search(k):
-                    raise ProcessorError(ErrorKind.ILLEGAL_PROPERTY, f"illegal property name {k!r}")
-                if len(_OK_PROP_NAMES) < _CACHE_MAX:
-                    _OK_PROP_NAMES.add(k)
-            size += len(k) if k.isascii() else len(k.encode())
-            size += len(v) if v.isascii() else len(v.encode())
+        if not _OK_PROP_NAMES.issuperset(props):
+            for k in props:
+                if k not in _OK_PROP_NAMES:
+                    if not k or _CONTROL.search(k):
+                        raise ProcessorError(ErrorKind.ILLEGAL_PROPERTY, f"illegal property name {k!r}")
+                    if len(_OK_PROP_NAMES) < _CACHE_MAX:
+                        _OK_PROP_NAMES.add(k)
+        # UTF-8 takes at most 4 bytes a character: count bytes only when the characters might not fit.
+        size = sum(map(len, props)) + sum(map(len, props.values()))
+        if size * 4 > limits.max_properties_size:
+            size = sum(len(k.encode()) for k in props) + sum(len(v.encode()) for v in props.values())
         if size > limits.max_properties_size:
             raise ProcessorError(
                 ErrorKind.PROPERTIES_TOO_LARGE,

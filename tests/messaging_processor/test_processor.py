@@ -322,3 +322,18 @@ async def test_durable_key_value_metadata(tmp_path):
     assert await p.kv_scan("mqtt.session") == [("dev/2", b"two")]
     assert await p.kv_get("mqtt.retained", "dev/2") == b"r"
     await store.close()
+
+
+def test_property_size_limit_counts_utf8_bytes_at_the_boundary():
+    from messaging_processor.validation import Limits, check_message
+
+    limits = Limits()
+    room = limits.max_properties_size - 1  # the key "k" takes one byte
+    ok = [{"k": "v" * room}, {"k": "é" * (room // 2)}, {"k": "€" * (room // 3)}, {"k": "😀" * (room // 4)}]
+    for props in ok:
+        check_message(Message("T", b"x", properties=props), limits, now_ms())
+    over = [{"k": "v" * (room + 1)}, {"k": "é" * (room // 2 + 1)}, {"k": "😀" * (room // 4 + 1)}]
+    for props in over:
+        with pytest.raises(ProcessorError) as e:
+            check_message(Message("T", b"x", properties=props), limits, now_ms())
+        assert kind_of(e) is ErrorKind.PROPERTIES_TOO_LARGE
