@@ -136,10 +136,11 @@ class Publishing:
                         method_id=40,
                     )
                 body = ev.body
-                if len(body) > b.max_body_size:
+                if ev.dropped or len(body) > b.max_body_size:
                     raise AMQPError(
                         ReplyCode.PRECONDITION_FAILED,
-                        f"message size {len(body)} is larger than configured max size {b.max_body_size}",
+                        f"message size {ev.dropped or len(body)} is larger than configured max size "
+                        f"{b.max_body_size}",
                         class_id=60,
                         method_id=40,
                     )

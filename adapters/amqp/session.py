@@ -108,7 +108,7 @@ class Connection:
         self._resume = resume_reading
         self.remote = remote
         self.loop = asyncio.get_running_loop()
-        self.decoder = Decoder(decode_properties=False, max_body_size=broker.max_body_size)
+        self.decoder = Decoder(decode_properties=False, keep_body_size=broker.max_body_size)
         self.state = HEADER
         self.ctx = ClientContext("amqp", remote=remote)
         self.vhost_obj: VHost | None = None

@@ -157,6 +157,18 @@ def test_frame_errors(data: bytes) -> None:
     assert e.code == R.FRAME_ERROR and not e.fatal
 
 
+@pytest.mark.parametrize("frame_max", [4096, 131072], ids=["three-body-frames", "one-body-frame"])
+def test_bodies_above_keep_body_size_are_read_and_dropped(frame_max: int) -> None:
+    dec = server(keep_body_size=5000, frame_max=0)
+    dec.feed(
+        encode_publish(1, "", "q", None, b"x" * 9000, frame_max=frame_max)
+        + encode_publish(1, "", "q", None, b"y" * 5000, frame_max=frame_max)
+    )
+    big, ok = dec.events()
+    assert (big.body, big.dropped, big.method.routing_key) == (b"", 9000, "q")
+    assert (ok.body, ok.dropped) == (b"y" * 5000, 0)
+
+
 def test_body_size_above_maximum() -> None:
     e = error_for(PUBLISH + encode_content_header(1, 1001), server(max_body_size=1000))
     assert e.code == R.FRAME_ERROR and (e.class_id, e.method_id) == (60, 40)

@@ -21,6 +21,8 @@ from adapters.amqp.codec import (
     ChannelCloseOk,
     ChannelOpen,
     ChannelOpenOk,
+    ConfirmSelect,
+    ConfirmSelectOk,
     ConnectionClose,
     ConnectionCloseOk,
     ConnectionTune,
@@ -357,16 +359,30 @@ async def test_frames_before_open_and_bad_frame_max(env):
     assert events[-1].method.reply_code == 503
 
 
-async def test_body_larger_than_the_limit_closes_with_501(env):
+async def test_body_larger_than_the_limit_closes_only_the_channel_with_406(env):
+    """As RabbitMQ above its max message size: channel.close 406 PRECONDITION_FAILED for the
+    basic.publish (the body is read and dropped, not stored); the connection and its other channels
+    carry on."""
     raw = await Raw.connect(env)
     raw.method(1, ChannelOpen())
     await raw.recv()
+    raw.method(2, ChannelOpen())
+    await raw.recv()
+    raw.method(2, QueueDeclare("after-big", exclusive=True))
+    assert isinstance((await raw.recv()).method, QueueDeclareOk)
     big = env.processor.limits.max_body_size + 1
-    raw.send(encode_publish(1, "", "q", None, b"x" * big))
+    raw.send(encode_publish(1, "", "after-big", None, b"x" * big, frame_max=131072))
     ev = await raw.recv()
-    assert isinstance(ev.method, ConnectionClose) and ev.method.reply_code == 501
-    raw.method(0, ConnectionCloseOk())
-    assert await raw.recv_until_eof() == []
+    assert isinstance(ev.method, ChannelClose) and ev.method.reply_code == 406
+    assert (ev.channel, ev.method.class_id, ev.method.method_id) == (1, 60, 40)
+    assert str(big) in ev.method.reply_text
+    raw.method(1, ChannelCloseOk())
+    raw.method(2, ConfirmSelect())
+    assert isinstance((await raw.recv()).method, ConfirmSelectOk)
+    raw.send(encode_publish(2, "", "after-big", None, b"small"))
+    ack = await raw.recv()
+    assert (ack.channel, type(ack.method), ack.method.delivery_tag) == (2, BasicAck, 1)
+    assert (await env.processor.get_topic("after-big")).messages == 1  # the big body was not stored
 
 
 async def test_connection_close_from_client_is_answered(env):

@@ -102,7 +102,17 @@ _MALFORMED = (ValueError, IndexError, struct.error, RecursionError)
 class _Content:
     """Per-channel state of a content in progress."""
 
-    __slots__ = ("method", "class_id", "method_id", "header_seen", "remaining", "properties", "raw", "parts")
+    __slots__ = (
+        "method",
+        "class_id",
+        "method_id",
+        "header_seen",
+        "remaining",
+        "properties",
+        "raw",
+        "parts",
+        "dropped",
+    )
 
     def __init__(self, method: AMQPMethod, class_id: int, method_id: int) -> None:
         self.method = method
@@ -113,6 +123,7 @@ class _Content:
         self.properties: BasicProperties | None = None
         self.raw = b""
         self.parts: list[Any] = []
+        self.dropped = 0  # body_size of a body counted but not kept (above keep_body_size)
 
 
 class Decoder:
@@ -125,6 +136,10 @@ class Decoder:
     assemble: fold content methods, headers and bodies into Message events.
     decode_properties: decode the content properties (else only `raw_properties` is set).
     max_body_size: largest body_size accepted in a content header (501 above it).
+    keep_body_size: bodies above this (and within max_body_size) are read and dropped, not kept:
+      the Message comes out with an empty body and `dropped` = its size, so that the receiver can
+      refuse it as RabbitMQ does above its configured max message size (channel error 406) without
+      holding it in memory. None = max_body_size.
     """
 
     __slots__ = (
@@ -135,6 +150,7 @@ class Decoder:
         "assemble",
         "decode_properties",
         "max_body_size",
+        "keep_body_size",
         "closing",
         "_server",
         "_accept",
@@ -158,6 +174,7 @@ class Decoder:
         assemble: bool = True,
         decode_properties: bool = True,
         max_body_size: int = MAX_BODY_SIZE,
+        keep_body_size: int | None = None,
     ) -> None:
         if role not in ("server", "client"):
             raise ValueError("role must be 'server' or 'client'")
@@ -169,6 +186,7 @@ class Decoder:
         self.assemble = assemble
         self.decode_properties = decode_properties
         self.max_body_size = max_body_size
+        self.keep_body_size = max_body_size if keep_body_size is None else min(keep_body_size, max_body_size)
         self.closing = False
         self._server = role == "server"
         self._accept = _SERVER_ACCEPTS if self._server else _CLIENT_ACCEPTS
@@ -396,7 +414,7 @@ class Decoder:
                         and buf[hend] == 0xCE
                         and class_id == 60
                         and not weight
-                        and body_size <= self.max_body_size
+                        and body_size <= self.keep_body_size
                     ):
                         b = hend + 1
                         if not body_size:
@@ -530,6 +548,8 @@ class Decoder:
             c.remaining = body_size
             c.properties = props
             c.raw = raw
+            if body_size > self.keep_body_size:
+                c.dropped = body_size
             return None
         if body_size:
             c.header_seen = True
@@ -565,9 +585,12 @@ class Decoder:
                 del self._pending[channel]
             return ContentBody(channel, buf[start:end])
         if remaining:
-            c.parts.append(memoryview(buf)[start:end])
+            if not c.dropped:
+                c.parts.append(memoryview(buf)[start:end])
             return None
         del self._pending[channel]
+        if c.dropped:
+            return Message(channel, c.method, c.properties, b"", c.raw, c.dropped)
         if c.parts:
             c.parts.append(memoryview(buf)[start:end])
             body = b"".join(c.parts)

@@ -112,7 +112,7 @@ class Message(_LazyProperties):
     client side); `raw_properties` and `properties` as in ContentHeader.
     """
 
-    __slots__ = ("channel", "method", "body")
+    __slots__ = ("channel", "method", "body", "dropped")
 
     def __init__(
         self,
@@ -121,12 +121,14 @@ class Message(_LazyProperties):
         properties: BasicProperties | None,
         body: bytes,
         raw_properties: bytes = EMPTY_PROPERTIES,
+        dropped: int = 0,
     ) -> None:
         self.channel = channel
         self.method = method
         self._properties = properties
         self.body = body
         self.raw_properties = raw_properties
+        self.dropped = dropped  # a body the decoder read but did not keep (see Decoder): its size
 
     def __repr__(self) -> str:
         return (
