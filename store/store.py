@@ -326,6 +326,14 @@ class Store:
             except Exception:
                 log.exception("store background task failed")
 
+    def preallocate(self) -> None:
+        """Start zero-filling, in the background, the segment the next append lands in when it
+        does not exist yet (a fresh store): its first append then need not wait for the whole
+        segment to be written. Servers call this after open; a library user may skip it."""
+        cl = self.commitlog
+        seg = self._seg_size
+        cl._preallocate_next(cl.write_pos - cl.write_pos % seg)
+
     async def close(self) -> None:
         """Finish in-flight appends, persist progress, checkpoint and release files."""
         if self._closed:

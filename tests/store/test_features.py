@@ -968,3 +968,19 @@ async def test_fsync_helper_death_fails_appends_cleanly(make_store):
         await asyncio.sleep(0.01)
     with pytest.raises(StoreError):
         s.append(Message("T", b"after"))
+
+
+async def test_preallocate_zero_fills_a_fresh_stores_first_segment_in_the_background(make_store):
+    s = await make_store(segment_size=4 << 20)
+    path = os.path.join(s.commitlog.dir, f"{0:020d}")
+    assert not os.path.exists(path)  # a fresh store: the first append would create it
+    s.preallocate()
+    t = s.commitlog._prealloc_thread
+    assert t is not None
+    await asyncio.to_thread(t.join, 10)
+    assert os.path.getsize(path) == 4 << 20
+    r = await s.append(Message("T", b"after"))
+    assert r.commitlog_offset == 0
+    assert [m.body for m in s.read("T", r.queue_id, 0, 10)] == [b"after"]
+    s.preallocate()  # the segment exists: nothing to do
+    assert s.commitlog._prealloc_thread is t
