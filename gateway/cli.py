@@ -1,7 +1,9 @@
 """Command line entry point.
 
 ``gateway start [--config FILE] [--data-dir DIR] [--host ADDR] [--grpc-port N] ... [--flush P]``
-serves until SIGTERM/SIGINT. ``gateway topic|group|client ...`` talk to a running gateway's HTTP
+serves until SIGTERM/SIGINT (``--mode cluster --namesrv H:P``: as a stateless proxy over store
+nodes). ``gateway store --name NAME --data-dir DIR --port N --namesrv H:P`` runs a CLUSTER mode
+store node (docs/cluster.md). ``gateway topic|group|client ...`` talk to a running gateway's HTTP
 admin API (``--url``, default ``$GATEWAY_URL`` or http://127.0.0.1:8082)."""
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from gateway.config import (
     EVENT_LOOPS,
     FLUSH_POLICIES,
     LOG_LEVELS,
+    MODES,
     ConfigError,
     Settings,
     load,
@@ -63,6 +66,46 @@ _START_FLAGS: dict[str, dict[str, Any]] = {
         "metavar": "S",
         "help": "CloudEvents ingest drops a source+id seen within S seconds (default 0: off)",
     },
+    "mode": {
+        "choices": MODES,
+        "help": "local: embedded store; cluster: proxy over store nodes (default local)",
+    },
+    "namesrv": {"metavar": "HOST:PORT", "help": "name server(s), ';'-separated (cluster mode)"},
+    "cluster_name": {
+        "metavar": "NAME",
+        "help": "store cluster to use / register in (default DefaultCluster)",
+    },
+    "proxy_name": {"metavar": "NAME", "help": "name this proxy registers under (default proxy-<host>-<pid>)"},
+    "lease_period_s": {"type": float, "metavar": "S", "help": "name server re-registration period (30)"},
+    "lease_expiry_s": {"type": float, "metavar": "S", "help": "registration expiry without renewal (120)"},
+    "route_refresh_s": {"type": float, "metavar": "S", "help": "store node list refresh period (5)"},
+}
+
+# `gateway store`: flag -> Settings field (every one also a GATEWAY_* env var and a TOML key).
+_STORE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "data_dir": ("data_dir", _START_FLAGS["data_dir"]),
+    "host": ("host", _START_FLAGS["host"]),
+    "port": ("store_port", {"type": int, "metavar": "N", "help": "store protocol port (default 10911)"}),
+    "name": (
+        "store_name",
+        {"metavar": "NAME", "help": "node name in the cluster (default store-<host>-<port>)"},
+    ),
+    "namesrv": ("namesrv", {"metavar": "HOST:PORT", "help": "name server(s) to register with"}),
+    "cluster_name": ("cluster_name", _START_FLAGS["cluster_name"]),
+    "advertise_host": ("advertise_host", {"metavar": "ADDR", "help": "host proxies connect to"}),
+    "flush": ("flush", _START_FLAGS["flush"]),
+    "default_queues": ("default_queues", _START_FLAGS["default_queues"]),
+    "max_body_size": ("max_body_size", _START_FLAGS["max_body_size"]),
+    "transaction_timeout_ms": ("transaction_timeout_ms", _START_FLAGS["transaction_timeout_ms"]),
+    "transaction_check_interval_ms": (
+        "transaction_check_interval_ms",
+        _START_FLAGS["transaction_check_interval_ms"],
+    ),
+    "lease_period_s": ("lease_period_s", _START_FLAGS["lease_period_s"]),
+    "lease_expiry_s": ("lease_expiry_s", _START_FLAGS["lease_expiry_s"]),
+    "drain_timeout_s": ("drain_timeout_s", _START_FLAGS["drain_timeout_s"]),
+    "event_loop": ("event_loop", _START_FLAGS["event_loop"]),
+    "log_level": ("log_level", _START_FLAGS["log_level"]),
 }
 
 
@@ -90,6 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
         if "type" in opts and opts["type"] is not int and opts["type"] is not float:
             opts["type"] = _arg_type(opts["type"])
         start.add_argument("--" + field.replace("_", "-"), dest=field, default=None, **opts)
+
+    store = sub.add_parser("store", help="run a CLUSTER mode store node until SIGTERM/SIGINT")
+    store.add_argument("--config", metavar="FILE", help="TOML settings file")
+    for flag, (field, opts) in _STORE_FLAGS.items():
+        store.add_argument("--" + flag.replace("_", "-"), dest=field, default=None, **opts)
 
     from namesrv.cli import add_parser as add_namesrv_parser
 
@@ -144,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def settings_from_args(args: argparse.Namespace, env: dict[str, str] | None = None) -> Settings:
-    overrides = {field: getattr(args, field, None) for field in _START_FLAGS}
+    fields = [f for f, _ in _STORE_FLAGS.values()] if args.command == "store" else list(_START_FLAGS)
+    overrides = {field: getattr(args, field, None) for field in fields}
     return load(overrides, dict(os.environ) if env is None else env, args.config)
 
 
@@ -176,6 +225,21 @@ def _start(args: argparse.Namespace) -> int:
 
     with asyncio.Runner(loop_factory=_loop_factory(settings)) as runner:
         return runner.run(run(settings))
+
+
+def _store(args: argparse.Namespace) -> int:
+    try:
+        settings = settings_from_args(args)
+    except ConfigError as exc:
+        print(f"gateway: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    from gateway.storenode import serve
+
+    with asyncio.Runner(loop_factory=_loop_factory(settings)) as runner:
+        return runner.run(serve(settings))
 
 
 def _admin(args: argparse.Namespace) -> int:
@@ -236,6 +300,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "start":
         return _start(args)
+    if args.command == "store":
+        return _store(args)
     if args.command == "namesrv":
         from namesrv.cli import run
 

@@ -6,6 +6,7 @@ Every field of `Settings` is a TOML key of the same name, an environment variabl
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from typing import Any
 
 FLUSH_POLICIES = ("sync", "async")
 EVENT_LOOPS = ("uvloop", "asyncio")
+MODES = ("local", "cluster")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 ENV_PREFIX = "GATEWAY_"
 
@@ -35,6 +37,7 @@ MIB = 1024 * 1024
 MAX_BODY_LIMIT = 100 * MIB  # a record must fit one 128 MiB commit log segment
 
 _TRUE = ("true", "1", "yes", "on")
+_NODE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _FALSE = ("false", "0", "no", "off")
 
 
@@ -92,9 +95,20 @@ class Settings:
     amqp_tls_port: int = 5671
     mqtt_max_keep_alive: int = 0  # 0: clients choose; else the most a client may ask (5.0: Server Keep Alive)
     cloudevents_dedup_window_s: int = 0  # > 0: CloudEvents ingest skips a source+id stored this recently
+    # CLUSTER mode (docs/cluster.md): `gateway start --mode cluster` proxies and `gateway store` nodes.
+    mode: str = "local"  # "cluster": no local data, stores found through the name server(s)
+    namesrv: str | None = None  # name server address(es), "host:port;host:port"
+    cluster_name: str = "DefaultCluster"  # store nodes register under it; proxies use its nodes
+    store_name: str | None = None  # `gateway store --name`: the node's name (default store-<host>-<port>)
+    store_port: int = 10911  # `gateway store --port`
+    proxy_name: str | None = None  # name a proxy registers under (default proxy-<host>-<pid>)
+    lease_period_s: float = 30.0  # stores and proxies renew their name server registration this often
+    lease_expiry_s: float = 120.0  # ... which expires when not renewed for this long
+    route_refresh_s: float = 5.0  # proxies refresh the store node list this often
 
     def __post_init__(self) -> None:
         for name, choices in (
+            ("mode", MODES),
             ("flush", FLUSH_POLICIES),
             ("event_loop", EVENT_LOOPS),
             ("log_level", LOG_LEVELS),
@@ -109,7 +123,7 @@ class Settings:
             not isinstance(self.advertise_host, str) or not self.advertise_host
         ):
             raise ConfigError(f"advertise_host must be a non-empty string, got {self.advertise_host!r}")
-        for name in PORT_FIELDS:
+        for name in (*PORT_FIELDS, "store_port"):
             _check_int(name, getattr(self, name), 0, 65535)
         _check_int("mqtt_max_keep_alive", self.mqtt_max_keep_alive, 0, 65535)
         _check_int("cloudevents_dedup_window_s", self.cloudevents_dedup_window_s, 0, 30 * 86400)
@@ -125,6 +139,28 @@ class Settings:
         _check_int("transaction_check_interval_ms", self.transaction_check_interval_ms, 1, None)
         if not isinstance(self.auto_create_topics, bool):
             raise ConfigError(f"auto_create_topics must be true or false, got {self.auto_create_topics!r}")
+        for name in ("namesrv", "store_name", "proxy_name"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise ConfigError(f"{name} must be a non-empty string, got {value!r}")
+        if self.store_name is not None and not _NODE_NAME.match(self.store_name):
+            raise ConfigError(f"store_name must be letters, digits, '_', '.', '-', got {self.store_name!r}")
+        if not isinstance(self.cluster_name, str) or not _NODE_NAME.match(self.cluster_name):
+            raise ConfigError(
+                f"cluster_name must be letters, digits, '_', '.', '-', got {self.cluster_name!r}"
+            )
+        if self.mode == "cluster" and not self.namesrv:
+            raise ConfigError("mode cluster needs namesrv (the name server address, host:port)")
+        for name in ("lease_period_s", "lease_expiry_s", "route_refresh_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 86400:
+                raise ConfigError(f"{name} must be a number of seconds in (0, 86400], got {v!r}")
+            object.__setattr__(self, name, float(v))
+        if self.lease_expiry_s < self.lease_period_s:
+            raise ConfigError(
+                f"lease_expiry_s ({self.lease_expiry_s:g}) must not be shorter than lease_period_s "
+                f"({self.lease_period_s:g})"
+            )
         d = self.drain_timeout_s
         if isinstance(d, bool) or not isinstance(d, int | float) or not 0 <= d <= 3600:
             raise ConfigError(f"drain_timeout_s must be a number of seconds in [0, 3600], got {d!r}")
@@ -192,8 +228,9 @@ def _from_toml(path: str | Path) -> dict[str, Any]:
     unknown = sorted(set(data) - set(FIELDS))
     if unknown:
         raise ConfigError(f"unknown key(s) in {path}: {', '.join(unknown)}")
-    if isinstance(data.get("drain_timeout_s"), int) and not isinstance(data["drain_timeout_s"], bool):
-        data["drain_timeout_s"] = float(data["drain_timeout_s"])
+    for key in ("drain_timeout_s", "lease_period_s", "lease_expiry_s", "route_refresh_s"):
+        if isinstance(data.get(key), int) and not isinstance(data[key], bool):
+            data[key] = float(data[key])
     return data
 
 

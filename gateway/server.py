@@ -1,5 +1,6 @@
-"""The gateway process in LOCAL mode: one embedded store, one MessagingProcessor, one listener per
-enabled protocol, all in one event loop.
+"""The gateway process: one MessagingProcessor and one listener per enabled protocol, all in one
+event loop, over an embedded store (LOCAL mode) or over store nodes found through the name server
+(CLUSTER mode, `--mode cluster`, see gateway/cluster.py and docs/cluster.md).
 
 Start: open the store, start the processor, start each listener (one log line each), log
 ``gateway ready``. Stop (SIGTERM/SIGINT): every listener stops accepting at once and drains
@@ -15,11 +16,15 @@ import ssl
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter
 
 from adapters.base import Adapter
 from gateway.config import PROTOCOLS, Settings
+
+if TYPE_CHECKING:
+    from messaging_processor import LocalStoreClient
 
 log = logging.getLogger("gateway")
 
@@ -55,6 +60,8 @@ class Gateway:
         self.settings = settings
         self.extra_routers = list(extra_routers)
         self.store = None
+        self.cluster_store = None  # CLUSTER mode: the network StoreClient (no local store)
+        self.registration = None  # CLUSTER mode: this proxy's name server registration
         self.processor = None
         self.adapters: list[Adapter] = []  # started ones, in start order
         self._enabled: list[Adapter] = []  # every enabled listener, for /healthz
@@ -65,7 +72,34 @@ class Gateway:
     async def start(self) -> None:
         """Open the store, start the processor and every enabled listener; StartupError on failure
         (what did start stays started: call stop())."""
-        from messaging_processor import Limits, LocalStoreClient, MessagingProcessor
+        from messaging_processor import Limits, MessagingProcessor
+
+        s = self.settings
+        if s.mode == "cluster":
+            from gateway.cluster import open_cluster_store
+
+            try:
+                self.cluster_store = await open_cluster_store(s)
+            except (OSError, ValueError) as e:
+                raise StartupError(f"cannot reach the name server {s.namesrv}: {e}") from e
+            store_client = self.cluster_store
+        else:
+            store_client = await self._open_local_store()
+        self.processor = MessagingProcessor(
+            store_client,
+            limits=Limits(max_body_size=s.max_body_size),
+            auto_create_topics=s.auto_create_topics,
+        )
+        await self.processor.start()
+        await self._start_listeners()
+        if s.mode == "cluster":
+            from gateway.cluster import ProxyRegistration
+
+            self.registration = ProxyRegistration(s, self.adapters)
+            self.registration.start()
+
+    async def _open_local_store(self) -> LocalStoreClient:
+        from messaging_processor import LocalStoreClient
         from store import Store, StoreConfig, StoreError
 
         s = self.settings
@@ -91,13 +125,10 @@ class Gateway:
             len(self.store.topic_configs),
             time.monotonic() - t0,
         )
-        self.processor = MessagingProcessor(
-            LocalStoreClient(self.store),
-            limits=Limits(max_body_size=s.max_body_size),
-            auto_create_topics=s.auto_create_topics,
-        )
-        await self.processor.start()
+        return LocalStoreClient(self.store)
 
+    async def _start_listeners(self) -> None:
+        s = self.settings
         ordered = [p for p in PROTOCOLS if p in s.protocols]
         self._enabled = [self._make_adapter(name) for name in ordered]
         for adapter in self._enabled:
@@ -187,6 +218,9 @@ class Gateway:
         """Stop every started listener (concurrently: all stop accepting at once, then drain),
         close the processor and the store. Safe to call after a failed or partial start."""
         grace = self.settings.drain_timeout_s
+        if self.registration is not None:
+            registration, self.registration = self.registration, None
+            await registration.stop()
         adapters, self.adapters = self.adapters, []
         if adapters:
             results = await asyncio.gather(
@@ -202,6 +236,9 @@ class Gateway:
             store, self.store = self.store, None
             await store.close()
             log.info("store closed")
+        if self.cluster_store is not None:
+            cluster_store, self.cluster_store = self.cluster_store, None
+            await cluster_store.close()
 
     @staticmethod
     async def _stop_adapter(adapter: Adapter, grace: float) -> None:

@@ -1,5 +1,6 @@
 """Settings precedence: defaults < TOML file < GATEWAY_* env < CLI flags."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -222,7 +223,18 @@ NON_DEFAULT = {
     "amqp_tls_port": 5672,
     "mqtt_max_keep_alive": 120,
     "cloudevents_dedup_window_s": 600,
+    "mode": "cluster",
+    "namesrv": "ns:9876",
+    "cluster_name": "c1",
+    "store_name": "store-x",
+    "store_port": 10999,
+    "proxy_name": "proxy-x",
+    "lease_period_s": 1.5,
+    "lease_expiry_s": 4.5,
+    "route_refresh_s": 0.5,
 }
+# Settings only `gateway store` takes as flags (`--name`, `--port`); the others are flags of `start`.
+STORE_ONLY = {"store_name": "--name", "store_port": "--port"}
 
 
 def test_every_setting_has_a_flag_env_var_and_toml_key(tmp_path):
@@ -239,8 +251,16 @@ def test_every_setting_has_a_flag_env_var_and_toml_key(tmp_path):
     # Flags: --<name-with-dashes> for every key.
     argv = ["start"]
     for k, v in NON_DEFAULT.items():
-        argv += [f"--{k.replace('_', '-')}"] if v is True else [f"--{k.replace('_', '-')}", str(v)]
+        if k not in STORE_ONLY:
+            argv += [f"--{k.replace('_', '-')}"] if v is True else [f"--{k.replace('_', '-')}", str(v)]
+    # Flags of `gateway store` for the store-only ones, through a config file holding the rest.
+    rest = [line for line in lines if line.split(" ")[0] not in STORE_ONLY]
+    store_argv = ["store", "--config", str(write_toml(tmp_path, "\n".join(rest).replace("'", '"') + "\n"))]
+    for k, flag in STORE_ONLY.items():
+        store_argv += [flag, str(NON_DEFAULT[k])]
+    from_store_flags = settings_from_args(build_parser().parse_args(store_argv), {})
     from_flags = settings_from_args(build_parser().parse_args(argv), {})
+    from_flags = dataclasses.replace(from_flags, **{k: getattr(from_store_flags, k) for k in STORE_ONLY})
     assert from_toml == from_env == from_flags
     for f in FIELDS:
         assert getattr(from_toml, f) != getattr(defaults, f), f
@@ -275,3 +295,28 @@ def test_cli_rejects_bad_protocols_as_usage_error(capsys, only_grpc_and_http_bui
         build_parser().parse_args(["start", "--protocols", "amqp"])
     assert exc.value.code == 2
     assert "not available yet" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"mode": "cluster"}, "mode cluster needs namesrv"),
+        ({"mode": "swarm"}, "mode must be one of"),
+        ({"lease_period_s": 10, "lease_expiry_s": 5}, "must not be shorter"),
+        ({"route_refresh_s": 0}, "route_refresh_s must be"),
+        ({"store_name": "a@b"}, "store_name must be"),
+        ({"store_port": 70000}, "store_port must be"),
+        ({"namesrv": " "}, "namesrv must be"),
+    ],
+)
+def test_cluster_settings_are_validated(values, message):
+    with pytest.raises(ConfigError, match=message):
+        Settings(**values)
+
+
+def test_store_command_reads_its_flags_and_env():
+    args = build_parser().parse_args(["store", "--port", "10912", "--name", "s1", "--namesrv", "n:1"])
+    s = settings_from_args(args, {"GATEWAY_LEASE_PERIOD_S": "2", "GATEWAY_STORE_PORT": "1"})
+    assert (s.store_port, s.store_name, s.namesrv, s.lease_period_s) == (10912, "s1", "n:1", 2.0)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["store", "--grpc-port", "1"])  # not a store node setting
