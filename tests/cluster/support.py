@@ -1,0 +1,169 @@
+"""CLUSTER topology as real processes: `gateway namesrv`, `gateway store` nodes and `gateway start
+--mode cluster` proxies on ephemeral ports, with short leases, each killed after the test."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BIN = Path(sys.executable).parent
+GATEWAY = [str(BIN / "gateway")] if (BIN / "gateway").exists() else [sys.executable, "-m", "gateway.cli"]
+REPO = Path(__file__).resolve().parents[2]
+LEASE = ["--lease-period-s", "0.5", "--lease-expiry-s", "2"]
+LISTENING = re.compile(r"INFO gateway: (\w+) listening on (\S+)$")
+
+
+class Proc:
+    """A subprocess whose stderr is read line by line on a thread."""
+
+    def __init__(self, args: list[str], name: str) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+        self.name = name
+        self.p = subprocess.Popen(
+            GATEWAY + args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env
+        )
+        self.lines: list[str] = []
+        self._q: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.p.stderr is not None
+        for line in self.p.stderr:
+            self._q.put(line.rstrip("\n"))
+        self._q.put(None)
+
+    def wait_line(self, pattern: str, timeout: float = 30) -> re.Match | None:
+        rx = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self._q.get(timeout=left)
+            except queue.Empty:
+                return None
+            if line is None:
+                self._q.put(None)
+                return None
+            self.lines.append(line)
+            if m := rx.search(line):
+                return m
+        return None
+
+    def output(self) -> str:
+        while True:
+            try:
+                line = self._q.get_nowait()
+            except queue.Empty:
+                break
+            if line is None:
+                self._q.put(None)
+                break
+            self.lines.append(line)
+        return "\n".join(self.lines[-60:])
+
+    def kill(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait(10)
+
+    def stop(self, timeout: float = 15) -> int:
+        """SIGTERM; the exit code."""
+        self.p.send_signal(signal.SIGTERM)
+        return self.p.wait(timeout)
+
+
+def _expect(proc: Proc, pattern: str, timeout: float = 30) -> re.Match:
+    m = proc.wait_line(pattern + "|ERROR", timeout)
+    if m is None or "ERROR" in m.group(0):
+        proc.kill()
+        raise AssertionError(f"{proc.name} did not start:\n{proc.output()}")
+    return m
+
+
+@dataclass
+class Cluster:
+    """Name server + store nodes + proxies; `close()` kills whatever is left."""
+
+    root: Path
+    procs: list[Proc] = field(default_factory=list)
+    namesrv: str = ""
+    stores: dict[str, tuple[Proc, str]] = field(default_factory=dict)  # name -> (process, address)
+    proxies: list[tuple[Proc, dict[str, str]]] = field(default_factory=list)  # (process, listeners)
+
+    def start_namesrv(self) -> str:
+        p = Proc(["namesrv", "--port", "0", *LEASE, "--scan-interval-s", "0.2"], "namesrv")
+        self.procs.append(p)
+        self.namesrv = _expect(p, r"namesrv listening on (\S+)").group(1)
+        _expect(p, "name server ready")
+        return self.namesrv
+
+    def start_stores(self, *names: str, extra: tuple[str, ...] = ()) -> list[str]:
+        """Start store nodes (concurrently); their addresses."""
+        procs = []
+        for name in names:
+            args = ["store", "--data-dir", str(self.root / name), "--port", "0", "--name", name]
+            p = Proc([*args, "--namesrv", self.namesrv, *LEASE, "--flush", "async", *extra], name)
+            self.procs.append(p)
+            procs.append(p)
+        out = []
+        for name, p in zip(names, procs, strict=True):
+            addr = _expect(p, rf"store node {name} listening on (\S+)").group(1)
+            _expect(p, "store node ready")
+            self.stores[name] = (p, addr)
+            out.append(addr)
+        return out
+
+    def start_proxies(self, n: int, protocols: str = "grpc,mqtt,remoting,amqp,http") -> list[dict[str, str]]:
+        """Start `n` proxies (concurrently); their listeners."""
+        procs = [self._spawn_proxy(protocols) for _ in range(n)]
+        return [self._proxy_ready(p) for p in procs]
+
+    def _spawn_proxy(self, protocols: str) -> Proc:
+        args = ["start", "--mode", "cluster", "--namesrv", self.namesrv, "--protocols", protocols, *LEASE]
+        args += ["--route-refresh-s", "0.3", "--auto-create-topics", "--drain-timeout-s", "1"]
+        args += ["--data-dir", str(self.root / "proxy-data")]  # must stay unused: proxies hold no data
+        for proto in protocols.split(","):
+            args += [f"--{proto}-port", "0"]
+        p = Proc(args, f"proxy{len(self.proxies)}")
+        self.procs.append(p)
+        return p
+
+    def _proxy_ready(self, p: Proc) -> dict[str, str]:
+        listeners: dict[str, str] = {}
+        while True:
+            m = _expect(p, r"INFO gateway: \w+ listening on|gateway ready")
+            if m.group(0) == "gateway ready":
+                break
+            lm = LISTENING.search(p.lines[-1])
+            assert lm, p.lines[-1]
+            listeners[lm.group(1)] = lm.group(2)
+        self.proxies.append((p, listeners))
+        return listeners
+
+    def output(self) -> str:
+        return "\n".join(f"--- {p.name} (exit {p.p.poll()})\n{p.output()}" for p in self.procs)
+
+    def close(self) -> None:
+        for p in reversed(self.procs):
+            p.kill()
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05, what: str = "") -> Any:
+    """Poll a cross-process condition until it is truthy (its value) or fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what or cond}")
+        time.sleep(interval)

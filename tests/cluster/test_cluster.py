@@ -1,0 +1,286 @@
+"""CLUSTER mode as real processes: `gateway namesrv`, two `gateway store` nodes and `gateway start
+--mode cluster` proxies, driven by real clients (gRPC stubs of tests/grpc, aiomqtt, aio-pika, the
+RocketMQ 4.x clients ali-ons and the C++ client of tests/remoting).
+
+- clients connected to either proxy see every message, whichever store holds it; proxies are
+  registered with the name server;
+- `kill -9` of a proxy loses nothing acknowledged; gRPC clients continue on the other proxy
+  (receipt handles included), an MQTT persistent session on a proxy started in its place;
+- a stopped store node is dropped from routes within its lease and sends continue on the other;
+  once restarted, its messages are consumable again;
+- a store node exits 0 on SIGTERM and unregisters at once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import aio_pika
+import aiomqtt
+import grpc
+import pytest
+
+from adapters.grpc.generated import definition_pb2 as d
+from adapters.grpc.generated import service_pb2_grpc
+from namesrv.client import NameServerClient
+from tests.cluster.support import Cluster, wait_for
+from tests.grpc import grpctestlib as g
+from tests.remoting.realclients import needs_alions, needs_cpp, received, run
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        c.start_namesrv()
+        c.start_stores("store-a", "store-b")
+        c.start_proxies(2)
+        yield c
+    finally:
+        c.close()
+
+
+@asynccontextmanager
+async def stub(listeners: dict[str, str]) -> AsyncIterator[service_pb2_grpc.MessagingServiceStub]:
+    async with grpc.aio.insecure_channel(listeners["grpc"]) as ch:
+        yield service_pb2_grpc.MessagingServiceStub(ch)
+
+
+def mqtt(listeners: dict[str, str], **kw) -> aiomqtt.Client:
+    host, port = listeners["mqtt"].rsplit(":", 1)
+    return aiomqtt.Client(host, int(port), **kw)
+
+
+async def send_all(s, topic: str, bodies: list[bytes]) -> None:
+    for b in bodies:
+        r = await g.send(s, g.msg(topic, b))
+        assert r.status.code == d.OK, r.status
+
+
+async def receive_until(
+    s, group: str, topic: str, n: int, timeout: float = 15.0, until=None, **kw
+) -> list[d.Message]:
+    """Receive (without acking) until `n` messages arrived (or `until(messages)` holds) or
+    `timeout` passed."""
+    out: list[d.Message] = []
+    deadline = time.monotonic() + timeout
+    done = until or (lambda got: len(got) >= n)
+    while not done(out) and time.monotonic() < deadline:
+        st, msgs, _ = await g.receive(s, group, topic, batch=32, poll_ms=500, **kw)
+        assert st.code in (d.OK, d.MESSAGE_NOT_FOUND), st
+        out += msgs
+    return out
+
+
+def store_of(m: d.Message) -> str:
+    return m.system_properties.receipt_handle.split("@", 1)[0]
+
+
+async def mqtt_drain(c: aiomqtt.Client, n: int, timeout: float = 10.0) -> list[aiomqtt.Message]:
+    got: list[aiomqtt.Message] = []
+
+    async def read() -> None:
+        async for m in c.messages:
+            got.append(m)
+            if len(got) >= n:
+                return
+
+    with contextlib.suppress(TimeoutError):  # the caller's assertion shows what is missing
+        await asyncio.wait_for(read(), timeout)
+    return got
+
+
+async def test_clients_on_either_proxy_see_all_messages(cluster):
+    (_, l0), (_, l1) = cluster.proxies[:2]
+    assert not (cluster.root / "proxy-data").exists()  # stateless proxies: no local store
+    bodies = [f"m{i}".encode() for i in range(20)]
+    async with stub(l0) as s0, stub(l1) as s1:
+        await send_all(s0, "orders", bodies[:10])
+        await send_all(s1, "orders", bodies[10:])
+        for group, consumer, acker in (("via-1", s1, s0), ("via-0", s0, s1)):
+            got = await receive_until(consumer, group, "orders", 20)
+            assert sorted(m.body for m in got) == sorted(bodies), group
+            assert {store_of(m) for m in got} == {"store-a", "store-b"}  # spread over both stores
+            # Receipt handles are good on any proxy.
+            r = await g.ack(acker, group, "orders", *[m.system_properties.receipt_handle for m in got])
+            assert r.status.code == d.OK and all(e.status.code == d.OK for e in r.entries), r
+            st, rest, _ = await g.receive(consumer, group, "orders", poll_ms=0)
+            assert rest == [], group
+    # MQTT: a subscriber on one proxy gets what is published through the other.
+    async with mqtt(l0, identifier="sub-0") as sub:
+        await sub.subscribe("sensors/#", qos=1)
+        async with mqtt(l1, identifier="pub-1") as pub:
+            for i in range(10):
+                await pub.publish(f"sensors/{i}", f"s{i}".encode(), qos=1)
+        got = await mqtt_drain(sub, 10)
+    assert sorted(m.payload for m in got) == sorted(f"s{i}".encode() for i in range(10))
+
+
+async def test_amqp_publish_on_one_proxy_and_consume_on_the_other(cluster):
+    (_, l0), (_, l1) = cluster.proxies[:2]
+
+    async def declare(listeners: dict[str, str]):
+        host, port = listeners["amqp"].rsplit(":", 1)
+        conn = await aio_pika.connect(host=host, port=int(port))
+        ch = await conn.channel()  # publisher confirms: a publish returns once stored
+        q = await ch.declare_queue("work", durable=True)
+        ex = await ch.declare_exchange("jobs", aio_pika.ExchangeType.DIRECT, durable=True)
+        await q.bind(ex, "j")
+        return conn, q, ex
+
+    pub, _, ex = await declare(l0)
+    sub, q, _ = await declare(l1)  # each proxy learns the declarations from its own clients
+    try:
+        for i in range(10):
+            await ex.publish(aio_pika.Message(f"a{i}".encode(), delivery_mode=2), routing_key="j")
+        got: list[bytes] = []
+        async with q.iterator() as it:
+            async for m in it:
+                got.append(m.body)
+                await m.ack()
+                if len(got) == 10:
+                    break
+        assert sorted(got) == sorted(f"a{i}".encode() for i in range(10))
+    finally:
+        await pub.close()
+        await sub.close()
+
+
+async def test_proxies_register_their_endpoints_with_the_name_server(cluster):
+    ns = NameServerClient(cluster.namesrv)
+    try:
+        proxies = await ns.proxies(protocol="grpc")
+    finally:
+        await ns.close()
+    endpoints = [p["endpoints"] for p in proxies if p["cluster"] == "DefaultCluster"]
+    for _, listeners in cluster.proxies[:2]:
+        assert listeners in endpoints  # every listener, at the address it is bound to
+
+
+@needs_alions
+@needs_cpp
+async def test_4x_clients_produce_on_one_proxy_and_consume_on_the_other(cluster, tmp_path):
+    (_, l0), (_, l1) = cluster.proxies[:2]
+    home = tmp_path / "home"
+    sent = await run("alions", "produce", "--namesrv", l0["remoting"], "--topic", "old", "--count", "6",
+                     "--prefix", "js", home=home)  # fmt: skip
+    assert [e["status"] for e in sent] == ["SEND_OK"] * 6
+    got = await run("cpp", "consume", "--namesrv", l1["remoting"], "--topic", "old", "--group", "g-old",
+                    "--expect", "6", home=home)  # fmt: skip
+    assert sorted(e["body"] for e in received(got)) == sorted(e["body"] for e in sent)
+    # The same group through the first proxy resumes from the committed offsets: nothing again.
+    async with stub(l0) as s0:
+        await send_all(s0, "old", [b"new"])
+    again = await run("alions", "consume", "--namesrv", l0["remoting"], "--topic", "old", "--group", "g-old",
+                      "--expect", "1", home=home)  # fmt: skip
+    assert [e["body"] for e in received(again)] == ["new"], (got, again)
+
+
+async def test_kill9_of_a_proxy_loses_nothing_acknowledged(cluster):
+    victim = cluster.start_proxies(1)[0]  # a third proxy, to be killed
+    victim_proc = cluster.proxies[-1][0]
+    survivor = cluster.proxies[1][1]
+    bodies = [f"k{i}".encode() for i in range(30)]
+    async with mqtt(victim, identifier="dev-1", clean_session=False) as dev:
+        await dev.subscribe("cmd/#", qos=1)
+    async with stub(victim) as sv:
+        await send_all(sv, "jobs", bodies)  # every send acknowledged by the victim
+        got = await receive_until(sv, "workers", "jobs", 10, invisible_ms=2000)
+        got = got[:10]
+        acked = [m.body for m in got[:5]]
+        r = await g.ack(sv, "workers", "jobs", *[m.system_properties.receipt_handle for m in got[:5]])
+        assert all(e.status.code == d.OK for e in r.entries)
+    async with mqtt(survivor, identifier="pub-2") as pub:
+        for i in range(3):
+            await pub.publish(f"cmd/{i}", f"c{i}".encode(), qos=1)  # dev-1 is offline
+    victim_proc.p.send_signal(signal.SIGKILL)
+    victim_proc.p.wait(10)
+    # The other proxy has everything not yet acknowledged: the 20 never received and the 5
+    # received but unacked (visible again after their invisible time), and none of the acked.
+    async with stub(survivor) as ss:
+        rest = await receive_until(ss, "workers", "jobs", 25, timeout=20)
+        assert sorted(m.body for m in rest) == sorted(set(bodies) - set(acked))
+        r = await g.ack(ss, "workers", "jobs", *[m.system_properties.receipt_handle for m in rest])
+        assert all(e.status.code == d.OK for e in r.entries)
+        await send_all(ss, "jobs", [b"after"])  # and sending continues
+        (late,) = await receive_until(ss, "workers", "jobs", 1)
+        assert late.body == b"after"
+    # The MQTT persistent session (saved in the store) continues on a proxy started in the
+    # victim's place, with what arrived while it was offline. (A proxy loads persistent sessions
+    # when it starts: see docs/cluster.md.)
+    replacement = cluster.start_proxies(1)[0]
+    async with mqtt(replacement, identifier="dev-1", clean_session=False) as dev:
+        got_cmd = await mqtt_drain(dev, 3)
+    assert sorted(m.payload for m in got_cmd) == [b"c0", b"c1", b"c2"]
+
+
+async def test_stopped_store_is_dropped_and_its_messages_return_with_it(cluster):
+    (_, l0), (_, l1) = cluster.proxies[:2]
+    ns = NameServerClient(cluster.namesrv)
+    before = [f"b{i}".encode() for i in range(20)]
+    after = [f"a{i}".encode() for i in range(20)]
+    proc_b, _ = cluster.stores["store-b"]
+    try:
+        async with stub(l0) as s0, stub(l1) as s1:
+            await send_all(s0, "fo", before)
+            # Freeze store-b: no heartbeats, connections stay open; the lease (2 s) must expire.
+            t0 = time.monotonic()
+            os.kill(proc_b.p.pid, signal.SIGSTOP)
+
+            async def listed() -> set[str]:
+                info = await ns.cluster_info()
+                return set(info["brokerAddrTable"])
+
+            while "store-b" in await listed():
+                assert time.monotonic() - t0 < 5.0, "store-b still listed after its lease"
+                await asyncio.sleep(0.05)
+            dropped_after = time.monotonic() - t0
+            assert dropped_after >= 1.0  # dropped by lease expiry, not by anything quicker
+            t1 = time.monotonic()
+            await send_all(s1, "fo", after)  # sends continue on store-a
+            assert time.monotonic() - t1 < 10
+            got = await receive_until(
+                s0, "fo-group", "fo", 0, timeout=10, until=lambda ms: set(after) <= {m.body for m in ms}
+            )
+            st, more, _ = await g.receive(s0, "fo-group", "fo", poll_ms=300)
+            got += more
+            assert {store_of(m) for m in got} == {"store-a"}
+            assert set(after) <= {m.body for m in got}
+            missing = set(before) - {m.body for m in got}
+            assert missing  # what store-b holds is not available while it is down
+            r = await g.ack(s1, "fo-group", "fo", *[m.system_properties.receipt_handle for m in got])
+            assert all(e.status.code == d.OK for e in r.entries)
+            # Restart store-b on its data (new process, new port): its messages come back.
+            proc_b.kill()
+            cluster.start_stores("store-b")
+            back = await receive_until(s1, "fo-group", "fo", len(missing), timeout=15)
+            assert {m.body for m in back} == missing
+            assert {store_of(m) for m in back} == {"store-b"}
+    finally:
+        await ns.close()
+        if proc_b.p.poll() is None:
+            os.kill(proc_b.p.pid, signal.SIGCONT)
+
+
+async def test_store_node_exits_cleanly_on_sigterm_and_unregisters(cluster):
+    # Another cluster name: the proxies of the fixture do not use it.
+    cluster.start_stores("store-z", extra=("--cluster-name", "other"))
+    proc, addr = cluster.stores["store-z"]
+    ns = NameServerClient(cluster.namesrv)
+    try:
+        info = await ns.cluster_info()
+        assert info["clusterAddrTable"]["other"] == ["store-z"]
+        assert proc.stop() == 0
+        assert "store closed" in proc.output()
+        info = await ns.cluster_info()
+        assert "store-z" not in info["brokerAddrTable"]
+    finally:
+        await ns.close()
+    assert wait_for(lambda: proc.p.poll() is not None, 5)
