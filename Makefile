@@ -105,6 +105,7 @@ bench: install install-bench-system
 	$(VENV)/bin/python bench/amqp_bench.py
 	$(VENV)/bin/python bench/http_bench.py
 	$(VENV)/bin/python bench/analytics_bench.py
+	$(VENV)/bin/python bench/cluster_bench.py
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -1,0 +1,300 @@
+"""Benchmark of CLUSTER mode: gRPC send and receive+ack throughput through 1 proxy vs 2 proxies
+(each its own process) over 2 store nodes, the latency a separate proxy adds (LOCAL vs CLUSTER),
+and every server process's CPU time per message.
+
+Processes: `gateway namesrv`, two `gateway store` nodes, `gateway start --mode cluster` proxies
+(gRPC + HTTP only) and, for the latency comparison, one LOCAL `gateway start`. Load generators are
+the ones of bench/grpc_bench.py (separate processes, grpc.aio stubs, `--producers` tasks per proxy,
+1 message per SendMessage; consumers loop ReceiveMessage(32) + AckMessage).
+
+Phases:
+1. latency: one producer, one message per SendMessage, sequential: p50/p99 against the LOCAL
+   gateway and against one CLUSTER proxy (`cluster_vs_local_p50_latency_ratio`);
+2. 1 proxy: sends for `--seconds`, then receive+ack of that backlog;
+3. 2 proxies: the same load generators against each of the two proxies at once.
+`send_scaling_2_vs_1` / `pop_scaling_2_vs_1` are the throughput ratios of phase 3 to phase 2.
+CPU: utime+stime from /proc (bench/mqtt_servers.py) of each server process (stores with their
+fsync helpers) over each phase, as µs per message; on a 2-core machine the load generators share
+the CPUs, so flat CPU per message as proxies are added is the figure that shows scaling.
+
+    .venv/bin/python bench/cluster_bench.py [--quick] [--json] [--seconds S] [--producers N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+for _p in (_REPO, os.path.join(_REPO, "bench")):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+from grpc_bench import TOPIC, Job, _loop_policy, _run_clients, log  # noqa: E402
+from mqtt_servers import (  # noqa: E402
+    REPO,
+    Server,
+    ServerError,
+    _spawn,
+    _wait,
+    descendants,
+    free_port,
+    tree_cpu_s,
+)
+
+BIN = Path(sys.executable).parent
+LEASE = ["--lease-period-s", "2", "--lease-expiry-s", "10"]
+
+
+def _gateway_cmd() -> list[str]:
+    script = BIN / "gateway"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "gateway.cli"]
+
+
+def _start(name: str, args: list[str], workdir: Path, ready_line: str, port: int, http: int = 0) -> Server:
+    proc, log_path = _spawn(name, [*_gateway_cmd(), *args], workdir, None, dict(os.environ), str(REPO))
+    server = Server(name, proc, port, workdir, log_path)
+
+    def ready() -> bool:
+        if ready_line.encode() not in log_path.read_bytes():
+            return False
+        if not http:
+            return True
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{http}/healthz", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    return _wait(server, ready, 60.0)
+
+
+class Topology:
+    """Name server, 2 stores, proxies and a LOCAL gateway as processes under one work directory."""
+
+    def __init__(self, workdir: Path, flush: str) -> None:
+        self.workdir = workdir
+        self.flush = flush
+        self.servers: dict[str, Server] = {}
+        self.grpc: dict[str, str] = {}
+        self.http: dict[str, int] = {}
+        self.namesrv = ""
+
+    def start_cluster(self) -> None:
+        port = free_port()
+        self.namesrv = f"127.0.0.1:{port}"
+        args = ["namesrv", "--port", str(port), *LEASE]
+        self.servers["namesrv"] = _start("namesrv", args, self.workdir, "name server ready", port)
+        for name in ("store-a", "store-b"):
+            port = free_port()
+            args = ["store", "--data-dir", str(self.workdir / name), "--port", str(port), "--name", name]
+            args += ["--namesrv", self.namesrv, "--flush", self.flush, *LEASE]
+            self.servers[name] = _start(name, args, self.workdir, "store node ready", port)
+
+    def start_gateway(self, name: str, cluster: bool) -> str:
+        grpc_port, http_port = free_port(), free_port()
+        args = [
+            "start",
+            "--protocols",
+            "grpc,http",
+            "--grpc-port",
+            str(grpc_port),
+            "--http-port",
+            str(http_port),
+        ]
+        args += ["--auto-create-topics", "--drain-timeout-s", "1"]
+        if cluster:
+            args += ["--mode", "cluster", "--namesrv", self.namesrv, "--proxy-name", name, *LEASE]
+        else:
+            args += ["--data-dir", str(self.workdir / name), "--flush", self.flush]
+        self.servers[name] = _start(name, args, self.workdir, "gateway ready", grpc_port, http_port)
+        self.grpc[name] = f"127.0.0.1:{grpc_port}"
+        self.http[name] = http_port
+        return self.grpc[name]
+
+    def create_topic(self, name: str, queues: int = 4) -> None:
+        from gateway.admin_client import AdminClient
+
+        AdminClient(f"http://127.0.0.1:{self.http[name]}").create_topic(TOPIC, queues=queues)
+
+    def cpu(self) -> dict[str, float]:
+        out = {}
+        for name, s in self.servers.items():
+            if s.alive():
+                out[name] = tree_cpu_s(s.pid, descendants(s.pid))
+        return out
+
+    def stop(self, name: str) -> None:
+        self.servers.pop(name).stop()
+
+    def close(self) -> None:
+        for s in reversed(list(self.servers.values())):
+            s.stop()
+        self.servers.clear()
+
+
+async def _load(top: Topology, kind: str, proxies: list[str], args: argparse.Namespace, tasks: int) -> dict:
+    """Run one load generator job per proxy at once; total rate, CPU µs/message per process."""
+    seconds = args.seconds if kind == "send" else args.seconds * 2
+    warmup = args.warmup if kind == "send" else 0.0
+    jobs = [Job(kind, top.grpc[p], tasks, seconds, warmup, 1, args.size, args.loop) for p in proxies]
+    before = top.cpu()
+    results = await asyncio.gather(*(_run_clients(j, args.clients) for j in jobs))
+    after = top.cpu()
+    count = sum(r["count"] for r in results)
+    rate = sum(r["per_s"] for r in results)
+    cpu_us = {n: (after[n] - before[n]) * 1e6 / max(count, 1) for n in after if n in before}
+    return {
+        "per_s": rate,
+        "count": count,
+        "errors": sum(r["errors"] for r in results),
+        "p50_ms": max(r["p50_ms"] for r in results),
+        "cpu_us_per_msg": cpu_us,
+        "server_cpu_us_per_msg": sum(v for k, v in cpu_us.items() if k != "local" or proxies == ["local"]),
+    }
+
+
+async def _bench(args: argparse.Namespace, loop_name: str) -> dict:
+    tmp = Path(tempfile.mkdtemp(prefix="cluster-bench-", dir=args.dir))
+    top = Topology(tmp, args.flush)
+    res: dict = {"event_loop": loop_name, "flush": args.flush, "body_bytes": args.size, "stores": 2}
+    try:
+        log("starting name server, 2 stores, proxy-1 and a LOCAL gateway")
+        top.start_cluster()
+        top.start_gateway("proxy-1", cluster=True)
+        top.start_gateway("local", cluster=False)
+        top.create_topic("proxy-1")
+        top.create_topic("local", 8)
+
+        # Warm-up, not measured: the first append of each store allocates its first commit log
+        # segment (hundreds of ms), and connections and caches fill.
+        warm = argparse.Namespace(**{**vars(args), "seconds": 0.3, "warmup": 0.0})
+        await _load(top, "send", ["local", "proxy-1"], warm, 4)
+        # 1. latency: LOCAL vs CLUSTER, one producer, sequential sends.
+        lat_args = argparse.Namespace(**{**vars(args), "seconds": args.latency_seconds})
+        lo = await _load(top, "send", ["local"], lat_args, 1)
+        cl = await _load(top, "send", ["proxy-1"], lat_args, 1)
+        top.stop("local")
+        log(f"latency p50: local {lo['p50_ms']:.3f} ms, cluster {cl['p50_ms']:.3f} ms")
+        res.update(
+            {
+                "local_send_p50_ms": lo["p50_ms"],
+                "cluster_send_p50_ms": cl["p50_ms"],
+                "cluster_vs_local_p50_latency_ratio": cl["p50_ms"] / lo["p50_ms"],
+                "local_send_cpu_us_per_msg": lo["cpu_us_per_msg"].get("local", 0.0),
+                "cluster_send_cpu_us_per_msg": cl["server_cpu_us_per_msg"],
+            }
+        )
+        # Let the latency phase's backlog go: the throughput phases consume only their own.
+        await _load(top, "receive", ["proxy-1"], argparse.Namespace(**{**vars(args), "seconds": 0.5}), 2)
+
+        phases = {}
+        for n in (1, 2):
+            if n == 2:
+                top.start_gateway("proxy-2", cluster=True)
+            proxies = [f"proxy-{i}" for i in range(1, n + 1)]
+            log(f"{n} proxy(ies): sends, {args.producers} producers per proxy, {args.seconds} s")
+            snd = await _load(top, "send", proxies, args, args.producers)
+            log(f"  {snd['per_s']:.0f} msg/s, server CPU {snd['server_cpu_us_per_msg']:.0f} µs/msg")
+            log(f"{n} proxy(ies): receive+ack, {args.consumers} consumers per proxy")
+            pop = await _load(top, "receive", proxies, args, args.consumers)
+            log(f"  {pop['per_s']:.0f} msg/s, server CPU {pop['server_cpu_us_per_msg']:.0f} µs/msg")
+            phases[n] = (snd, pop)
+            res.update(
+                {
+                    f"send_per_s_{n}_proxy": snd["per_s"],
+                    f"pop_per_s_{n}_proxy": pop["per_s"],
+                    f"send_p50_ms_{n}_proxy": snd["p50_ms"],
+                    f"send_cpu_us_per_msg_{n}_proxy": snd["cpu_us_per_msg"],
+                    f"pop_cpu_us_per_msg_{n}_proxy": pop["cpu_us_per_msg"],
+                    f"send_server_cpu_us_per_msg_{n}_proxy": snd["server_cpu_us_per_msg"],
+                    f"pop_server_cpu_us_per_msg_{n}_proxy": pop["server_cpu_us_per_msg"],
+                    f"send_errors_{n}_proxy": snd["errors"],
+                    f"pop_errors_{n}_proxy": pop["errors"],
+                }
+            )
+        res["send_scaling_2_vs_1"] = phases[2][0]["per_s"] / phases[1][0]["per_s"]
+        res["pop_scaling_2_vs_1"] = phases[2][1]["per_s"] / phases[1][1]["per_s"]
+        res["send_cpu_per_msg_2_vs_1"] = (
+            phases[2][0]["server_cpu_us_per_msg"] / phases[1][0]["server_cpu_us_per_msg"]
+        )
+        res["pop_cpu_per_msg_2_vs_1"] = (
+            phases[2][1]["server_cpu_us_per_msg"] / phases[1][1]["server_cpu_us_per_msg"]
+        )
+        res["cpus"] = os.cpu_count()
+        return res
+    finally:
+        top.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _print(res: dict) -> None:
+    print(f"CLUSTER bench: 2 stores, flush {res['flush']}, {res['body_bytes']} B bodies, {res['cpus']} CPUs")
+    print(
+        f"latency p50 (1 producer): LOCAL {res['local_send_p50_ms']:.3f} ms, CLUSTER "
+        f"{res['cluster_send_p50_ms']:.3f} ms -> ratio {res['cluster_vs_local_p50_latency_ratio']:.2f}; "
+        f"server CPU µs/msg LOCAL {res['local_send_cpu_us_per_msg']:.0f}, "
+        f"CLUSTER {res['cluster_send_cpu_us_per_msg']:.0f}"
+    )
+    for n in (1, 2):
+        snd, pop = res[f"send_per_s_{n}_proxy"], res[f"pop_per_s_{n}_proxy"]
+        print(f"{n} proxy: send {snd:.0f} msg/s, pop {pop:.0f} msg/s")
+        for kind in ("send", "pop"):
+            per = res[f"{kind}_cpu_us_per_msg_{n}_proxy"]
+            parts = ", ".join(f"{k} {v:.0f}" for k, v in sorted(per.items()))
+            print(
+                f"  {kind} CPU µs/msg: {parts} (servers {res[f'{kind}_server_cpu_us_per_msg_{n}_proxy']:.0f})"
+            )
+    print(
+        f"scaling 2 vs 1 proxy: send x{res['send_scaling_2_vs_1']:.2f}, "
+        f"pop x{res['pop_scaling_2_vs_1']:.2f}; "
+        f"server CPU per message x{res['send_cpu_per_msg_2_vs_1']:.2f} (send), "
+        f"x{res['pop_cpu_per_msg_2_vs_1']:.2f} (pop)"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=3.0, help="length of each send phase (pop: twice)")
+    ap.add_argument("--latency-seconds", type=float, default=2.0, help="length of each latency phase")
+    ap.add_argument("--warmup", type=float, default=0.5)
+    ap.add_argument("--producers", type=int, default=16, help="concurrent producer tasks per proxy")
+    ap.add_argument("--consumers", type=int, default=4, help="concurrent consumer tasks per proxy")
+    ap.add_argument("--clients", type=int, default=1, help="load generator processes per proxy")
+    ap.add_argument("--size", type=int, default=100, help="message body bytes")
+    ap.add_argument("--flush", choices=("sync", "async"), default="async", help="store flush policy (all)")
+    ap.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
+    ap.add_argument("--dir", default=None, help="parent of the temporary work directory")
+    ap.add_argument("--quick", action="store_true", help="short smoke run")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.seconds = min(args.seconds, 0.5)
+        args.latency_seconds = min(args.latency_seconds, 0.5)
+        args.warmup = min(args.warmup, 0.2)
+        args.producers = min(args.producers, 4)
+        args.consumers = min(args.consumers, 2)
+    loop_name = _loop_policy(args.loop)
+    t0 = time.monotonic()
+    try:
+        res = asyncio.run(_bench(args, loop_name))
+    except ServerError as e:
+        log(f"cluster bench: {e}")
+        sys.exit(1)
+    res["wall_s"] = time.monotonic() - t0
+    if args.json:
+        print(json.dumps(res))
+    else:
+        _print(res)
+
+
+if __name__ == "__main__":
+    main()
