@@ -129,6 +129,12 @@ class ConsumeQueue:
         self.file_offset += len(self.flushing) // ENTRY_SIZE
         self.flushing = b""
 
+    def unflush(self) -> None:
+        """Loop: the checkpoint failed: what `take_flush` returned goes back in front of the
+        in-memory entries, for the next checkpoint to write at the same place."""
+        self.mem[:0] = self.flushing
+        self.flushing = b""
+
     def rollback(self, to_offset: int) -> None:
         self.next_offset = to_offset
         self.pending.clear()

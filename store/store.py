@@ -1213,6 +1213,13 @@ class Store:
 
     # =========================================================================== checkpoints
     async def _checkpoint(self, consumer_snapshot: bool = False) -> None:
+        """Write the in-memory queue and index entries to their files, then the checkpoint. Once
+        begun it runs to its end even when its caller is cancelled (close() cancels the periodic
+        task): entries it took from memory must reach their files before a later checkpoint
+        writes the ones after them (a cancelled IO job would leave a hole of zeros)."""
+        await asyncio.shield(self._loop.create_task(self._checkpoint_serial(consumer_snapshot)))
+
+    async def _checkpoint_serial(self, consumer_snapshot: bool) -> None:
         async with self._cp_lock:
             await self._checkpoint_locked(consumer_snapshot)
 
@@ -1227,9 +1234,13 @@ class Store:
         queues = {f"{t}/{q}": cq.max_offset for (t, q), cq in self.cqs.items()}
         try:
             await self._run_io(self._write_checkpoint, end, flushes, idx, segs, queues)
-        finally:
+        except BaseException:
             for cq, _first, _data in flushes:
-                cq.flushed()
+                cq.unflush()
+            self.index.mem[:0] = idx  # written again (at the same place) by the next checkpoint
+            raise
+        for cq, _first, _data in flushes:
+            cq.flushed()
         if consumer_snapshot or self.progress.ops >= self.config.consumer_checkpoint_ops:
             self.progress.ops = 0
             snap = self.progress.snapshot()

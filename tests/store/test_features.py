@@ -984,3 +984,34 @@ async def test_preallocate_zero_fills_a_fresh_stores_first_segment_in_the_backgr
     assert [m.body for m in s.read("T", r.queue_id, 0, 10)] == [b"after"]
     s.preallocate()  # the segment exists: nothing to do
     assert s.commitlog._prealloc_thread is t
+
+
+async def test_a_checkpoint_cancelled_while_its_io_is_queued_still_writes_its_entries(tmp_path):
+    """close() cancels the periodic checkpoint; if its IO job was still queued behind another one,
+    the queue entries it had taken from memory must reach the file anyway (else the final
+    checkpoint writes the later entries after a hole of zeros and a reopened store loses them)."""
+    import threading
+
+    from store import Store, StoreConfig
+
+    cfg = dict(data_dir=str(tmp_path / "d"), flush="async", segment_size=4 << 20)
+    s = await Store.open(StoreConfig(**cfg))
+    s.create_topic("T", 1)
+    await s.append(Message("T", b"first"))
+    busy = threading.Event()
+    blocker = s._run_io(busy.wait, 10)  # the IO thread is busy: the checkpoint's job waits in line
+    cp = asyncio.ensure_future(s._checkpoint())
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    cp.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await cp
+    await s.append(Message("T", b"second"))
+    busy.set()
+    await blocker
+    await s.close()
+    s = await Store.open(StoreConfig(**cfg))
+    try:
+        assert [m.body for m in s.read("T", 0, 0, 10)] == [b"first", b"second"]
+    finally:
+        await s.close()
