@@ -26,7 +26,7 @@ import logging
 import time
 import uuid
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from messaging_processor import (
@@ -228,24 +228,9 @@ class Broker:
                 pids.setdefault(rest[: int(n)], []).append(rest[int(n) + 1 :])
         now = time.time()
         for cid, value in await p.kv_scan(SESSIONS_NS):
-            try:
-                st, subs = parse_record(cid, value)
-            except (ValueError, KeyError, TypeError):
-                log.warning("mqtt: unreadable saved session %r dropped", cid)
-                await p.kv_delete(SESSIONS_NS, cid)
+            st = await self._restore(cid, value, pids.get(cid, ()), now)
+            if st is None:
                 continue
-            if st.disconnected_at is None:  # the previous run ended while it was connected
-                st.disconnected_at = now
-            for f, qos, nl, rap, rh, sid in subs:
-                sub = _make_sub(None, f, qos, bool(rap), bool(nl), rh, sid)
-                if sub is not None:
-                    st.subs[f] = sub
-                    if sub.wild and sub.share is None:
-                        st.wild += 1
-            for t in pids.get(cid, ()):
-                with contextlib.suppress(ValueError, IndexError):
-                    (st.awaiting_rel if t[0] == "i" else st.pubrel).add(int(t[1:]))
-            self.states[cid] = st
             rem = st.remaining(now)
             if rem is not None and rem <= 0:
                 await self._discard(st)
@@ -254,9 +239,59 @@ class Broker:
         if self.states:
             log.info("mqtt: %d persistent sessions restored", len(self.states))
 
+    async def _restore(self, cid: str, value: bytes, qos2: Iterable[str], now: float) -> SessionState | None:
+        """A saved session record made a SessionState of this proxy (None if unreadable: dropped)."""
+        try:
+            st, subs = parse_record(cid, value)
+        except (ValueError, KeyError, TypeError):
+            log.warning("mqtt: unreadable saved session %r dropped", cid)
+            await self.processor.kv_delete(SESSIONS_NS, cid)
+            return None
+        if st.disconnected_at is None:  # saved while connected: that run or proxy ended since
+            st.disconnected_at = now
+        for f, qos, nl, rap, rh, sid in subs:
+            sub = _make_sub(None, f, qos, bool(rap), bool(nl), rh, sid)
+            if sub is not None:
+                st.subs[f] = sub
+                if sub.wild and sub.share is None:
+                    st.wild += 1
+        for t in qos2:
+            with contextlib.suppress(ValueError, IndexError):
+                (st.awaiting_rel if t[0] == "i" else st.pubrel).add(int(t[1:]))
+        self.states[cid] = st
+        return st
+
+    async def _saved_elsewhere(self, st: SessionState | None, cid: str) -> bytes | None:
+        """The saved record of `cid` when it is newer than this proxy's detached copy `st` (or
+        exists while this proxy has none): in CLUSTER mode the session may have lived on another
+        proxy since. A stale copy is forgotten here (its timers cancelled, nothing deleted)."""
+        if st is not None and st.attached is not None:
+            return None
+        value = await self.processor.kv_get(SESSIONS_NS, cid)
+        if st is None:
+            return value
+        try:
+            same = value is not None and parse_record(cid, value)[0].disconnected_at == st.disconnected_at
+        except (ValueError, KeyError, TypeError):
+            same = False
+        if same:
+            return None
+        self._forget(st)
+        return value
+
+    def _forget(self, st: SessionState) -> None:
+        for h in (st.expiry_timer, st.will_timer):
+            if h is not None:
+                h.cancel()
+        st.expiry_timer = st.will_timer = None
+        st.discarded = True
+        if self.states.get(st.client_id) is st:
+            del self.states[st.client_id]
+
     async def attach(self, s: Session, clean_start: bool, expiry: int) -> bool:
         """Bind connection `s` to its client id (taking over a connected one) and, if it has or
-        wants one, to its persistent session. True if an existing session was resumed."""
+        wants one, to its persistent session (this proxy's copy, or the saved record when another
+        proxy of the cluster had it since). True if an existing session was resumed."""
         cid = s.client_id
         self.register(s)
         st = self.states.get(cid)
@@ -265,6 +300,13 @@ class Broker:
             if st.detaching is not None:
                 await st.detaching
             st = self.states.get(cid)
+        value = await self._saved_elsewhere(st, cid)
+        if value is not None:
+            prefix = qos2_prefix(cid)
+            qos2 = [k[len(prefix) :] for k, _ in await self.processor.kv_scan(QOS2_NS, prefix)]
+            st = await self._restore(cid, value, qos2, time.time())
+        elif st is not None and st.discarded:
+            st = None  # forgotten: the session ended elsewhere
         if s.state == CLOSED or self.sessions.get(cid) is not s:
             return False
         present = False
@@ -362,6 +404,8 @@ class Broker:
     async def _expire(self, st: SessionState) -> None:
         if st.attached is not None or st.discarded:
             return
+        if await self._saved_elsewhere(st, st.client_id) is not None or st.discarded:
+            return  # another proxy has had the session since: it is no longer ours to end
         log.info("mqtt %s: session expired", st.client_id)
         pending, st.pending_will = st.pending_will, None
         await self._discard(st)

@@ -427,3 +427,36 @@ async def test_tls_listener(tmp_path):
                 pass
     finally:
         await close_env(env)
+
+
+async def test_a_session_moves_between_proxies_sharing_the_stores(env):
+    """CLUSTER mode shape: two MQTT listeners (two proxies' brokers) over one processor and store.
+    A persistent session left on proxy A resumes on proxy B with its subscriptions and the messages
+    published meanwhile; proxy A's stale copy then neither expires the live session nor serves an
+    out-of-date one when the client comes back to A."""
+    from adapters.mqtt import MqttAdapter
+
+    other = MqttAdapter(env.processor, "127.0.0.1", 0, topic_scan_interval=0.1)
+    await other.start()
+    try:
+        b = Env(env.store, env.processor, other)
+        cid = uid("moving")
+        async with env.client(V5, identifier=cid, clean_start=False, properties=v5_session(1)) as sub:
+            await sub.subscribe("fleet/#", qos=1)
+        await publish_all(env, "fleet/1", [b"while-offline"])
+        async with b.client(V5, identifier=cid, clean_start=False, properties=v5_session(60)) as sub:
+            assert (await next_message(sub)).payload == b"while-offline"
+            await sub.subscribe("depot/#", qos=1)
+        stale = env.adapter.broker.states.get(cid)
+        await asyncio.wait_for(_until_gone(env, cid), 5)  # A's 1 s expiry passes: A forgets its copy
+        assert stale is not None and stale.discarded
+        assert await env.processor.kv_get("mqtt.sessions", cid) is not None  # the live session stays
+        await publish_all(env, "depot/9", [b"to-the-new-subscription"])
+        raw, ack = await Raw.connect(env, cid, 5, clean_start=False, properties={SEI: 60})
+        assert ack.session_present
+        p = await raw.recv()
+        assert isinstance(p, Publish) and (p.topic, p.payload) == ("depot/9", b"to-the-new-subscription")
+        raw.send(bytes((0x40, 2)) + p.packet_id.to_bytes(2, "big"))
+        await raw.close()
+    finally:
+        await other.stop(1.0)
