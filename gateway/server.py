@@ -125,6 +125,7 @@ class Gateway:
             len(self.store.topic_configs),
             time.monotonic() - t0,
         )
+        self.store.preallocate()  # a fresh store's first append need not wait for its segment
         return LocalStoreClient(self.store)
 
     async def _start_listeners(self) -> None:

@@ -340,6 +340,7 @@ async def serve(settings: Settings) -> int:
     except (StoreError, OSError) as e:
         log.error("cannot open the store at %s: %s", settings.data_dir, e)
         return 1
+    store.preallocate()  # a fresh store's first append need not wait for its segment
     node = StoreNode(settings, store)
     try:
         await node.start()

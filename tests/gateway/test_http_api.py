@@ -483,3 +483,17 @@ async def test_busy_port_raises_oserror(gw):
     with pytest.raises(OSError):
         await other.start()
     assert not other.listening
+
+
+async def test_a_fresh_gateway_prepares_its_first_commit_log_segment_at_start(gw):
+    """The zero-filled first segment is written in the background at start, not by the first
+    publish (which would otherwise wait for the whole segment)."""
+    import asyncio
+    import os
+
+    store = gw.gateway.store
+    t = store.commitlog._prealloc_thread
+    assert t is not None
+    await asyncio.to_thread(t.join, 30)
+    first = os.path.join(store.commitlog.dir, f"{0:020d}")
+    assert os.path.getsize(first) == store.config.segment_size
