@@ -184,37 +184,54 @@ def decode(buf: bytes | memoryview, pos: int = 0, commitlog_offset: int = -1) ->
     )
     p = pos + HEADER_SIZE
     raw = bytes(buf[p : pos + size])
-    o = 0
-    topic = raw[o : o + lt].decode()
-    o += lt
-    tag = raw[o : o + lg].decode()
+    o = lt
+    topic = raw[:o].decode()
+    tag = raw[o : o + lg].decode() if lg else ""  # the optional fields are mostly empty
     o += lg
     keys = tuple(raw[o : o + lk].decode().split(KEY_SEP)) if lk else ()
     o += lk
-    group = raw[o : o + lgr].decode()
+    group = raw[o : o + lgr].decode() if lgr else ""
     o += lgr
     mid = raw[o : o + lm].decode()
     o += lm
-    host = raw[o : o + lh].decode()
+    host = raw[o : o + lh].decode() if lh else ""
     o += lh
-    props = decode_properties(raw[o : o + lp]) if lp else {}
+    props = _decode_properties_cached(raw[o : o + lp]) if lp else {}
     o += lp
-    body = raw[o : o + lb]
+    # positional, in field order (see Message): cheaper than keywords on this hot path
     return Message(
-        topic=topic,
-        body=body,
-        tag=tag,
-        keys=keys,
-        properties=props,
-        message_group=group,
-        deliver_at=deliver_at,
-        message_id=mid,
-        born_timestamp=born_ts,
-        born_host=host,
-        queue_id=qid,
-        msg_type=MessageType(mtype),
-        store_timestamp=store_ts,
-        queue_offset=qoff,
-        commitlog_offset=commitlog_offset,
-        size=size,
+        topic,
+        raw[o : o + lb],
+        tag,
+        keys,
+        props,
+        group,
+        deliver_at,
+        mid,
+        born_ts,
+        host,
+        qid,
+        _MESSAGE_TYPES[mtype] if mtype < len(_MESSAGE_TYPES) else MessageType(mtype),
+        store_ts,
+        "",
+        qoff,
+        commitlog_offset,
+        size,
     )
+
+
+_MESSAGE_TYPES = tuple(MessageType)  # by value: 0, 1, 2, 3
+_props_decoded: dict[bytes, dict[str, str]] = {}  # small property blocks repeat: decode once
+
+
+def _decode_properties_cached(data: bytes) -> dict[str, str]:
+    """decode_properties, from a cache for small blocks (a copy: callers may change it)."""
+    if len(data) > 256:
+        return decode_properties(data)
+    d = _props_decoded.get(data)
+    if d is None:
+        d = decode_properties(data)
+        if len(_props_decoded) >= 8192:
+            _props_decoded.clear()
+        _props_decoded[data] = d
+    return d.copy()
