@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import ssl
@@ -275,6 +276,7 @@ async def run(settings: Settings, *, extra_routers: Sequence[APIRouter] = ()) ->
         except BaseException:
             await gw.stop()
             raise
+        freeze_startup_objects()
         log.info("gateway ready")
         await stop.wait()
         t0 = time.monotonic()
@@ -285,3 +287,12 @@ async def run(settings: Settings, *, extra_routers: Sequence[APIRouter] = ()) ->
         for sig in SHUTDOWN_SIGNALS:
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(sig)
+
+
+def freeze_startup_objects() -> None:
+    """Move everything alive after start-up (modules, classes, listeners: ~75,000 objects) out of
+    the cyclic garbage collector's reach: a full collection over them took 20-30 ms, a pause every
+    connection of the process felt in its tail latency. Long-lived by construction; what is
+    allocated later is collected as usual."""
+    gc.collect()
+    gc.freeze()

@@ -319,7 +319,7 @@ class StoreNode:
 
 async def serve(settings: Settings) -> int:
     """Run a store node until SIGTERM/SIGINT; the exit code (0 clean, 1 cannot start)."""
-    from gateway.server import SHUTDOWN_SIGNALS, shutdown_signals_blocked
+    from gateway.server import SHUTDOWN_SIGNALS, freeze_startup_objects, shutdown_signals_blocked
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -349,6 +349,7 @@ async def serve(settings: Settings) -> int:
         await store.close()
         return 1
     log.info("store node %s listening on %s (data %s)", node.name, node.address, settings.data_dir)
+    freeze_startup_objects()
     log.info("store node ready")
     await stop.wait()
     log.info("store node stopping")
