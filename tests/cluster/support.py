@@ -3,82 +3,17 @@
 
 from __future__ import annotations
 
-import os
-import queue
 import re
-import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-BIN = Path(sys.executable).parent
-GATEWAY = [str(BIN / "gateway")] if (BIN / "gateway").exists() else [sys.executable, "-m", "gateway.cli"]
-REPO = Path(__file__).resolve().parents[2]
+from tests.gatewayproc import LISTENING
+from tests.gatewayproc import GatewayProc as Proc
+
 LEASE = ["--lease-period-s", "0.5", "--lease-expiry-s", "2"]
-LISTENING = re.compile(r"INFO gateway: (\w+) listening on (\S+)$")
-
-
-class Proc:
-    """A subprocess whose stderr is read line by line on a thread."""
-
-    def __init__(self, args: list[str], name: str) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
-        self.name = name
-        self.p = subprocess.Popen(
-            GATEWAY + args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env
-        )
-        self.lines: list[str] = []
-        self._q: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.p.stderr is not None
-        for line in self.p.stderr:
-            self._q.put(line.rstrip("\n"))
-        self._q.put(None)
-
-    def wait_line(self, pattern: str, timeout: float = 30) -> re.Match | None:
-        rx = re.compile(pattern)
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                line = self._q.get(timeout=left)
-            except queue.Empty:
-                return None
-            if line is None:
-                self._q.put(None)
-                return None
-            self.lines.append(line)
-            if m := rx.search(line):
-                return m
-        return None
-
-    def output(self) -> str:
-        while True:
-            try:
-                line = self._q.get_nowait()
-            except queue.Empty:
-                break
-            if line is None:
-                self._q.put(None)
-                break
-            self.lines.append(line)
-        return "\n".join(self.lines[-60:])
-
-    def kill(self) -> None:
-        if self.p.poll() is None:
-            self.p.kill()
-            self.p.wait(10)
-
-    def stop(self, timeout: float = 15) -> int:
-        """SIGTERM; the exit code."""
-        self.p.send_signal(signal.SIGTERM)
-        return self.p.wait(timeout)
 
 
 def _expect(proc: Proc, pattern: str, timeout: float = 30) -> re.Match:

@@ -5,23 +5,17 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
 import signal
 import socket
 import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-BIN = Path(sys.executable).parent
-GATEWAY = [str(BIN / "gateway")] if (BIN / "gateway").exists() else [sys.executable, "-m", "gateway.cli"]
-REPO = Path(__file__).resolve().parents[2]
-LISTENING = re.compile(r"INFO gateway: (\w+) listening on (\S+)$")
+from tests.gatewayproc import GATEWAY, LISTENING, GatewayProc
 
 
 def grpc_available() -> bool:
@@ -46,64 +40,12 @@ def _no_leftover_gateways():
         _started.pop().kill()
 
 
-class Proc:
-    """A gateway subprocess whose stderr is read line by line on a thread (killed after the test)."""
+class Proc(GatewayProc):
+    """A gateway subprocess, killed after the test."""
 
     def __init__(self, args: list[str], *, new_session: bool = False) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
-        self.p = subprocess.Popen(
-            GATEWAY + args,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=REPO,
-            env=env,
-            start_new_session=new_session,
-        )
+        super().__init__(args, new_session=new_session)
         _started.append(self)
-        self.lines: list[str] = []
-        self._q: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.p.stderr:
-            self._q.put(line.rstrip("\n"))
-        self._q.put(None)
-
-    def wait_line(self, pattern: str, timeout: float = 30) -> re.Match | None:
-        """The first new line matching `pattern`, or None if the process ended or time ran out."""
-        rx = re.compile(pattern)
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                line = self._q.get(timeout=left)
-            except queue.Empty:
-                return None
-            if line is None:
-                self._q.put(None)
-                return None
-            self.lines.append(line)
-            m = rx.search(line)
-            if m:
-                return m
-        return None
-
-    def drain(self) -> str:
-        while True:
-            try:
-                line = self._q.get(timeout=5)
-            except queue.Empty:
-                break
-            if line is None:
-                self._q.put(None)
-                break
-            self.lines.append(line)
-        return "\n".join(self.lines)
-
-    def kill(self) -> None:
-        if self.p.poll() is None:
-            self.p.kill()
-            self.p.wait(10)
 
 
 def start(tmp_path: Path, *extra: str, new_session: bool = False) -> tuple[Proc, dict[str, str]]:
