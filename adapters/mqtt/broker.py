@@ -299,6 +299,8 @@ class Broker:
             self._cancel_will(st)  # a new connection came before the Will Delay Interval ended
             if st.detaching is not None:
                 await st.detaching
+            if st.discarding is not None:  # its records are being deleted: wait, then start anew
+                await st.discarding
             st = self.states.get(cid)
         value = await self._saved_elsewhere(st, cid)
         if value is not None:
@@ -413,28 +415,37 @@ class Broker:
             await self._publish_will(*pending)
 
     async def _discard(self, st: SessionState) -> None:
-        """End a persistent session: its loops, its group, its saved records."""
+        """End a persistent session: its loops, its group, its saved records. It leaves
+        `states` only once those are gone (a connection for the same client id waits for that,
+        so that it neither resumes the saved record nor has its new group deleted)."""
+        if st.discarding is not None:
+            await st.discarding
+            return
+        st.discarding = asyncio.get_running_loop().create_future()
         st.discarded = True
-        for h in (st.expiry_timer, st.will_timer):
-            if h is not None:
-                h.cancel()
-        st.expiry_timer = st.will_timer = None
-        loops = list(st.feeds.values()) + [sub.loop for sub in st.subs.values() if sub.loop is not None]
-        st.feeds.clear()
-        self.wild_states.discard(st)
-        await asyncio.gather(*(lp.stop(drain_timeout=0) for lp in loops), return_exceptions=True)
-        if self.states.get(st.client_id) is st:
-            del self.states[st.client_id]
-        p = self.processor
-        with contextlib.suppress(Exception):
-            items: dict[str, bytes | None] = {
-                k: None for k, _ in await p.kv_scan(QOS2_NS, qos2_prefix(st.client_id))
-            }
-            if items:
-                await p.kv_put_many(QOS2_NS, items)
-            await p.kv_delete(SESSIONS_NS, st.client_id)
-        with contextlib.suppress(Exception):
-            await p.delete_group(st.group)
+        try:
+            for h in (st.expiry_timer, st.will_timer):
+                if h is not None:
+                    h.cancel()
+            st.expiry_timer = st.will_timer = None
+            loops = list(st.feeds.values()) + [sub.loop for sub in st.subs.values() if sub.loop is not None]
+            st.feeds.clear()
+            self.wild_states.discard(st)
+            await asyncio.gather(*(lp.stop(drain_timeout=0) for lp in loops), return_exceptions=True)
+            p = self.processor
+            with contextlib.suppress(Exception):
+                items: dict[str, bytes | None] = {
+                    k: None for k, _ in await p.kv_scan(QOS2_NS, qos2_prefix(st.client_id))
+                }
+                if items:
+                    await p.kv_put_many(QOS2_NS, items)
+                await p.kv_delete(SESSIONS_NS, st.client_id)
+            with contextlib.suppress(Exception):
+                await p.delete_group(st.group)
+        finally:
+            if self.states.get(st.client_id) is st:
+                del self.states[st.client_id]
+            st.discarding.set_result(None)
 
     async def _save(self, st: SessionState) -> None:
         if not st.discarded:

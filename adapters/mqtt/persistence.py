@@ -68,6 +68,7 @@ class SessionState:
         self.will_timer: asyncio.TimerHandle | None = None
         self.pending_will: Any = None  # (ctx, will) waiting for its Will Delay Interval
         self.detaching: asyncio.Task | None = None
+        self.discarding: asyncio.Future | None = None  # set while _discard runs
         self.discarded = False
 
     def topics(self, all_topics: list[str]) -> set[str]:
