@@ -15,10 +15,20 @@ What it measures, in one run:
    receipt handle of the batch, for `--seconds` or until the topic is drained.
    `receive_ack_per_s` counts acked messages.
 
+3. Ceiling (like the bare endpoint of the HTTP bench): the same receive + ack load against a grpc.aio
+   server on this loop that does no work: ReceiveMessage streams 32 responses built once (from a
+   stored message, by the adapter's own conversion), AckMessage answers every entry OK without a
+   store. `receive_ack_ceiling_per_s` is what grpc.aio and the load generator reach by themselves on
+   this machine; `receive_ack_ratio_vs_ceiling` = our rate / that.
+
+`--phases` picks a subset of send,receive,ceiling; without `send`, `--preload` messages are appended
+to the store directly (not timed) for the receive phase.
+
 Output: a readable summary, or with `--json` exactly one JSON object on stdout (progress goes to
 stderr). `--quick` is a short smoke run.
 
     .venv/bin/python bench/grpc_bench.py [--quick] [--json] [--seconds S] [--producers N] [--batch B]
+        [--phases send,receive,ceiling] [--preload N]
 """
 
 from __future__ import annotations
@@ -234,7 +244,9 @@ async def _bench(args: argparse.Namespace, loop_name: str) -> dict:
     from messaging_processor import LocalStoreClient, MessagingProcessor
     from store import Message, Store, StoreConfig
 
+    phases = set(args.phases.split(","))
     tmp = tempfile.mkdtemp(prefix="grpc-bench-", dir=args.dir)
+    res: dict = {"event_loop": loop_name, "flush": args.flush, "body_bytes": args.size}
     try:
         store = await Store.open(StoreConfig(data_dir=tmp, flush=args.flush, auto_create_topics=False))
         processor = MessagingProcessor(LocalStoreClient(store))
@@ -245,58 +257,124 @@ async def _bench(args: argparse.Namespace, loop_name: str) -> dict:
         adapter = GrpcAdapter(processor, host="127.0.0.1", port=0)
         await adapter.start()
         try:
-            res: dict = {"event_loop": loop_name, "flush": args.flush, "body_bytes": args.size}
-            base = Job(
-                "send", adapter.address, args.producers, args.seconds, args.warmup, 1, args.size, args.loop
-            )
-            log(f"sends: {args.producers} producers x {args.clients} processes, batch 1, {args.seconds} s")
-            r1 = await _run_clients(base, args.clients)
-            log(f"  {r1['per_s']:.0f} msg/s, p50 {r1['p50_ms']:.2f} ms, p99 {r1['p99_ms']:.2f} ms")
-            log(f"sends: batch {args.batch}")
-            jb = Job(
-                "send",
-                adapter.address,
-                args.producers,
-                args.seconds,
-                args.warmup,
-                args.batch,
-                args.size,
-                args.loop,
-            )
-            rb = await _run_clients(jb, args.clients)
-            log(f"  {rb['per_s']:.0f} msg/s, p50 {rb['p50_ms']:.2f} ms, p99 {rb['p99_ms']:.2f} ms")
-            log(f"receive+ack: {args.consumers} consumers, batch {RECEIVE_BATCH}")
-            jr = Job("receive", adapter.address, args.consumers, args.seconds * 2, 0.0, loop=args.loop)
-            rr = await _run_clients(jr, args.clients)
-            log(f"  {rr['per_s']:.0f} msg/s, p50 {rr['p50_ms']:.2f} ms, p99 {rr['p99_ms']:.2f} ms")
-            res.update(
-                {
-                    "producers": args.producers,
-                    "client_processes": args.clients,
-                    "send_batch": args.batch,
-                    "sends_per_s": rb["per_s"],
-                    "send_p50_ms": rb["p50_ms"],
-                    "send_p99_ms": rb["p99_ms"],
-                    "sends_per_s_batch1": r1["per_s"],
-                    "send_p50_ms_batch1": r1["p50_ms"],
-                    "send_p99_ms_batch1": r1["p99_ms"],
-                    "send_errors": r1["errors"] + rb["errors"],
-                    "consumers": args.consumers,
-                    "receive_batch": RECEIVE_BATCH,
-                    "receive_ack_per_s": rr["per_s"],
-                    "receive_ack_p50_ms": rr["p50_ms"],
-                    "receive_ack_p99_ms": rr["p99_ms"],
-                    "receive_ack_messages": rr["count"],
-                    "receive_ack_errors": rr["errors"],
-                }
-            )
-            return res
+            if "send" in phases:
+                res.update(await _send_phases(args, adapter.address))
+            elif "receive" in phases:
+                body = b"x" * args.size
+                for i in range(0, args.preload, 1000):
+                    n = min(1000, args.preload - i)
+                    await store.append_many([Message(TOPIC, body, tag="bench") for _ in range(n)])
+                log(f"preloaded {args.preload} messages")
+            if "receive" in phases:
+                log(f"receive+ack: {args.consumers} consumers, batch {RECEIVE_BATCH}")
+                jr = Job("receive", adapter.address, args.consumers, args.seconds * 2, 0.0, loop=args.loop)
+                rr = await _run_clients(jr, args.clients)
+                log(f"  {rr['per_s']:.0f} msg/s, p50 {rr['p50_ms']:.2f} ms, p99 {rr['p99_ms']:.2f} ms")
+                res.update(
+                    {
+                        "consumers": args.consumers,
+                        "receive_batch": RECEIVE_BATCH,
+                        "receive_ack_per_s": rr["per_s"],
+                        "receive_ack_p50_ms": rr["p50_ms"],
+                        "receive_ack_p99_ms": rr["p99_ms"],
+                        "receive_ack_messages": rr["count"],
+                        "receive_ack_errors": rr["errors"],
+                    }
+                )
         finally:
             await adapter.stop(1.0)
             await processor.close()
             await store.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    if "ceiling" in phases:
+        log(f"receive+ack ceiling (a server that does no work): {args.consumers} consumers")
+        rc = await _ceiling(args)
+        log(f"  {rc['per_s']:.0f} msg/s, p50 {rc['p50_ms']:.2f} ms, p99 {rc['p99_ms']:.2f} ms")
+        res["receive_ack_ceiling_per_s"] = rc["per_s"]
+        if "receive_ack_per_s" in res and rc["per_s"]:
+            res["receive_ack_ratio_vs_ceiling"] = res["receive_ack_per_s"] / rc["per_s"]
+    return res
+
+
+async def _send_phases(args: argparse.Namespace, address: str) -> dict:
+    log(f"sends: {args.producers} producers x {args.clients} processes, batch 1, {args.seconds} s")
+    base = Job("send", address, args.producers, args.seconds, args.warmup, 1, args.size, args.loop)
+    r1 = await _run_clients(base, args.clients)
+    log(f"  {r1['per_s']:.0f} msg/s, p50 {r1['p50_ms']:.2f} ms, p99 {r1['p99_ms']:.2f} ms")
+    log(f"sends: batch {args.batch}")
+    jb = Job("send", address, args.producers, args.seconds, args.warmup, args.batch, args.size, args.loop)
+    rb = await _run_clients(jb, args.clients)
+    log(f"  {rb['per_s']:.0f} msg/s, p50 {rb['p50_ms']:.2f} ms, p99 {rb['p99_ms']:.2f} ms")
+    return {
+        "producers": args.producers,
+        "client_processes": args.clients,
+        "send_batch": args.batch,
+        "sends_per_s": rb["per_s"],
+        "send_p50_ms": rb["p50_ms"],
+        "send_p99_ms": rb["p99_ms"],
+        "sends_per_s_batch1": r1["per_s"],
+        "send_p50_ms_batch1": r1["p50_ms"],
+        "send_p99_ms_batch1": r1["p99_ms"],
+        "send_errors": r1["errors"] + rb["errors"],
+    }
+
+
+async def _ceiling(args: argparse.Namespace) -> dict:
+    """The receive + ack load against a grpc.aio MessagingService that does no work."""
+    import grpc
+
+    from adapters.grpc.codes import OK, Code
+    from adapters.grpc.convert import fill_proto
+    from adapters.grpc.generated import service_pb2 as s
+    from adapters.grpc.generated import service_pb2_grpc
+    from messaging_processor import Delivery
+    from store import Message
+
+    now = int(time.time() * 1000)
+    msg = Message(
+        TOPIC, b"x" * args.size, tag="bench", message_id="0A0B0C0D00002A9F0000000000000001",
+        born_timestamp=now, born_host="127.0.0.1", queue_id=3, store_timestamp=now,
+        store_host="127.0.0.1:8081", queue_offset=1234, commitlog_offset=99999, size=200,
+    )  # fmt: skip
+    batch = []
+    for i in range(RECEIVE_BATCH):
+        r = s.ReceiveMessageResponse()
+        fill_proto(Delivery(msg, f"1a2b3c 3 {i} {TOPIC} {GROUP}", now + 60_000, 1), r.message)
+        batch.append(r)
+    head = s.ReceiveMessageResponse(status=OK)
+
+    class Idle(service_pb2_grpc.MessagingServiceServicer):
+        async def QueryRoute(self, request, context):  # noqa: N802 - gRPC method name
+            return s.QueryRouteResponse(status=OK)
+
+        async def ReceiveMessage(self, request, context):  # noqa: N802
+            yield head
+            for r in batch:
+                yield r
+            tail = s.ReceiveMessageResponse()
+            tail.delivery_timestamp.GetCurrentTime()
+            yield tail
+
+        async def AckMessage(self, request, context):  # noqa: N802
+            resp = s.AckMessageResponse(status=OK)
+            add = resp.entries.add
+            for e in request.entries:
+                st = add(message_id=e.message_id, receipt_handle=e.receipt_handle).status
+                st.code = Code.OK
+                st.message = "OK"
+            return resp
+
+    server = grpc.aio.server()
+    service_pb2_grpc.add_MessagingServiceServicer_to_server(Idle(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        address = f"127.0.0.1:{port}"
+        job = Job("receive", address, args.consumers, args.seconds * 2, 0.0, loop=args.loop)  # as ours
+        return await _run_clients(job, args.clients)
+    finally:
+        await server.stop(0)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -315,6 +393,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dir", default=None, help="parent of the temporary data directory")
     ap.add_argument("--quick", action="store_true", help="short smoke run")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--phases", default="send,receive,ceiling", help="subset of send,receive,ceiling")
+    ap.add_argument("--preload", type=int, default=200_000, help="messages stored for receive without send")
     args = ap.parse_args(argv)
     if args.quick:
         args.seconds = min(args.seconds, 0.5)

@@ -8,7 +8,16 @@ from __future__ import annotations
 from adapters.grpc.generated import definition_pb2 as d
 from messaging_processor import ErrorKind, ProcessorError
 
-Code = d.Code
+
+class Code:
+    """The `apache.rocketmq.v2.Code` values as plain int class attributes: the generated
+    `definition_pb2.Code` resolves every attribute through `EnumTypeWrapper.__getattr__` (~1 µs, paid
+    per acked entry on the receive path)."""
+
+
+for _name, _value in d.Code.items():
+    setattr(Code, _name, _value)
+del _name, _value
 
 KIND_TO_CODE: dict[ErrorKind, int] = {
     ErrorKind.BAD_REQUEST: Code.BAD_REQUEST,

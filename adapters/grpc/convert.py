@@ -19,6 +19,7 @@ import zlib
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
+from adapters.grpc.codes import Code
 from adapters.grpc.generated import definition_pb2 as d
 from messaging_processor import Delivery, ErrorKind, Identity, Message, MessageType, ProcessorError
 
@@ -92,11 +93,11 @@ def to_store(m: d.Message) -> Message:
     elif mtype == d.MESSAGE_TYPE_UNSPECIFIED:
         msg_type = MessageType.FIFO if group else MessageType.DELAY if deliver_at else MessageType.NORMAL
     else:
-        raise GrpcError(d.Code.UNSUPPORTED, f"message type {d.MessageType.Name(mtype)} is not supported")
+        raise GrpcError(Code.UNSUPPORTED, f"message type {d.MessageType.Name(mtype)} is not supported")
     if msg_type is MessageType.DELAY:
         if not deliver_at:
             raise GrpcError(
-                d.Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a DELAY message needs a delivery timestamp"
+                Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a DELAY message needs a delivery timestamp"
             )
     elif deliver_at and msg_type is MessageType.NORMAL:
         msg_type = MessageType.DELAY
@@ -128,7 +129,7 @@ def _gunzip(body: bytes) -> bytes:
             raise ProcessorError(ErrorKind.BODY_TOO_LARGE, "inflated GZIP body is too large")
         return out
     except (zlib.error, gzip.BadGzipFile) as e:
-        raise GrpcError(d.Code.MESSAGE_CORRUPTED, f"GZIP body cannot be inflated: {e}") from None
+        raise GrpcError(Code.MESSAGE_CORRUPTED, f"GZIP body cannot be inflated: {e}") from None
 
 
 def _system_properties(m: Message, sp: d.SystemProperties) -> None:
@@ -181,8 +182,16 @@ def _user_properties(m: Message, out: d.Message) -> None:
 
 def to_proto(dl: Delivery, store_host: str = "") -> d.Message:
     """A delivery → the protobuf message a consumer receives (IDENTITY body, uppercase MD5 digest)."""
+    out = d.Message()
+    fill_proto(dl, out, store_host)
+    return out
+
+
+def fill_proto(dl: Delivery, out: d.Message, store_host: str = "") -> None:
+    """to_proto into an empty message, e.g. the `message` field of a response (building a message and
+    then assigning it to a field would copy it)."""
     m = dl.message
-    out = d.Message(body=m.body)
+    out.body = m.body
     out.topic.name = m.topic
     sp = out.system_properties
     _system_properties(m, sp)
@@ -191,7 +200,6 @@ def to_proto(dl: Delivery, store_host: str = "") -> d.Message:
     sp.receipt_handle = dl.receipt_handle
     sp.delivery_attempt = dl.delivery_attempt
     _user_properties(m, out)
-    return out
 
 
 def message_to_proto(m: Message) -> d.Message:

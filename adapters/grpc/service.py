@@ -21,12 +21,12 @@ from adapters.grpc.convert import (
     GrpcError,
     dur_ms,
     endpoints,
+    fill_proto,
     identity_of,
     message_to_proto,
     ms_dur,
     ms_ts,
     peer_address,
-    to_proto,
     to_store,
 )
 from adapters.grpc.generated import definition_pb2 as d
@@ -482,8 +482,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         try:
             yield s.ReceiveMessageResponse(status=codes.OK)
             host = self.store_host
+            response = s.ReceiveMessageResponse
             for dl in deliveries:
-                yield s.ReceiveMessageResponse(message=to_proto(dl, host))
+                r = response()
+                fill_proto(dl, r.message, host)
+                yield r
                 sent += 1  # grpc asks for the next item only once this one is written
             yield s.ReceiveMessageResponse(delivery_timestamp=ms_ts(now_ms()))
         except BaseException:

@@ -21,6 +21,8 @@ KEYS = [
     "receive_ack_p50_ms",
     "receive_ack_p99_ms",
     "send_batch",
+    "receive_ack_ceiling_per_s",
+    "receive_ack_ratio_vs_ceiling",
 ]
 
 
