@@ -54,25 +54,55 @@ def encode_properties(props: dict[str, str]) -> bytes:
 
 
 _key_cache: dict[str, bytes] = {}  # property names repeat: their length-prefixed bytes, encoded once
+# Many property values repeat too (a CloudEvent's source, type and content type; an MQTT topic):
+# name -> {value: the encoded pair}. A name whose cache fills up _PAIRS_MAX times (an id, a time)
+# stops being cached.
+_pairs: dict[str, dict[str, bytes]] = {}
+_pair_fills: dict[str, int] = {}
+_PAIRS_MAX = 256
+_PAIR_FILLS_MAX = 4
+_PAIR_VALUE_MAX = 128
+_NOT_CACHED: dict[str, bytes] = {}  # the `_pairs` entry of a name that is not cached
 
 
 def _encode_properties(props: dict[str, str]) -> bytes:
     parts: list[bytes] = []
     add = parts.append
-    keys = _key_cache
-    pack_len = _I.pack
+    pairs = _pairs
     for k, v in props.items():
-        kp = keys.get(k)
+        vals = pairs.get(k)
+        if vals is not None:
+            pair = vals.get(v)
+            if pair is not None:
+                add(pair)
+                continue
+        kp = _key_cache.get(k)
         if kp is None:
             kb = k.encode()
             kp = _H.pack(len(kb)) + kb
-            if len(keys) < 4096:
-                keys[k] = kp
+            if len(_key_cache) < 4096:
+                _key_cache[k] = kp
         vb = v.encode()
-        add(kp)
-        add(pack_len(len(vb)))
-        add(vb)
+        pair = kp + _I.pack(len(vb)) + vb
+        add(pair)
+        if vals is not _NOT_CACHED and len(v) <= _PAIR_VALUE_MAX:
+            _remember_pair(k, v, vals, pair)
     return b"".join(parts)
+
+
+def _remember_pair(k: str, v: str, vals: dict[str, bytes] | None, pair: bytes) -> None:
+    if vals is None:
+        if len(_pairs) >= 4096:
+            return
+        vals = _pairs[k] = {}
+    elif len(vals) >= _PAIRS_MAX:
+        vals.clear()
+        fills = _pair_fills.get(k, 0) + 1
+        _pair_fills[k] = fills
+        if fills >= _PAIR_FILLS_MAX:  # the values of this name rarely repeat
+            _pairs[k] = _NOT_CACHED
+            return
+    vals[v] = pair
 
 
 def decode_properties(buf: bytes | memoryview) -> dict[str, str]:
