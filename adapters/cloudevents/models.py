@@ -13,7 +13,7 @@ from .filters import DIALECTS, FilterError, compile_filters
 
 MAX_INVISIBLE_MS = 12 * 3600 * 1000
 _DURATION = re.compile(
-    r"^P(?:([0-9]+)D)?(?:T(?:([0-9]+)H)?(?:([0-9]+)M)?(?:([0-9]+(?:\.[0-9]+)?)S)?)?$", re.ASCII
+    r"^P(?:([0-9]+)D)?(?:T(?:([0-9]+)H)?(?:([0-9]+)M)?(?:([0-9]+(?:\.[0-9]+)?)S)?)?\Z", re.ASCII
 )
 
 

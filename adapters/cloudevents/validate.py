@@ -17,19 +17,25 @@ from .event import CORE, OPTIONAL, SPECVERSION, AttrValue
 
 INT32 = (-(2**31), 2**31 - 1)
 
-_NAME = re.compile(r"^[a-z0-9]+$", re.ASCII)
+_NAME = re.compile(r"^[a-z0-9]+\Z", re.ASCII)  # \Z: `$` would accept a trailing newline
 _TIME = re.compile(
     r"^([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]+)?"
-    r"([Zz]|[+-]([0-9]{2}):([0-9]{2}))$",
+    r"([Zz]|[+-]([0-9]{2}):([0-9]{2}))\Z",
     re.ASCII,
 )
 _TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
+# After the date: a time of day whose fields are in range (no leap second), `Z` or an offset in range.
+_CLOCK = re.compile(
+    r"T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])",
+    re.ASCII,
+)
+_OK_DATES: set[str] = set()  # "YYYY-MM-DD" prefixes of times that passed the full check
 _TIME_SHAPE = re.compile(
     r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?(?:Z|[+-][0-9]{2}:[0-9]{2})",
     re.ASCII,
 )
 _MEDIA_TYPE = re.compile(
-    rf'^{_TOKEN}/{_TOKEN}(?:[ \t]*;[ \t]*{_TOKEN}=(?:{_TOKEN}|"(?:[^"\\\x00-\x1f\x7f]|\\.)*"))*[ \t]*$',
+    rf'^{_TOKEN}/{_TOKEN}(?:[ \t]*;[ \t]*{_TOKEN}=(?:{_TOKEN}|"(?:[^"\\\x00-\x1f\x7f]|\\.)*"))*[ \t]*\Z',
     re.ASCII,
 )
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:", re.ASCII)
@@ -72,9 +78,12 @@ def check_time(value: str) -> str | None:
     """RFC 3339 `date-time`: seconds required, offset `Z` or `+hh:mm`, calendar-valid fields."""
     # Fast path: the exact RFC 3339 shape, then the C parser for the calendar and the ranges. It
     # refuses a leap second (:60) and a lower-case `z`, which the full check below accepts.
+    if value[:10] in _OK_DATES and _CLOCK.fullmatch(value, 10) is not None:
+        return None  # a date seen valid before, and a time of day in range
     if _TIME_SHAPE.fullmatch(value) is not None and (value[-1] == "Z" or value[-2:] <= "59"):
         try:
             datetime.fromisoformat(value)
+            _remember(_OK_DATES, value[:10])
             return None
         except ValueError:
             pass

@@ -14,7 +14,7 @@ import pytest
 from adapters.cloudevents import codec
 from adapters.cloudevents.event import Event, dump_json
 from adapters.cloudevents.mapping import P_DATA, from_message, to_message
-from adapters.cloudevents.validate import _days, check_attributes, check_time, full_check
+from adapters.cloudevents.validate import _days, check_attributes, check_media_type, check_time, full_check
 
 MIN = {"specversion": "1.0", "id": "e-1", "source": "/src", "type": "io.example.t"}
 
@@ -90,6 +90,38 @@ def _reference_time(value: str) -> bool:
 @pytest.mark.parametrize("value", TIMES)
 def test_check_time_fast_path_agrees_with_the_rule(value):
     assert (check_time(value) is None) == _reference_time(value)
+
+
+def test_check_time_agrees_with_the_rule_once_dates_are_known_valid():
+    # A date that passed the full check once takes a shortcut after: every time of day and offset
+    # on it must still get the rule's verdict.
+    clocks = [
+        f"T{h}:{m}:{s}{frac}{tz}"
+        for h in ("00", "09", "19", "23", "24", "29", "7")
+        for m, s in (("00", "00"), ("59", "59"), ("60", "00"), ("00", "60"), ("00", "61"), ("5", "00"))
+        for frac in ("", ".5", ".", ".123456789")
+        for tz in ("Z", "z", "+23:59", "+24:00", "-00:60", "-19:30", "+05", "")
+    ]
+    dates = ["2018-04-05", "2024-02-29", "2018-02-29", "2018-04-31"]
+    values = [*TIMES, "2018-04-05T17:31:00Z\n", "2018-04-05t17:31:00Z"]
+    values += [d + c for d in dates for c in clocks]
+    for _ in range(2):  # the second pass finds every valid date remembered
+        for value in values:
+            assert (check_time(value) is None) == _reference_time(value), value
+
+
+def test_a_trailing_newline_is_not_part_of_a_valid_value():
+    # Python's `$` also matches before a final newline; the checks anchor at the very end.
+    from adapters.cloudevents.models import duration_ms
+    from adapters.cloudevents.validate import check_name
+
+    assert check_time("2018-04-05T17:31:00Z\n") is not None
+    assert check_time("2018-04-05T17:31:00.5+01:00\n") is not None
+    assert check_media_type("application/json\n") is not None
+    assert check_name("ext\n") is not None and check_name("ext") is None
+    with pytest.raises(ValueError):
+        duration_ms("PT1S\n")
+    assert duration_ms("PT1S") == 1000
 
 
 def _random_attrs(rng: random.Random) -> dict:
@@ -185,7 +217,7 @@ def test_batch_data_keeps_its_json_value_on_both_parsers():
     rng = random.Random(3)
     datas = [
         {"big": 2**70, "neg": -(2**65)},
-        {"f": [rng.uniform(-1e-9, 1e-9) for _ in range(20)], "e": 2.5e-7, "s": "é\u2028\"\\"},
+        {"f": [rng.uniform(-1e-9, 1e-9) for _ in range(20)], "e": 2.5e-7, "s": 'é\u2028"\\'},
         [1, 2.0, None, True, {"n": {"m": []}}],
         {"edge": 2**63 - 1, "low": -(2**63)},
     ]
