@@ -74,7 +74,7 @@ def to_message(topic: str, ev: Event) -> Message:
     form = ev.data_form
     if form is not None and (form != "json" or not is_json_type(ev.datacontenttype)):
         props[P_DATA] = form  # JSON data of a JSON media type (or none) needs no mark
-    return Message(topic=topic, body=ev.data or b"", properties=props)
+    return Message(topic, ev.data or b"", "", (), props)  # positional: cheaper than keywords
 
 
 # attribute name -> property name, so that the hot path does not build the same strings again

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import struct
 
+import pytest
+
 from store import Message, codec
+
+
+@pytest.fixture(autouse=True)
+def fresh_caches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The encoder's caches are process-wide: start each test without what others left there."""
+    monkeypatch.setattr(codec, "_pairs", {})
+    monkeypatch.setattr(codec, "_pair_fills", {})
+    monkeypatch.setattr(codec, "_props_cache", {})
 
 
 def reference_properties(props: dict[str, str]) -> bytes:
