@@ -1,7 +1,7 @@
 """Conversion between `apache.rocketmq.v2` protobuf values and the gateway's model.
 
 - `to_store`: a `definition_pb2.Message` a producer sent → `store.Message`.
-- `to_proto`: a `Delivery` (popped message + receipt handle) → `definition_pb2.Message`.
+- `fill_proto`: a `Delivery` (popped message + receipt handle) → a `definition_pb2.Message`, in place.
 - `message_to_proto`: a stored `Message` without a handle (transaction check-back).
 - Settings, durations, timestamps, endpoints and the `authorization` header.
 
@@ -180,16 +180,10 @@ def _user_properties(m: Message, out: d.Message) -> None:
         up[k] = v
 
 
-def to_proto(dl: Delivery, store_host: str = "") -> d.Message:
-    """A delivery → the protobuf message a consumer receives (IDENTITY body, uppercase MD5 digest)."""
-    out = d.Message()
-    fill_proto(dl, out, store_host)
-    return out
-
-
 def fill_proto(dl: Delivery, out: d.Message, store_host: str = "") -> None:
-    """to_proto into an empty message, e.g. the `message` field of a response (building a message and
-    then assigning it to a field would copy it)."""
+    """A delivery → the protobuf message a consumer receives (IDENTITY body, uppercase MD5 digest),
+    written into an empty message in place, e.g. a response's `message` field (building a message
+    and then assigning it to the field would copy it)."""
     m = dl.message
     out.body = m.body
     out.topic.name = m.topic
