@@ -48,6 +48,9 @@ class StoreConfig:
     data_dir: str = "./data"
     flush: str = "sync"  # "sync": append returns after fsync; "async": after write, fsync every interval
     flush_interval_ms: int = 200
+    # how `sync` fdatasyncs: "aio" (Linux native AIO, completion on an eventfd), "helper" (a helper
+    # process behind a pipe) or "auto" (aio where the kernel supports it, else helper)
+    fsync_method: str = "auto"
     segment_size: int = 128 * 1024 * 1024
     default_queues: int = 8
     auto_create_topics: bool = True
@@ -65,6 +68,8 @@ class StoreConfig:
     def __post_init__(self) -> None:
         if self.flush not in ("sync", "async"):
             raise ValueError("flush must be 'sync' or 'async'")
+        if self.fsync_method not in ("auto", "aio", "helper"):
+            raise ValueError("fsync_method must be 'auto', 'aio' or 'helper'")
 
 
 def check_name(kind: str, name: str) -> None:

@@ -182,7 +182,13 @@ class Store:
             os.close(store._lock_fd)
             raise
         store._writer = GroupCommitWriter(
-            store._loop, store.commitlog, store.index, store.sync, store._on_written, store._on_failed
+            store._loop,
+            store.commitlog,
+            store.index,
+            store.sync,
+            store._on_written,
+            store._on_failed,
+            store.config.fsync_method,
         )
         store._writer.written_end = store._writer.durable_end = store.commitlog.write_pos
         store._post_recover()

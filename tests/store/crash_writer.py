@@ -77,10 +77,12 @@ async def consume(store: Store, rng: random.Random) -> None:
 
 
 async def main(data_dir: str, rnd: int, flush: str) -> None:
+    flush, _, method = flush.partition("-")  # "sync-helper": sync through the fsync helper process
     store = await Store.open(
         StoreConfig(
             data_dir=data_dir,
             flush=flush,
+            fsync_method=method or "auto",
             segment_size=SEG,
             default_queues=4,
             checkpoint_interval_ms=100,

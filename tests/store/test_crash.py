@@ -2,8 +2,8 @@
 random moments, 25 times over the same data directory. Every append that returned must then be
 stored exactly once at the position it was given, with its content intact, and no message whose
 ack was durable may be handed out again. A third of the rounds use the async flush policy (a
-process crash loses nothing either); one producer appends delayed messages, each of which must be
-delivered exactly once in the end."""
+process crash loses nothing either), a third sync through the fsync helper process; one producer
+appends delayed messages, each of which must be delivered exactly once in the end."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ sys.path.insert(0, str(HERE))
 from crash_writer import GROUP, SEG, TOPIC, body_for  # noqa: E402
 
 pytestmark = pytest.mark.timeout(150)
+FLUSH = ("sync", "async", "sync-helper")  # by round: sync (AIO fdatasync here), async, sync (helper)
 
 
 def _tail(path: str) -> str:
@@ -37,7 +38,7 @@ def run_and_kill(data_dir: str, rnd: int, rng: random.Random, err_path: str) -> 
     it got as far as READY."""
     with open(err_path, "wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, str(WRITER), data_dir, str(rnd), "async" if rnd % 3 == 1 else "sync"],
+            [sys.executable, str(WRITER), data_dir, str(rnd), FLUSH[rnd % 3]],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=err,

@@ -959,7 +959,7 @@ async def test_fsync_helper_death_fails_appends_cleanly(make_store):
 
     from store import StoreError
 
-    s = await make_store()
+    s = await make_store(fsync_method="helper")
     await s.append(Message("T", b"before"))
     s._writer.fsync.proc.send_signal(_signal.SIGKILL)
     deadline = asyncio.get_running_loop().time() + 10
