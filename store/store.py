@@ -154,6 +154,7 @@ class Store:
         self._waiters: dict[str, set[_Waiter]] = {}
         self._seg_stats: dict[int, dict[str, list[int]]] = {}
         self._timer_heap: list[tuple[int, int, int]] = []  # (deliver_at, queue offset, clo)
+        self._delivering: list[int] = []  # commit log offsets of delayed messages being delivered
         self._timer_wake: asyncio.Event | None = None
         self._txn_heap: list[tuple[int, int, int]] = []  # (next check at, queue offset, clo)
         self._txn_checks: dict[int, int] = {}
@@ -1069,7 +1070,15 @@ class Store:
                 await asyncio.sleep(1)
 
     async def _deliver_delayed(self, due: list[tuple[int, int, int]]) -> None:
+        self._delivering = [clo for _when, _qoff, clo in due]  # retention keeps their segments
+        try:
+            await self._deliver_due(due)
+        finally:
+            self._delivering = []
+
+    async def _deliver_due(self, due: list[tuple[int, int, int]]) -> None:
         st = self.progress.get(SYSTEM_TIMER_GROUP, SCHEDULE_TOPIC)
+        batch: set[str] = set()
         futs, offs = [], []
         for _when, qoff, clo in due:
             if clo < self.commitlog.min_offset:
@@ -1077,11 +1086,14 @@ class Store:
                 continue
             held = self._read_entry(clo, codec.record_size_at(self.commitlog.read(clo, 4), 0))
             real = self._release(held)
-            if any(
+            if real.message_id in batch or any(
                 m.topic == real.topic and m.commitlog_offset > clo for m in self.get_by_id(real.message_id)
             ):
-                self.progress.done(st, 0, qoff)  # delivered before a crash, not yet marked done
+                # delivered before a crash, not yet marked done; or a copy left by a crash during
+                # a retention move (_move_delayed)
+                self.progress.done(st, 0, qoff)
                 continue
+            batch.add(real.message_id)
             futs.append(self._append(real, now_ms()))
             offs.append(qoff)
         for qoff, res in zip(offs, await asyncio.gather(*futs), strict=True):
@@ -1197,8 +1209,13 @@ class Store:
             if not ok:
                 break
             delete_before = b + seg_size
+        if delete_before:
+            await self._move_delayed(delete_before, now)
+        # never delete undelivered delayed messages (those not moved: due now, being delivered, or
+        # the move failed) nor unresolved half messages (they live seconds: no need to move them)
         held = [clo for _when, _off, clo in self._timer_heap + self._txn_heap]
-        if held and delete_before is not None:  # never delete undelivered delayed / unresolved half messages
+        held += self._delivering
+        if held and delete_before is not None:
             low = min(held)
             delete_before = min(delete_before, low - low % seg_size)
         if not delete_before:
@@ -1216,6 +1233,42 @@ class Store:
             self.index.drop_below(low)
             await self._checkpoint_locked()
         return n
+
+    async def _move_delayed(self, below: int, now: int) -> None:
+        """Copy the delayed messages held in commit log segments below `below` (and not due yet)
+        to the head of the log, and mark the old records delivered, so that retention can delete
+        those segments: a message delayed past the retention period is kept until it is due.
+
+        A crash between the copy and the mark leaves both pending; delivery then skips the second
+        (the real message is found by id after it, see `_deliver_delayed`)."""
+        heap = self._timer_heap
+        moving = [e for e in heap if e[2] < below and e[0] > now]
+        if not moving:
+            return
+        moved = set(moving)
+        heap[:] = [e for e in heap if e not in moved]
+        heapq.heapify(heap)
+        futs, olds = [], []
+        for e in moving:
+            held = self._read_entry(e[2], codec.record_size_at(self.commitlog.read(e[2], 4), 0))
+            if held is None:  # unreadable: leave it where it is (retention keeps its segment)
+                heapq.heappush(heap, e)
+                continue
+            try:
+                futs.append(self._append(_with(held, queue_id=0), now))
+            except StoreError:
+                heapq.heappush(heap, e)
+                continue
+            olds.append(e)
+        results = await asyncio.gather(*futs, return_exceptions=True)
+        st = self.progress.get(SYSTEM_TIMER_GROUP, SCHEDULE_TOPIC)
+        for e, r in zip(olds, results, strict=True):
+            if isinstance(r, BaseException):
+                heapq.heappush(heap, e)  # not copied: the old record stays and is delivered
+            else:
+                self.progress.done(st, 0, e[1])
+        await self._flush_progress()  # the old records are done on disk before their segment goes
+        log.info("retention: moved %d delayed messages forward", len(olds))
 
     # =========================================================================== checkpoints
     async def _checkpoint(self, consumer_snapshot: bool = False) -> None:
