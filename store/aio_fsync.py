@@ -33,6 +33,7 @@ _IOCB_CMD_FDSYNC = 3
 _IOCB_FLAG_RESFD = 1
 _MAX_EVENTS = 256  # in-flight syncs the context holds (one per segment file of a request)
 _PTR = ctypes.sizeof(ctypes.c_void_p)
+_ZERO, _ONE, _MAX = ctypes.c_long(0), ctypes.c_long(1), ctypes.c_long(_MAX_EVENTS)
 _MAX_FDS = 4  # open segment files kept; a deleted segment must not stay open long
 
 
@@ -61,11 +62,12 @@ class AioFsync:
         libc = ctypes.CDLL(None, use_errno=True)
         self._syscall = libc.syscall
         self._syscall.restype = ctypes.c_long
-        self._sys_setup, self._sys_destroy, self._sys_getevents, self._sys_submit = _SYSCALLS[
-            platform.machine()
-        ]
+        # syscall(2) is variadic: pass every argument as a full C long
+        self._sys_setup, self._sys_destroy, self._sys_getevents, self._sys_submit = (
+            ctypes.c_long(n) for n in _SYSCALLS[platform.machine()]
+        )
         ctx = ctypes.c_ulong(0)
-        if self._syscall(self._sys_setup, _MAX_EVENTS, ctypes.byref(ctx)) < 0:
+        if self._syscall(self._sys_setup, ctypes.c_long(_MAX_EVENTS), ctypes.byref(ctx)) < 0:
             raise OSError(ctypes.get_errno(), "io_setup failed")
         self._ctx = ctypes.c_ulong(ctx.value)
         self._efd = -1
@@ -91,7 +93,7 @@ class AioFsync:
         try:
             self._submit([fd], 0)
             ev = ctypes.create_string_buffer(_EVENT.size)
-            n = self._syscall(self._sys_getevents, self._ctx, 1, 1, ev, None)
+            n = self._syscall(self._sys_getevents, self._ctx, _ONE, _ONE, ev, None)
             if n != 1:
                 raise OSError(ctypes.get_errno() or errno.EIO, "io_getevents failed")
             res = _EVENT.unpack_from(ev, 0)[2]
@@ -114,7 +116,9 @@ class AioFsync:
             pack(blocks[i], 0, rid, 0, 0, _IOCB_CMD_FDSYNC, 0, fd, 0, 0, 0, 0, _IOCB_FLAG_RESFD, efd)
         done = 0
         while done < n:  # io_submit may take fewer than asked (never 0 without an error)
-            r = self._syscall(self._sys_submit, self._ctx, n - done, ctypes.byref(ptrs, done * _PTR))
+            r = self._syscall(
+                self._sys_submit, self._ctx, ctypes.c_long(n - done), ctypes.byref(ptrs, done * _PTR)
+            )
             if r <= 0:
                 raise OSError(ctypes.get_errno() or errno.EIO, "io_submit failed")
             done += r
@@ -158,7 +162,7 @@ class AioFsync:
             return
         events = self._events
         while True:
-            n = self._syscall(self._sys_getevents, self._ctx, 0, _MAX_EVENTS, events, None)
+            n = self._syscall(self._sys_getevents, self._ctx, _ZERO, _MAX, events, None)
             if n <= 0:
                 return
             self._inflight -= n
