@@ -34,8 +34,9 @@ flight, requests pre-encoded) measures, in this order:
 
 Each run: warm-up `--warmup` s, then a `--duration` s window; rates and latency (p50/p99 of the
 requests that completed in the window, write to last response byte) count only the window. Server
-CPU is utime+stime from /proc/<pid>/stat over the window (the gateway's fsync helper child is
-reported separately in `*_incl_children`), divided by the events of the window: `cpu_us_per_event`.
+CPU is utime+stime from /proc/<pid>/stat over the window (the gateway's fsync helper child, when
+its store uses one rather than Linux AIO, is reported separately in `*_incl_children`), divided by
+the events of the window: `cpu_us_per_event`.
 Before each measured run the bench waits (up to `--quiet-wait` s) until the whole machine uses
 < 0.3 CPUs; each run reports `other_util` (CPUs used by other processes during the window) and the
 table flags runs where that exceeded 0.15.

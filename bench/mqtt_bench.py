@@ -31,8 +31,9 @@ there too) measures, in this order:
    (CLOCK_MONOTONIC), p50/p99 over messages written in the measured window.
 
 Server CPU is utime+stime from /proc/<pid>/stat of the server process (the gateway's fsync helper
-child is reported separately in `cpu_us_per_qos1_msg_incl_children`), so it stays comparable when
-the generator, not the server, is the bottleneck; each phase also reports the server's and the
+child, when its store uses one, is reported separately in `cpu_us_per_qos1_msg_incl_children`;
+with Linux AIO fdatasync, the default, the kernel worker that runs it is not counted), so it stays
+comparable when the generator, not the server, is the bottleneck; each phase also reports the server's and the
 generator's CPU utilisation and which one was saturated. Acknowledgements and deliveries are
 counted by the generator. Our gateway runs with its defaults (flush policy `sync`: a PUBACK waits
 for the group commit's fdatasync), with the data directory under `--dir` (default the system temp
