@@ -109,6 +109,7 @@ bench: install install-bench-system
 
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 clean:
 	rm -rf $(VENV) $(UV_HOME) $(CONF_VENV) $(CONF_NODE_DIR)/node_modules $(REM_VENV) $(REM_NODE_DIR)/node_modules .pytest_cache .ruff_cache .hypothesis build dist *.egg-info

@@ -134,8 +134,9 @@ def build_messages(n: int, body: bytes) -> list[Message]:
     return [Message(TOPIC, body) for _ in range(n)]
 
 
-async def produce(store: Store, producers: int, pool: list[Message], deadline: float,
-                  latencies: list[float] | None) -> int:
+async def produce(
+    store: Store, producers: int, pool: list[Message], deadline: float, latencies: list[float] | None
+) -> int:
     """`producers` tasks append messages from `pool` (each awaits its append) until `deadline`."""
     counter = [0]
     n_pool = len(pool)
@@ -185,8 +186,10 @@ async def bench_append(cfg: Settings, size: int, producers: int, flush: str) -> 
             finally:
                 gc.unfreeze()
             if count >= len(pool):
-                log(f"  note: all {len(pool)} pre-built messages used before --seconds ran out "
-                    f"(timed {elapsed:.2f} s; see --pool-max)")
+                log(
+                    f"  note: all {len(pool)} pre-built messages used before --seconds ran out "
+                    f"(timed {elapsed:.2f} s; see --pool-max)"
+                )
         finally:
             await store.close()
     finally:
@@ -267,8 +270,10 @@ async def run(cfg: Settings) -> dict[str, Any]:
                 res[f"{key}_p50_ms"] = r.pct_ms(0.50)
                 res[f"{key}_p99_ms"] = r.pct_ms(0.99)
                 res[f"{key}_count"] = r.count
-                log(f"{key}: {r.per_s:,.0f}/s {r.mb_s:,.2f} MB/s p50 {res[f'{key}_p50_ms']:.3f} ms "
-                    f"p99 {res[f'{key}_p99_ms']:.3f} ms ({r.count} in {r.seconds:.2f} s)")
+                log(
+                    f"{key}: {r.per_s:,.0f}/s {r.mb_s:,.2f} MB/s p50 {res[f'{key}_p50_ms']:.3f} ms "
+                    f"p99 {res[f'{key}_p99_ms']:.3f} ms ({r.count} in {r.seconds:.2f} s)"
+                )
 
     fractions = []
     for producers in PRODUCERS:
@@ -307,32 +312,46 @@ def table(res: dict[str, Any], cfg: Settings, loop_name: str, total: float) -> s
                     f"{'' if frac is None else f'{frac:.3f}':>9}"
                 )
     lines.append("")
-    lines.append(f"pop+ack (backlog {cfg.fill} x 100 B, batch {POP_BATCH}): "
-                 + ", ".join(f"{c} consumer{'s' if c > 1 else ''} {res[f'pop_ack_{c}c_per_s']:,.0f}/s"
-                             for c in POP_CONSUMERS)
-                 + f"; best {res['pop_ack_per_s']:,.0f}/s")
+    lines.append(
+        f"pop+ack (backlog {cfg.fill} x 100 B, batch {POP_BATCH}): "
+        + ", ".join(
+            f"{c} consumer{'s' if c > 1 else ''} {res[f'pop_ack_{c}c_per_s']:,.0f}/s" for c in POP_CONSUMERS
+        )
+        + f"; best {res['pop_ack_per_s']:,.0f}/s"
+    )
     lines.append(f"total runtime {total:.1f} s")
     return "\n".join(lines)
 
 
 def parse_args(argv: list[str] | None) -> Settings:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.add_argument("--quick", action="store_true",
-                   help="smoke run: 1 s per config, short warm-up, small fill, 64 MiB segments and seq file")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 1 s per config, short warm-up, small fill, 64 MiB segments and seq file",
+    )
     p.add_argument("--seconds", type=float, help="timed seconds per append config (default 3, quick 1)")
     p.add_argument("--warmup", type=float, help="warm-up seconds per append config (default 0.5, quick 0.1)")
-    p.add_argument("--dir", default="./data",
-                   help="parent directory for temporary data dirs (default ./data); a fresh temp dir is "
-                        "made inside and removed afterwards")
+    p.add_argument(
+        "--dir",
+        default="./data",
+        help="parent directory for temporary data dirs (default ./data); a fresh temp dir is "
+        "made inside and removed afterwards",
+    )
     p.add_argument("--segment-mib", type=int, help="commit log segment size in MiB (default 256, quick 64)")
     p.add_argument("--seq-mib", type=int, help="sequential write size in MiB (default 256, quick 64)")
     p.add_argument("--seq-repeats", type=int, default=3, help="sequential write repeats (median; default 3)")
     p.add_argument("--fill", type=int, help="messages pre-filled for pop+ack (default 200000, quick 20000)")
     p.add_argument("--pop-seconds", type=float, help="time bound per pop+ack run (default 30, quick 5)")
-    p.add_argument("--pool-max", type=int, default=2_000_000,
-                   help="max pre-built messages per append config (default 2000000)")
+    p.add_argument(
+        "--pool-max",
+        type=int,
+        default=2_000_000,
+        help="max pre-built messages per append config (default 2000000)",
+    )
     a = p.parse_args(argv)
     q = a.quick
 
@@ -361,8 +380,9 @@ def event_loop_factory() -> tuple[Callable[[], asyncio.AbstractEventLoop], str]:
     return uvloop.new_event_loop, "uvloop"
 
 
-def run_in_loop(coro: Coroutine[Any, Any, dict[str, Any]],
-                factory: Callable[[], asyncio.AbstractEventLoop]) -> dict[str, Any]:
+def run_in_loop(
+    coro: Coroutine[Any, Any, dict[str, Any]], factory: Callable[[], asyncio.AbstractEventLoop]
+) -> dict[str, Any]:
     with asyncio.Runner(loop_factory=factory) as runner:
         return runner.run(coro)
 

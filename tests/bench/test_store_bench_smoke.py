@@ -10,22 +10,41 @@ from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "store_bench.py"
 
-CONTRACT_KEYS = ["seq_write_mb_s", "disk_fraction_4k_sync", "pop_ack_per_s"] + [
-    f"disk_fraction_4k_sync_{p}p" for p in (1, 8, 64)
-] + [
-    f"append_{size}_{flush}_{p}p_{metric}"
-    for size in ("100b", "4k")
-    for flush in ("sync", "async")
-    for p in (1, 8, 64)
-    for metric in ("per_s", "mb_s", "p50_ms", "p99_ms")
-]
+CONTRACT_KEYS = (
+    ["seq_write_mb_s", "disk_fraction_4k_sync", "pop_ack_per_s"]
+    + [f"disk_fraction_4k_sync_{p}p" for p in (1, 8, 64)]
+    + [
+        f"append_{size}_{flush}_{p}p_{metric}"
+        for size in ("100b", "4k")
+        for flush in ("sync", "async")
+        for p in (1, 8, 64)
+        for metric in ("per_s", "mb_s", "p50_ms", "p99_ms")
+    ]
+)
 
 
 def test_store_bench_quick_json(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--json", "--seconds", "0.3", "--warmup", "0.05",
-         "--seq-mib", "16", "--fill", "5000", "--dir", str(tmp_path / "data")],
-        capture_output=True, text=True, timeout=120, check=False,
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--quick",
+            "--json",
+            "--seconds",
+            "0.3",
+            "--warmup",
+            "0.05",
+            "--seq-mib",
+            "16",
+            "--fill",
+            "5000",
+            "--dir",
+            str(tmp_path / "data"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     res = json.loads(proc.stdout)  # exactly one JSON object, nothing else on stdout

@@ -113,8 +113,6 @@ async def wait_until(cond, timeout: float = T) -> None:
     await asyncio.wait_for(poll(), timeout)
 
 
-
-
 def make_cert(directory) -> tuple[str, str]:
     """A self-signed certificate for 127.0.0.1/localhost (openssl CLI): (cert path, key path)."""
     import subprocess
