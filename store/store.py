@@ -176,21 +176,21 @@ class Store:
         store._timer_wake = asyncio.Event()
         try:
             await store._run_io(store._recover)
+            store._writer = GroupCommitWriter(
+                store._loop,
+                store.commitlog,
+                store.index,
+                store.sync,
+                store._on_written,
+                store._on_failed,
+                store.config.fsync_method,
+            )
         except BaseException:
             store._io.shutdown()
             store.meta.close()
             store.kv.close()
-            os.close(store._lock_fd)
+            os.close(store._lock_fd)  # the directory can be opened again
             raise
-        store._writer = GroupCommitWriter(
-            store._loop,
-            store.commitlog,
-            store.index,
-            store.sync,
-            store._on_written,
-            store._on_failed,
-            store.config.fsync_method,
-        )
         store._writer.written_end = store._writer.durable_end = store.commitlog.write_pos
         store._post_recover()
         store._start_tasks()

@@ -97,3 +97,17 @@ async def test_appends_are_acknowledged_after_their_sync_and_survive_reopen(make
         for m in s2.read("T", q, 0, None, 1000):
             got[m.body] = got.get(m.body, 0) + 1
     assert got == {b: 1 for b in bodies}
+
+
+async def test_auto_falls_back_to_the_helper_where_aio_is_missing(make_store, tmp_path, monkeypatch):
+    """A kernel without AIO fdatasync (or a seccomp filter refusing io_setup): `auto` syncs through
+    the helper process and appends still work; `aio` refuses to open."""
+    import store.writer as writer_mod
+
+    monkeypatch.setattr(writer_mod.AioFsync, "open", classmethod(lambda cls, *a: None))
+    with pytest.raises(OSError, match="AIO"):
+        await make_store(fsync_method="aio")
+    s = await make_store()  # the same directory: the failed open released it
+    assert isinstance(s._writer.fsync, FsyncClient)
+    r = await s.append(Message("T", b"via the helper"))
+    assert s.get_message(r.commitlog_offset).body == b"via the helper"
