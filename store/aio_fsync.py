@@ -123,37 +123,45 @@ class AioFsync:
                 raise OSError(ctypes.get_errno() or errno.EIO, "io_submit failed")
             done += r
 
-    def _fd(self, path: str) -> int:
-        fd = self._fds.get(path)
-        if fd is None:
-            if len(self._fds) >= _MAX_FDS:
-                os.close(self._fds.pop(next(iter(self._fds))))
-            fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        return fd
-
     def request(self, paths: list[str]) -> int:
         """Start fdatasync of `paths`; the result comes to `on_done` with the returned id."""
         self._next += 1
         rid = self._next
         err = 0
         fds = []
+        cache = self._fds
         for p in paths:
-            try:
-                fds.append(self._fd(p))
-            except OSError as e:
-                err = e.errno or errno.EIO
-        if err or not fds or self._inflight + len(fds) > _MAX_EVENTS:
-            err = err or (errno.EAGAIN if fds else 0)
+            fd = cache.get(p)
+            if fd is None:
+                try:
+                    fd = cache[p] = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+                except OSError as e:
+                    err = e.errno or errno.EIO
+                    continue
+            fds.append(fd)
+        try:
+            if err or not fds or self._inflight + len(fds) > _MAX_EVENTS:
+                err = err or (errno.EAGAIN if fds else 0)
+            else:
+                try:
+                    self._submit(fds, rid)
+                except OSError as e:
+                    err = e.errno or errno.EIO
+                else:
+                    self._pending[rid] = [len(fds), 0]
+                    self._inflight += len(fds)
+                    return rid
             self.loop.call_soon(self.on_done, rid, err)
             return rid
-        try:
-            self._submit(fds, rid)
-        except OSError as e:
-            self.loop.call_soon(self.on_done, rid, e.errno or errno.EIO)
-            return rid
-        self._pending[rid] = [len(fds), 0]
-        self._inflight += len(fds)
-        return rid
+        finally:
+            # Only now close what the cache holds beyond its size (the kernel keeps its own
+            # reference to a submitted file): closing a descriptor of this request before the
+            # submit would let a later open reuse its number, and the file would go unsynced.
+            while len(cache) > _MAX_FDS:
+                old = next((p for p in cache if p not in paths), None)
+                if old is None:
+                    break
+                os.close(cache.pop(old))
 
     def _readable(self) -> None:
         try:

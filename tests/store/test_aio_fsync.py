@@ -111,3 +111,33 @@ async def test_auto_falls_back_to_the_helper_where_aio_is_missing(make_store, tm
     assert isinstance(s._writer.fsync, FsyncClient)
     r = await s.append(Message("T", b"via the helper"))
     assert s.get_message(r.commitlog_offset).body == b"via the helper"
+
+
+async def test_a_request_over_more_files_than_the_cache_syncs_each_file(tmp_path):
+    """The client keeps a few segment files open. A request naming more must still submit one
+    descriptor per file, each open on that file: closing one of them before the submit would let
+    the next open reuse its number, and a file would go unsynced."""
+    aio, results = await _client(tmp_path)
+    submitted: list[tuple[int, int]] = []  # (device, inode) each submitted descriptor is open on
+    orig = aio._submit
+
+    def spy(fds: list[int], rid: int) -> None:
+        submitted.extend((os.fstat(fd).st_dev, os.fstat(fd).st_ino) for fd in fds)
+        orig(fds, rid)
+
+    aio._submit = spy
+    try:
+        paths = []
+        for i in range(7):
+            p = tmp_path / f"seg{i}"
+            p.write_bytes(b"x" * 100)
+            paths.append(str(p))
+        rid = aio.request(paths)
+        assert await asyncio.wait_for(results.get(), 10) == (rid, 0)
+        assert sorted(submitted) == sorted((os.stat(p).st_dev, os.stat(p).st_ino) for p in paths)
+        assert len(aio._fds) <= 7  # ... and the cache shrinks back once other files are synced
+        rid = aio.request(paths[:1])
+        assert await asyncio.wait_for(results.get(), 10) == (rid, 0)
+        assert len(aio._fds) == 4
+    finally:
+        aio.close()
