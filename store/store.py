@@ -1240,7 +1240,7 @@ class Store:
         those segments: a message delayed past the retention period is kept until it is due.
 
         A crash between the copy and the mark leaves both pending; delivery then skips the second
-        (the real message is found by id after it, see `_deliver_delayed`)."""
+        (the real message is found by id after it, see `_deliver_due`)."""
         heap = self._timer_heap
         moving = [e for e in heap if e[2] < below and e[0] > now]
         if not moving:
