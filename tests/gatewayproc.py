@@ -4,14 +4,13 @@ process tests (tests/gateway/test_process.py, tests/cluster/) wait on."""
 from __future__ import annotations
 
 import os
-import queue
 import re
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
+
+from tests.streamlines import StreamLines
 
 BIN = Path(sys.executable).parent
 GATEWAY = [str(BIN / "gateway")] if (BIN / "gateway").exists() else [sys.executable, "-m", "gateway.cli"]
@@ -34,52 +33,22 @@ class GatewayProc:
             env=env,
             start_new_session=new_session,
         )
-        self.lines: list[str] = []
-        self._q: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
         assert self.p.stderr is not None
-        for line in self.p.stderr:
-            self._q.put(line.rstrip("\n"))
-        self._q.put(None)
+        self._out = StreamLines(self.p.stderr)
+        self.lines = self._out.lines
 
     def wait_line(self, pattern: str, timeout: float = 30) -> re.Match | None:
         """The first new line matching `pattern`, or None if the process ended or time ran out."""
-        rx = re.compile(pattern)
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                line = self._q.get(timeout=left)
-            except queue.Empty:
-                return None
-            if line is None:
-                self._q.put(None)
-                return None
-            self.lines.append(line)
-            if m := rx.search(line):
-                return m
-        return None
-
-    def _collect(self, wait: float | None) -> None:
-        while True:
-            try:
-                line = self._q.get(timeout=wait) if wait else self._q.get_nowait()
-            except queue.Empty:
-                return
-            if line is None:
-                self._q.put(None)
-                return
-            self.lines.append(line)
+        return self._out.wait_line(pattern, timeout)
 
     def drain(self) -> str:
         """Everything it wrote, waiting up to 5 s for each further line (for a process ending)."""
-        self._collect(5)
+        self._out.collect(5)
         return "\n".join(self.lines)
 
     def output(self) -> str:
         """The last 60 lines written so far (no waiting)."""
-        self._collect(None)
+        self._out.collect(None)
         return "\n".join(self.lines[-60:])
 
     def kill(self) -> None:

@@ -5,12 +5,9 @@ trusted from exit codes. (`make install-system` installs mosquitto-clients.)"""
 
 from __future__ import annotations
 
-import queue
 import shutil
 import signal
 import subprocess
-import threading
-import time
 import uuid
 from pathlib import Path
 
@@ -18,6 +15,7 @@ import pytest
 
 from tests.gateway.test_process import Proc, start
 from tests.mqtt.support import make_cert
+from tests.streamlines import StreamLines
 
 pytestmark = pytest.mark.skipif(
     shutil.which("mosquitto_pub") is None, reason="mosquitto-clients missing: run `make install-system`"
@@ -79,30 +77,17 @@ class Sub:
             stderr=subprocess.STDOUT,
             text=True,
         )
-        self.lines: list[str] = []
-        self._q: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
         assert self.p.stdout is not None
-        for line in self.p.stdout:
-            self._q.put(line.rstrip("\n"))
-        self._q.put(None)
+        self._out = StreamLines(self.p.stdout)
+        self.lines = self._out.lines
 
     def ready(self) -> None:
-        deadline = time.monotonic() + T
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                line = self._q.get(timeout=left)
-            except queue.Empty:
-                break
-            if line is None:
-                pytest.fail("mosquitto_sub ended before subscribing:\n" + "\n".join(self.lines))
-            self.lines.append(line)
-            if "received SUBACK" in line:
-                return
+        if self._out.wait_line("received SUBACK", T):
+            return
+        ended = self.p.poll() is not None
         self.p.kill()
-        pytest.fail("no SUBACK:\n" + "\n".join(self.lines))
+        what = "mosquitto_sub ended before subscribing" if ended else "no SUBACK"
+        pytest.fail(what + ":\n" + "\n".join(self.lines))
 
     def finish(self) -> list[str]:
         """Wait for the client to exit (it was given -C / -W); its message lines (`-v`: topic payload)."""
@@ -110,8 +95,7 @@ class Sub:
             self.p.wait(T)
         finally:
             self.p.kill()
-        while (line := self._q.get(timeout=T)) is not None:
-            self.lines.append(line)
+        self._out.collect(T)
         noise = ("Client ", "Subscribed (mid")
         return [ln for ln in self.lines if not ln.startswith(noise) and ln.strip()]
 
