@@ -40,10 +40,23 @@ def test_mqtt_bench_quick_json(tmp_path: Path) -> None:
     brokers = "gateway,mosquitto" if have_mosquitto else "gateway"
     t = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--brokers", brokers, "--json", "--dir", str(tmp_path)],
+        # --quiet-wait 0: a smoke run checks the output, not the figures, so it does not wait for
+        # a quiet machine (on a VM whose steal time counts as busy it would wait at every run)
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--quick",
+            "--quiet-wait",
+            "0",
+            "--brokers",
+            brokers,
+            "--json",
+            "--dir",
+            str(tmp_path),
+        ],
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=60,  # ~23 s here when the 2 cores are free; other VMs' load has pushed it past 30
         check=False,
     )
     elapsed = time.monotonic() - t
@@ -67,7 +80,7 @@ def test_mqtt_bench_quick_json(tmp_path: Path) -> None:
         assert _positive(res["ratios"]["mosquitto"]["cpu_us_per_qos1_msg"])
     else:
         pytest.skip(f"{MOSQUITTO} missing (make install-system): gateway checked alone")
-    assert elapsed < 30
+    assert elapsed < 60
     assert list(tmp_path.iterdir()) == []  # work directories are removed
 
 
