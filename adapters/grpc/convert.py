@@ -86,8 +86,9 @@ def to_store(m: d.Message) -> Message:
     up = m.user_properties
     props = dict(up) if up else {}
     mtype = sp.message_type
-    deliver_at = ts_ms(sp.delivery_timestamp)  # 0 when unset
+    deliver_at = ts_ms(sp.delivery_timestamp) if sp.HasField("delivery_timestamp") else 0
     group = sp.message_group
+    keys = sp.keys
     if mtype in _TYPE_FROM_PROTO:
         msg_type = _TYPE_FROM_PROTO[mtype]
     elif mtype == d.MESSAGE_TYPE_UNSPECIFIED:
@@ -109,7 +110,7 @@ def to_store(m: d.Message) -> Message:
         m.topic.name,
         body,
         sp.tag,
-        tuple(sp.keys),
+        tuple(keys) if keys else (),
         props,
         group,
         deliver_at,
