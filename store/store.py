@@ -901,7 +901,7 @@ class Store:
                     break
                 cq = qs[(start + k) % n]
                 q = queues.get(cq.queue_id)
-                if q is not None and cq.min_offset <= q.cursor >= cq.max_offset:
+                if q is not None and q.cursor >= cq.max_offset:  # (then also >= min_offset)
                     continue  # nothing new in this queue (the common case at low rates: skip the call)
                 self._pop_queue(st, cq, gconf.name, topic, max_n, invisible, f, hashes, now, out)
         return out, dlq
