@@ -4,7 +4,7 @@ What it measures, in one run:
 
 1. Sends. The gateway pieces (Store with `--flush` policy, sync by default; MessagingProcessor;
    GrpcAdapter on an ephemeral port) run in this process on uvloop (when importable), with the
-   garbage collector set up as `gateway start` sets it up (`freeze_startup_objects`). Load
+   garbage collector set up as `gateway start` sets it up (`gateway.collector`). Load
    generators run in `--clients` separate processes (multiprocessing, spawn), each with its own
    grpc.aio channel and event loop, together running `--producers` concurrent producer tasks. Each
    task awaits one SendMessage before the next. Run twice: with 1 message per SendMessage
@@ -242,7 +242,7 @@ def _pct(xs: list[float], p: float) -> float:
 
 async def _bench(args: argparse.Namespace, loop_name: str) -> dict:
     from adapters.grpc import GrpcAdapter
-    from gateway.server import freeze_startup_objects
+    from gateway.collector import Collector, freeze_startup_objects
     from messaging_processor import LocalStoreClient, MessagingProcessor
     from store import Message, Store, StoreConfig
 
@@ -259,6 +259,8 @@ async def _bench(args: argparse.Namespace, loop_name: str) -> dict:
         adapter = GrpcAdapter(processor, host="127.0.0.1", port=0)
         await adapter.start()
         freeze_startup_objects()  # the garbage collector set up as `gateway start` sets it up
+        collector = Collector()
+        collector.start()
         try:
             if "send" in phases:
                 res.update(await _send_phases(args, adapter.address))
@@ -285,6 +287,7 @@ async def _bench(args: argparse.Namespace, loop_name: str) -> dict:
                     }
                 )
         finally:
+            collector.stop()
             await adapter.stop(1.0)
             await processor.close()
             await store.close()

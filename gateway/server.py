@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import signal
 import ssl
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING
 from fastapi import APIRouter
 
 from adapters.base import Adapter
+from gateway.collector import Collector, freeze_startup_objects
 from gateway.config import PROTOCOLS, Settings
 
 if TYPE_CHECKING:
@@ -277,9 +277,12 @@ async def run(settings: Settings, *, extra_routers: Sequence[APIRouter] = ()) ->
             await gw.stop()
             raise
         freeze_startup_objects()
+        collector = Collector()
+        collector.start()
         log.info("gateway ready")
         await stop.wait()
         t0 = time.monotonic()
+        collector.stop()
         await gw.stop()
         log.info("gateway stopped in %.2f s", time.monotonic() - t0)
         return 0
@@ -287,24 +290,3 @@ async def run(settings: Settings, *, extra_routers: Sequence[APIRouter] = ()) ->
         for sig in SHUTDOWN_SIGNALS:
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(sig)
-
-
-# Young-generation threshold of the cyclic collector (CPython's default is 700). Requests keep
-# thousands of objects alive at once (a batch of 100 CloudEvents in flight is ~600 containers, and
-# 64 of them wait for one group commit), so with 700 a young collection ran every request or two,
-# each scanning the live request objects and finding no garbage: 8-12 % of the gateway's CPU in
-# batched HTTP ingest (~2.5 µs per event, measured with gc.callbacks), 2 % in MQTT QoS 1. The
-# counter tracks net growth of tracked objects, so short-lived request objects never reach 50,000;
-# a collection, when it comes, scans at most that many (a few ms). Cycles are rare in this code.
-GC_YOUNG_THRESHOLD = 50_000
-
-
-def freeze_startup_objects() -> None:
-    """Move everything alive after start-up (modules, classes, listeners: ~75,000 objects) out of
-    the cyclic garbage collector's reach: a full collection over them took 20-30 ms, a pause every
-    connection of the process felt in its tail latency. Long-lived by construction; what is
-    allocated later is collected as usual, with a young generation of GC_YOUNG_THRESHOLD."""
-    gc.collect()
-    gc.freeze()
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)

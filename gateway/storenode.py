@@ -319,7 +319,8 @@ class StoreNode:
 
 async def serve(settings: Settings) -> int:
     """Run a store node until SIGTERM/SIGINT; the exit code (0 clean, 1 cannot start)."""
-    from gateway.server import SHUTDOWN_SIGNALS, freeze_startup_objects, shutdown_signals_blocked
+    from gateway.collector import Collector, freeze_startup_objects
+    from gateway.server import SHUTDOWN_SIGNALS, shutdown_signals_blocked
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -350,10 +351,13 @@ async def serve(settings: Settings) -> int:
         return 1
     log.info("store node %s listening on %s (data %s)", node.name, node.address, settings.data_dir)
     freeze_startup_objects()
+    collector = Collector()
+    collector.start()
     log.info("store node ready")
     await stop.wait()
     log.info("store node stopping")
     t0 = time.monotonic()
+    collector.stop()
     await node.stop(settings.drain_timeout_s)
     await store.close()
     log.info("store closed; store node stopped in %.2f s", time.monotonic() - t0)

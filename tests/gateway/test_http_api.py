@@ -497,21 +497,3 @@ async def test_a_fresh_gateway_prepares_its_first_commit_log_segment_at_start(gw
     await asyncio.to_thread(t.join, 30)
     first = os.path.join(store.commitlog.dir, f"{0:020d}")
     assert os.path.getsize(first) == store.config.segment_size
-
-
-def test_startup_objects_are_frozen_out_of_the_cyclic_collector():
-    """`gateway start` freezes what start-up left alive: a full collection then has nothing of it
-    to scan (it took 20-30 ms per collection, seen as MQTT p99 latency spikes), and young
-    collections wait for GC_YOUNG_THRESHOLD new objects instead of 700."""
-    import gc
-
-    from gateway.server import GC_YOUNG_THRESHOLD, freeze_startup_objects
-
-    before = gc.get_threshold()
-    try:
-        freeze_startup_objects()
-        assert gc.get_freeze_count() > 10_000
-        assert gc.get_threshold() == (GC_YOUNG_THRESHOLD, *before[1:])
-    finally:
-        gc.unfreeze()
-        gc.set_threshold(*before)

@@ -1,0 +1,61 @@
+"""How the gateway process runs CPython's cyclic garbage collector.
+
+Requests keep thousands of objects alive at once (a batch of 100 CloudEvents in flight is ~600
+containers, and 64 batches wait for one group commit). With CPython's default young-generation
+threshold of 700 a young collection ran every request or two, each scanning the live request objects
+and finding no garbage: 8-12 % of the gateway's CPU in batched HTTP ingest (~2.5 µs per event,
+measured with `gc.callbacks`), 2 % in MQTT QoS 1. The threshold counts the net growth of tracked
+objects, so at YOUNG_THRESHOLD short-lived request objects no longer trigger collections.
+
+A threshold that high alone would let cyclic garbage (an exception's traceback holding a frame that
+holds a request body) pile up for as long as 50,000 net allocations take. `Collector` bounds that in
+time instead: once a second, when more than CPython's default threshold of objects are new, it
+collects the young and middle generations (one scan of a few ms under full load, under 1 % of a
+core). The old generation is left to the automatic rule, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+
+YOUNG_THRESHOLD = 50_000
+PERIOD_S = 1.0
+_DEFAULT_YOUNG_THRESHOLD = 700
+
+
+def freeze_startup_objects() -> None:
+    """Move everything alive after start-up (modules, classes, listeners: ~75,000 objects) out of
+    the collector's reach (a full collection over them took 20-30 ms, a pause every connection of
+    the process felt in its tail latency), and raise the young generation's threshold to
+    YOUNG_THRESHOLD. Long-lived by construction; what is allocated later is collected as usual."""
+    gc.collect()
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(YOUNG_THRESHOLD, middle, old)
+
+
+class Collector:
+    """Collects the young and middle generations every `period` seconds on the running loop."""
+
+    def __init__(self, period: float = PERIOD_S) -> None:
+        self.period = period
+        self.collections = 0
+        self._handle: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._handle = self._loop.call_later(self.period, self._tick)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _tick(self) -> None:
+        if gc.get_count()[0] > _DEFAULT_YOUNG_THRESHOLD:
+            gc.collect(1)
+            self.collections += 1
+        assert self._loop is not None
+        self._handle = self._loop.call_later(self.period, self._tick)
