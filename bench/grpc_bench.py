@@ -242,7 +242,7 @@ def _pct(xs: list[float], p: float) -> float:
 
 async def _bench(args: argparse.Namespace, loop_name: str) -> dict:
     from adapters.grpc import GrpcAdapter
-    from gateway.collector import Collector, freeze_startup_objects
+    from gateway import collector as gc_collector
     from messaging_processor import LocalStoreClient, MessagingProcessor
     from store import Message, Store, StoreConfig
 
@@ -258,9 +258,7 @@ async def _bench(args: argparse.Namespace, loop_name: str) -> dict:
         await store.append(Message(TOPIC, b"warm-up", tag="warm-up"))
         adapter = GrpcAdapter(processor, host="127.0.0.1", port=0)
         await adapter.start()
-        freeze_startup_objects()  # the garbage collector set up as `gateway start` sets it up
-        collector = Collector()
-        collector.start()
+        collector = gc_collector.take_over()  # the garbage collector set up as `gateway start` sets it up
         try:
             if "send" in phases:
                 res.update(await _send_phases(args, adapter.address))

@@ -10,8 +10,9 @@ objects, so at YOUNG_THRESHOLD short-lived request objects no longer trigger col
 A threshold that high alone would let cyclic garbage (an exception's traceback holding a frame that
 holds a request body) pile up for as long as 50,000 net allocations take. `Collector` bounds that in
 time instead: once a second, when more than CPython's default threshold of objects are new, it
-collects the young and middle generations (one scan of a few ms under full load, under 1 % of a
-core). The old generation is left to the automatic rule, as before.
+collects the young and middle generations (one scan: under 1 ms in the MQTT benchmark, 13-18 ms
+with 6,400 batched CloudEvents in flight; under 1 % of a core). The old generation is left to the
+automatic rule, as before. `take_over()` does all of it once a process has started.
 """
 
 from __future__ import annotations
@@ -59,3 +60,12 @@ class Collector:
             self.collections += 1
         assert self._loop is not None
         self._handle = self._loop.call_later(self.period, self._tick)
+
+
+def take_over() -> Collector:
+    """Once start-up is done, on the running loop: freeze_startup_objects() and a started Collector
+    (stop it at shutdown)."""
+    freeze_startup_objects()
+    collector = Collector()
+    collector.start()
+    return collector

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from fastapi import APIRouter
 
 from adapters.base import Adapter
-from gateway.collector import Collector, freeze_startup_objects
+from gateway import collector as gc_collector
 from gateway.config import PROTOCOLS, Settings
 
 if TYPE_CHECKING:
@@ -276,9 +276,7 @@ async def run(settings: Settings, *, extra_routers: Sequence[APIRouter] = ()) ->
         except BaseException:
             await gw.stop()
             raise
-        freeze_startup_objects()
-        collector = Collector()
-        collector.start()
+        collector = gc_collector.take_over()
         log.info("gateway ready")
         await stop.wait()
         t0 = time.monotonic()

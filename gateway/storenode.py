@@ -319,7 +319,7 @@ class StoreNode:
 
 async def serve(settings: Settings) -> int:
     """Run a store node until SIGTERM/SIGINT; the exit code (0 clean, 1 cannot start)."""
-    from gateway.collector import Collector, freeze_startup_objects
+    from gateway import collector as gc_collector
     from gateway.server import SHUTDOWN_SIGNALS, shutdown_signals_blocked
 
     loop = asyncio.get_running_loop()
@@ -350,9 +350,7 @@ async def serve(settings: Settings) -> int:
         await store.close()
         return 1
     log.info("store node %s listening on %s (data %s)", node.name, node.address, settings.data_dir)
-    freeze_startup_objects()
-    collector = Collector()
-    collector.start()
+    collector = gc_collector.take_over()
     log.info("store node ready")
     await stop.wait()
     log.info("store node stopping")

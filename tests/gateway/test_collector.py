@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.collector import YOUNG_THRESHOLD, Collector, freeze_startup_objects
+from gateway.collector import YOUNG_THRESHOLD, Collector, freeze_startup_objects, take_over
 
 
 @pytest.fixture
@@ -73,6 +73,26 @@ async def test_a_tick_collects_only_past_700_new_objects(tuned_gc: None) -> None
         collector._tick()
         assert collector.collections == 1
         assert gc.get_count()[0] < 700  # the collection reset the young generation
+        del keep
+    finally:
+        collector.stop()
+
+
+async def test_take_over_freezes_and_starts_the_periodic_collection(tuned_gc: None) -> None:
+    """What `gateway start` and `gateway store` call once started."""
+    gc.unfreeze()
+    gc.set_threshold(700, 10, 10)
+    collector = take_over()
+    try:
+        assert gc.get_freeze_count() > 10_000
+        assert gc.get_threshold()[0] == YOUNG_THRESHOLD
+        done = asyncio.Event()
+        _cycle_with_finalizer(done)
+        keep = [[] for _ in range(1000)]
+        collector.period = 0.01  # restarted at a short period: the first tick was armed for 1 s
+        collector.stop()
+        collector.start()
+        await asyncio.wait_for(done.wait(), 5)
         del keep
     finally:
         collector.stop()
