@@ -156,12 +156,14 @@ async def test_fifo_without_group_refused(gw):
 
 async def test_delay(gw):
     await gw.processor.create_topic("D")
-    at = now_ms() + 800
+    at = now_ms() + 1500
     r = await send(gw.stub, msg("D", b"later", message_type=d.DELAY, delivery_timestamp=ts(at)))
     assert r.status.code == C.OK
     st, msgs, _ = await receive(gw.stub, "G", "D", poll_ms=0)
-    assert st.code == C.MESSAGE_NOT_FOUND
-    st, msgs, _ = await receive(gw.stub, "G", "D", poll_ms=5000)
+    # Not delivered before its time (a machine that stalled for 1.5 s may already be past it).
+    assert st.code == C.MESSAGE_NOT_FOUND or now_ms() >= at
+    if st.code == C.MESSAGE_NOT_FOUND:
+        st, msgs, _ = await receive(gw.stub, "G", "D", poll_ms=5000)
     assert st.code == C.OK and [m.body for m in msgs] == [b"later"]
     assert now_ms() >= at
     sp = msgs[0].system_properties

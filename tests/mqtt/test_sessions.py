@@ -441,14 +441,15 @@ async def test_a_session_moves_between_proxies_sharing_the_stores(env):
     try:
         b = Env(env.store, env.processor, other)
         cid = uid("moving")
-        async with env.client(V5, identifier=cid, clean_start=False, properties=v5_session(1)) as sub:
+        # A's expiry must outlast the move to B (a publish and a connect; seconds on a stalled machine)
+        async with env.client(V5, identifier=cid, clean_start=False, properties=v5_session(3)) as sub:
             await sub.subscribe("fleet/#", qos=1)
         await publish_all(env, "fleet/1", [b"while-offline"])
         async with b.client(V5, identifier=cid, clean_start=False, properties=v5_session(60)) as sub:
             assert (await next_message(sub)).payload == b"while-offline"
             await sub.subscribe("depot/#", qos=1)
         stale = env.adapter.broker.states.get(cid)
-        await asyncio.wait_for(_until_gone(env, cid), 5)  # A's 1 s expiry passes: A forgets its copy
+        await asyncio.wait_for(_until_gone(env, cid), 10)  # A's 3 s expiry passes: A forgets its copy
         assert stale is not None and stale.discarded
         assert await env.processor.kv_get("mqtt.sessions", cid) is not None  # the live session stays
         await publish_all(env, "depot/9", [b"to-the-new-subscription"])

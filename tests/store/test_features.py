@@ -486,7 +486,7 @@ async def test_fifo_wait_wakes_on_ack(make_store):
 async def test_delayed_message_appears_after_deliver_at(make_store):
     s = await make_store()
     s.create_topic("t", queues=2)
-    deliver_at = now_ms() + 400
+    deliver_at = now_ms() + 1500  # room for a stalled machine before the "not yet" checks below
     r = await s.append(Message("t", b"later", deliver_at=deliver_at, keys=("dk",)))
     assert r.topic == "t"
     await s.append(Message("t", b"now"))
