@@ -43,11 +43,11 @@ class Collector:
         self.period = period
         self.collections = 0
         self._handle: asyncio.TimerHandle | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._handle = self._loop.call_later(self.period, self._tick)
+        """Arm the next tick (re-arms when already armed)."""
+        self.stop()
+        self._handle = asyncio.get_running_loop().call_later(self.period, self._tick)
 
     def stop(self) -> None:
         if self._handle is not None:
@@ -58,8 +58,7 @@ class Collector:
         if gc.get_count()[0] > _DEFAULT_YOUNG_THRESHOLD:
             gc.collect(1)
             self.collections += 1
-        assert self._loop is not None
-        self._handle = self._loop.call_later(self.period, self._tick)
+        self.start()
 
 
 def take_over() -> Collector:
