@@ -3,8 +3,9 @@
 Entry (28 bytes, little endian): i64 commit log offset, u32 size, u64 tag hash, i64 store timestamp.
 A queue file is named by the queue offset of its first entry (`<base:020d>.cq`); retention rewrites
 it from a later base. Entries are derived data: recovery truncates them to the recovery checkpoint
-and rebuilds the rest from the commit log. New entries are kept in memory (`mem`) when their
-record is durable and written to the file by the next checkpoint, off the event loop.
+and rebuilds the rest from the commit log. New entries are kept in memory (`mem`) once their
+record is written and go to the file with the first checkpoint after the record is durable, off
+the event loop.
 """
 
 from __future__ import annotations
@@ -116,13 +117,32 @@ class ConsumeQueue:
     def write_at(self, first_offset: int, data: bytes) -> None:
         os.pwrite(self.fd, data, (first_offset - self.base) * ENTRY_SIZE)
 
-    def take_flush(self) -> tuple[int, bytes]:
-        """Loop: hand the in-memory entries to a checkpoint as (first offset, data); they stay
-        readable until `flushed()`."""
+    def take_flush(self, below: int) -> tuple[int, bytes]:
+        """Loop: hand the in-memory entries of records below commit log offset `below` (the
+        durable ones) to a checkpoint as (first offset, data); they stay readable until
+        `flushed()`. Entries after them stay in memory."""
         assert not self.flushing
-        self.flushing = bytes(self.mem)
-        self.mem = bytearray()
+        mem = self.mem
+        n = len(mem) // ENTRY_SIZE
+        if n and ENTRY.unpack_from(mem, (n - 1) * ENTRY_SIZE)[0] >= below:
+            lo = 0  # first entry at or past `below` (entries are in commit log order)
+            while lo < n:
+                mid = (lo + n) // 2
+                if ENTRY.unpack_from(mem, mid * ENTRY_SIZE)[0] >= below:
+                    n = mid
+                else:
+                    lo = mid + 1
+            self.flushing = bytes(mem[: n * ENTRY_SIZE])
+            self.mem = mem[n * ENTRY_SIZE :]
+        else:
+            self.flushing = bytes(mem)
+            self.mem = bytearray()
         return self.file_offset, self.flushing
+
+    @property
+    def flushable_end(self) -> int:
+        """Queue offset after the entries in the file or being written there by a checkpoint."""
+        return self.file_offset + len(self.flushing) // ENTRY_SIZE
 
     def flushed(self) -> None:
         """Loop: the checkpoint wrote (and synced) what `take_flush` returned."""

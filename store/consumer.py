@@ -258,12 +258,38 @@ class ConsumerProgress:
             valid = self._replay(data)
             if valid < len(data):  # cut a torn tail, or new records would land behind it
                 os.truncate(log, valid)
-        for st in self.by_id.values():  # derived: retry heap and FIFO busy groups
+        self._derive()
+
+    def _derive(self) -> None:
+        """(Re)build what is derived from the in-flight offsets: retry heaps, FIFO busy groups."""
+        for st in self.by_id.values():
+            st.retry_heap = []
+            st.fifo_busy = {}
             for qid, q in st.queues.items():
                 for o, inf in q.inflight.items():
                     st.track(qid, o, inf)
                     if inf.message_group:
                         st.fifo_busy[inf.message_group] = st.fifo_busy.get(inf.message_group, 0) + 1
+
+    def clamp(self, ends: dict[tuple[str, int], int]) -> int:
+        """After recovery: forget progress past the end of each queue (`ends`: (topic, queue id)
+        -> its recovered max offset). Only records that consumers read before they were durable,
+        and that a machine crash then lost, leave progress there, and new records will take those
+        offsets. Returns how many queues were cut back; the caller then writes a checkpoint."""
+        cut = 0
+        for st in self.by_id.values():
+            for qid, q in st.queues.items():
+                end = ends.get((st.topic, qid))
+                if end is None or (q.cursor <= end and q.ack_wm <= end):
+                    continue
+                q.ack_wm = min(q.ack_wm, end)
+                q.cursor = min(q.cursor, end)
+                q.done = {o for o in q.done if o < end}
+                q.inflight = {o: inf for o, inf in q.inflight.items() if o < end}
+                cut += 1
+        if cut:
+            self._derive()
+        return cut
 
     def _replay(self, data: bytes) -> int:
         """Apply logged operations; returns how many bytes were valid."""

@@ -181,7 +181,8 @@ class Store:
                 store.commitlog,
                 store.index,
                 store.sync,
-                store._on_written,
+                store._on_readable,
+                store._on_durable,
                 store._on_failed,
                 store.config.fsync_method,
             )
@@ -233,6 +234,11 @@ class Store:
             os.fdatasync(cq.fd)
         self.index.sync()
         self._write_checkpoint(cl.scan_end, [], b"", None, queues)
+        progress = self.progress
+        cut = progress.clamp({k: cq.max_offset for k, cq in self.cqs.items()})
+        if cut:
+            log.warning("consumer progress of %d queues was past their recovered end: cut back", cut)
+            progress.write_checkpoint(progress.snapshot(), progress.take_log())
 
     def _replay_commitlog(self, start: int, rebuild: bool = False) -> bool:
         cl = self.commitlog
@@ -584,18 +590,19 @@ class Store:
         )
         return res
 
-    def _on_written(self, recs: list[tuple], seconds: float) -> None:
-        """Loop: a batch is durable; make it readable, index it and answer its appenders."""
+    def _on_readable(self, recs: list[tuple]) -> None:
+        """Loop: a batch is written to the page cache: make it readable and index it. Under the
+        `sync` policy this comes before its fsync (as in RocketMQ: consumers read what is written;
+        appenders hear only when it is durable, in `_on_durable`)."""
         ids = self.index.ids
         index_add = self.index.add
         waiters = self._waiters
-        per_topic: dict[str, list[int]] = {}  # topic -> [bytes, last store ts]
         touched: dict[str, set[int]] = {}
         special = False
         index_mem = self.index.mem
-        for _start, _data, cq, entry, idx, fut, res, keys, th in recs:
+        for _start, _data, cq, entry, idx, _fut, res, keys, th in recs:
             cq.mem += entry
-            cq.max_offset = res[3] + 1
+            cq.written_offset = cq.max_offset = res[3] + 1
             index_mem += idx
             mid = res[0]
             if keys or mid in ids:
@@ -603,19 +610,44 @@ class Store:
             else:
                 ids[mid] = res[4]
             topic = cq.topic
-            st = per_topic.get(topic)
-            if st is None:
-                per_topic[topic] = [res[5], res[6]]
-                if topic[0] == "%":
-                    special = True
-            else:
-                st[0] += res[5]
-                st[1] = res[6]
+            if topic[0] == "%":
+                special = True
             if waiters and topic in waiters:
                 hs = touched.get(topic)
                 if hs is None:
                     hs = touched[topic] = set()
                 hs.add(th)
+        if special:
+            for r in recs:
+                topic = r[2].topic
+                if topic == SCHEDULE_TOPIC:
+                    self._schedule_timer(r[6])
+                elif topic == HALF_TOPIC:
+                    res = r[6]
+                    heapq.heappush(
+                        self._txn_heap,
+                        (
+                            res.store_timestamp + self.config.transaction_timeout_ms,
+                            res.queue_offset,
+                            res.commitlog_offset,
+                        ),
+                    )
+        for topic, hashes in touched.items():
+            self._wake(topic, hashes)
+
+    def _on_durable(self, recs: list[tuple], seconds: float) -> None:
+        """Loop: a batch (already readable) is durable: answer its appenders, count its bytes
+        per segment (counted here, like the checkpoint's commit log end, so a replay after a
+        crash does not count them twice)."""
+        per_topic: dict[str, list[int]] = {}  # topic -> [bytes, last store ts]
+        for _start, _data, cq, _entry, _idx, fut, res, _keys, _th in recs:
+            topic = cq.topic
+            st = per_topic.get(topic)
+            if st is None:
+                per_topic[topic] = [res[5], res[6]]
+            else:
+                st[0] += res[5]
+                st[1] = res[6]
             if not fut.done():
                 fut.set_result(res)
         seg_size = self.config.segment_size
@@ -632,25 +664,8 @@ class Store:
         else:
             for r in recs:
                 self._count_segment(r[6][4], r[2].topic, r[6][5], r[6][6])
-        if special:
-            for r in recs:
-                topic = r[2].topic
-                if topic == SCHEDULE_TOPIC:
-                    self._schedule_timer(r[6])
-                elif topic == HALF_TOPIC:
-                    res = r[6]
-                    heapq.heappush(
-                        self._txn_heap,
-                        (
-                            res.store_timestamp + self.config.transaction_timeout_ms,
-                            res.queue_offset,
-                            res.commitlog_offset,
-                        ),
-                    )
         self.metrics["appends"] += len(recs)
         self._record_flush(seconds)
-        for topic, hashes in touched.items():
-            self._wake(topic, hashes)
 
     def _on_failed(self, recs: list[tuple], start: int | None, exc: BaseException) -> None:
         """Loop: a batch write failed. Fail its appenders and reuse its space (`start` given)."""
@@ -1292,9 +1307,12 @@ class Store:
         # hand the in-memory ones to the IO thread, which writes and syncs them before recording.
         segs = None if self.sync else w.take_unsynced_segments()
         end = w.durable_end if self.sync else w.written_end
-        flushes = [(cq, *cq.take_flush()) for cq in self.cqs.values() if cq.mem]
+        # (under `sync`, entries of records written but not yet durable stay in memory: the queue
+        # files never point past `end`; index entries may, and recovery cuts them at `end`)
+        flushes = [(cq, *cq.take_flush(end)) for cq in self.cqs.values() if cq.mem]
+        flushes = [f for f in flushes if f[2]]
         idx = self.index.take_flush()
-        queues = {f"{t}/{q}": cq.max_offset for (t, q), cq in self.cqs.items()}
+        queues = {f"{t}/{q}": cq.flushable_end for (t, q), cq in self.cqs.items()}
         try:
             await self._run_io(self._write_checkpoint, end, flushes, idx, segs, queues)
         except BaseException:
@@ -1344,7 +1362,7 @@ class Store:
             os.fsync(f.fileno())
         os.rename(path + ".tmp", path)
 
-    # progress is created lazily so that recovery (in the io thread) can run first
+    # progress is created lazily: at the end of recovery (in the io thread), once the queues are recovered
     @property
     def progress(self) -> ConsumerProgress:
         p = self.__dict__.get("_progress")

@@ -2,8 +2,8 @@
 page cache with one write, and one fdatasync covers every batch written while the previous one
 was syncing (one at a time: two in flight through AIO made each slower, and the batches grew to
 every appender at once, so throughput fell). The sync runs through Linux AIO (aio_fsync.py) or,
-where that is missing, a helper process (fsyncer.py). Appenders' futures resolve when their batch
-is durable.
+where that is missing, a helper process (fsyncer.py). A batch is made readable (`on_readable`)
+once written, and its appenders' futures resolve when it is durable (`on_durable`).
 
 A queued record is a plain tuple (cheaper to build than an object):
     (start, data, cq, entry, idx, fut, result, keys, tag_hash)
@@ -34,6 +34,7 @@ class GroupCommitWriter:
         commitlog: CommitLog,
         index: MessageIndex,
         sync: bool,
+        on_readable: Callable[[list[tuple]], None],
         on_durable: Callable[[list[tuple], float], None],
         on_failed: Callable[[list[tuple], int | None, BaseException], None],
         fsync_method: str = "auto",
@@ -41,6 +42,7 @@ class GroupCommitWriter:
         self.loop = loop
         self.commitlog = commitlog
         self.index = index
+        self.on_readable = on_readable
         self.on_durable = on_durable
         self.on_failed = on_failed
         self.pending: list[tuple] = []
@@ -92,10 +94,9 @@ class GroupCommitWriter:
             self.on_failed(recs, start, e)
             self._maybe_idle()
             return
-        for r in recs:
-            r[2].written_offset = r[6][3] + 1
         self.written_end = start + len(data)
         self.unsynced_segments.update(segs)
+        self.on_readable(recs)  # before the fsync: see Store._on_readable
         if self.fsync is None:
             self.durable_end = self.written_end
             self.on_durable(recs, time.perf_counter() - t0)

@@ -14,6 +14,7 @@ from storetestlib import (
     QUIET,
     append,
     crash_copy,
+    flush_progress,
     open_store,
     read_queue,
     segment_files,
@@ -351,5 +352,46 @@ async def test_consumer_progress_survives_crash_without_snapshot(tmp_path):
             s.ack(p.receipt_handle)  # handles issued before the crash still work
         s.ack(again.receipt_handle)
         assert s.backlog("g", "t") == 0
+    finally:
+        await s.close()
+
+
+# ============================================================================ progress past a lost tail
+@pytest.mark.parametrize("crashed", [False, True], ids=["closed", "crashed"])
+async def test_progress_past_a_lost_tail_is_cut_back(tmp_path, crashed):
+    """Consumers read records once written, before their fsync, so a machine crash can lose
+    records a group has already taken and acked. New records then take those queue offsets:
+    the group must be handed them, not skip them. (The cut-back survives a later crash too.)"""
+    data = tmp_path / "data"
+    s = await _open(data)
+    s.create_topic("p", queues=1)
+    olds = [await s.append(Message("p", f"old-{i}".encode())) for i in range(10)]
+    popped = await s.pop("g", "p", max_messages=10, invisible_time_ms=600_000)
+    assert len(popped) == 10
+    for p in popped[:8]:
+        s.ack(p.receipt_handle)  # 8 acked, 2 still in flight: all past the cut below
+    if crashed:
+        await crash_copy(s, tmp_path / "crashed")
+        data = tmp_path / "crashed"
+    else:
+        await flush_progress(s)
+    await s.close()
+    path, pos = segment_path(data, SEG, olds[6].commitlog_offset)
+    os.truncate(path, pos)  # records 6..9 never reached the disk
+
+    s = await _open(data)
+    try:
+        assert s.max_offset("p", 0) == 6 and s.backlog("g", "p") == 0
+        news = [await s.append(Message("p", f"new-{i}".encode())) for i in range(3)]
+        assert [r.queue_offset for r in news] == [6, 7, 8]
+        got = await s.pop("g", "p", max_messages=10, invisible_time_ms=600_000)
+        assert [p.message.body for p in got] == [b"new-0", b"new-1", b"new-2"]
+        s.ack(got[0].receipt_handle)
+        await crash_copy(s, tmp_path / "again")
+    finally:
+        await s.close()
+    s = await _open(tmp_path / "again")
+    try:
+        assert s.backlog("g", "p") == 2 and s.inflight_count("g", "p") == 2
     finally:
         await s.close()

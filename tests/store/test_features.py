@@ -123,6 +123,33 @@ async def test_append_many_in_order_durable_and_mixed_types(make_store):
     assert len(read_queue(s, "t", 0)) + len(read_queue(s, "t", 1)) == 50
 
 
+async def test_records_are_readable_once_written_and_answered_once_durable(make_store):
+    """Under `sync`, consumers may take a record before its fsync (as in RocketMQ); its appender
+    hears only after. The consume queue file gets its entry only with the first checkpoint after
+    the record is durable (a queue file never points past what a crash keeps)."""
+    s = await make_store(checkpoint_interval_ms=3_600_000)
+    s.create_topic("v", queues=1)
+    w = s._writer
+    held: list[list[str]] = []
+    real_request = w.fsync.request
+    w.fsync.request = held.append  # hold the next sync
+    appended = asyncio.ensure_future(s.append(Message("v", b"early")))
+    popped = await s.pop("g", "v", max_messages=1, invisible_time_ms=60_000, wait_ms=10_000)
+    assert [p.message.body for p in popped] == [b"early"] and held, "not readable before its sync"
+    assert not appended.done(), "the appender was answered before its sync"
+    cq = s.cqs[("v", 0)]
+    await s._checkpoint()
+    assert os.fstat(cq.fd).st_size == 0, "a checkpoint wrote the entry of a record not yet durable"
+    w.fsync.request = real_request
+    real_request(held.pop())
+    r = await asyncio.wait_for(appended, 10)
+    assert r.queue_offset == 0
+    await s._checkpoint()
+    assert os.fstat(cq.fd).st_size > 0
+    s.ack(popped[0].receipt_handle)
+    assert s.backlog("g", "v") == 0
+
+
 async def test_message_fields_roundtrip(make_store):
     s = await make_store()
     msg = Message(
