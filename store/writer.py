@@ -96,9 +96,9 @@ class GroupCommitWriter:
             return
         self.written_end = start + len(data)
         self.unsynced_segments.update(segs)
-        self.on_readable(recs)  # before the fsync: see Store._on_readable
         if self.fsync is None:
             self.durable_end = self.written_end
+            self.on_readable(recs)
             self.on_durable(recs, time.perf_counter() - t0)
             self._maybe_idle()
             return
@@ -106,6 +106,9 @@ class GroupCommitWriter:
         self._unsynced_n += len(recs)
         if self._inflight is None:
             self._request()
+        # Readable now, before the fsync completes (its result comes in a later loop iteration);
+        # after the request, so that the disk starts as early as possible.
+        self.on_readable(recs)
 
     def _request(self) -> None:
         paths = list(self.unsynced_segments)
