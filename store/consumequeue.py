@@ -49,13 +49,7 @@ class ConsumeQueue:
     # ----- recovery ----------------------------------------------------------------------------
     def truncate_to_commitlog(self, clo: int) -> None:
         """Drop entries pointing at or past commit log offset `clo` (they will be re-dispatched)."""
-        lo, hi = self.base, self.max_offset
-        while lo < hi:  # first entry with commit log offset >= clo (entries are ordered)
-            mid = (lo + hi) // 2
-            if self.entry(mid)[0] >= clo:
-                hi = mid
-            else:
-                lo = mid + 1
+        lo = self.first_at(clo, self.base)
         if lo < self.max_offset or os.fstat(self.fd).st_size != (lo - self.base) * ENTRY_SIZE:
             os.ftruncate(self.fd, (lo - self.base) * ENTRY_SIZE)
         self.max_offset = self.next_offset = self.written_offset = self.file_offset = lo
@@ -72,14 +66,19 @@ class ConsumeQueue:
 
     def set_min_by_commitlog(self, min_clo: int) -> None:
         """Entries pointing below `min_clo` are gone with their segment: advance `min_offset`."""
-        lo, hi = self.min_offset, self.max_offset
+        self.min_offset = self.first_at(min_clo, self.min_offset)
+
+    def first_at(self, clo: int, lo: int) -> int:
+        """The first queue offset in [lo, max_offset) whose entry points at or past commit log
+        offset `clo` (max_offset when none: entries are in commit log order)."""
+        hi = self.max_offset
         while lo < hi:
             mid = (lo + hi) // 2
-            if self.entry(mid)[0] >= min_clo:
+            if self.entry(mid)[0] >= clo:
                 hi = mid
             else:
                 lo = mid + 1
-        self.min_offset = lo
+        return lo
 
     def compact(self) -> None:
         """Rewrite the file from `min_offset` when most of it is dead (after retention)."""
@@ -122,18 +121,11 @@ class ConsumeQueue:
         durable ones) to a checkpoint as (first offset, data); they stay readable until
         `flushed()`. Entries after them stay in memory."""
         assert not self.flushing
-        mem = self.mem
-        n = len(mem) // ENTRY_SIZE
-        if n and ENTRY.unpack_from(mem, (n - 1) * ENTRY_SIZE)[0] >= below:
-            lo = 0  # first entry at or past `below` (entries are in commit log order)
-            while lo < n:
-                mid = (lo + n) // 2
-                if ENTRY.unpack_from(mem, mid * ENTRY_SIZE)[0] >= below:
-                    n = mid
-                else:
-                    lo = mid + 1
-            self.flushing = bytes(mem[: n * ENTRY_SIZE])
-            self.mem = mem[n * ENTRY_SIZE :]
+        mem = self.mem  # entries [file_offset, max_offset)
+        if mem and ENTRY.unpack_from(mem, len(mem) - ENTRY_SIZE)[0] >= below:
+            cut = (self.first_at(below, self.file_offset) - self.file_offset) * ENTRY_SIZE
+            self.flushing = bytes(mem[:cut])
+            self.mem = mem[cut:]
         else:
             self.flushing = bytes(mem)
             self.mem = bytearray()

@@ -1309,8 +1309,7 @@ class Store:
         end = w.durable_end if self.sync else w.written_end
         # (under `sync`, entries of records written but not yet durable stay in memory: the queue
         # files never point past `end`; index entries may, and recovery cuts them at `end`)
-        flushes = [(cq, *cq.take_flush(end)) for cq in self.cqs.values() if cq.mem]
-        flushes = [f for f in flushes if f[2]]
+        flushes = [f for f in ((cq, *cq.take_flush(end)) for cq in self.cqs.values() if cq.mem) if f[2]]
         idx = self.index.take_flush()
         queues = {f"{t}/{q}": cq.flushable_end for (t, q), cq in self.cqs.items()}
         try:
