@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -478,11 +478,15 @@ class Store:
         if self._writer.broken is not None:
             raise StoreError(f"store failed and must be reopened: {self._writer.broken}")
         now = now_ms()
-        if msg.msg_type == MessageType.TRANSACTION:
-            return self._append(self._redirect(msg, HALF_TOPIC, MessageType.TRANSACTION), now, msg.topic)
-        if msg.deliver_at > now:
-            return self._append(self._redirect(msg, SCHEDULE_TOPIC, MessageType.DELAY), now, msg.topic)
+        if msg.msg_type == MessageType.TRANSACTION or msg.deliver_at > now:
+            return self._append(self._redirected(msg, now), now, msg.topic)
         return self._append(msg, now)
+
+    def _redirected(self, msg: Message, now: int) -> Message:
+        """A transactional message as a half message, a message due later as a scheduled one."""
+        if msg.msg_type == MessageType.TRANSACTION:
+            return self._redirect(msg, HALF_TOPIC, MessageType.TRANSACTION)
+        return self._redirect(msg, SCHEDULE_TOPIC, MessageType.DELAY)
 
     def _redirect(self, msg: Message, system_topic: str, mtype: MessageType) -> Message:
         self.topic(msg.topic)  # the real topic must exist (or be auto-created) now
@@ -512,83 +516,102 @@ class Store:
             raise StoreError("store is closed")
         if self._writer.broken is not None:
             raise StoreError(f"store failed and must be reopened: {self._writer.broken}")
-        for msg in msgs:
+        now = now_ms()
+        real: list[str] | None = None
+        for i, msg in enumerate(msgs):
             if len(msg.body) > self._max_size:
                 raise MessageTooLarge(f"body of {len(msg.body)} bytes exceeds {self._max_size}")
-        now = now_ms()
+            if msg.msg_type == MessageType.TRANSACTION or msg.deliver_at > now:
+                if real is None:
+                    real = [m.topic for m in msgs]
+                    msgs = list(msgs)
+                msgs[i] = self._redirected(msg, now)
         fut = self._loop.create_future()
+        out = self._place(msgs, now, fut, real)
+        await fut
+        return out
+
+    def _place(
+        self, msgs: Sequence[Message], now: int, fut: asyncio.Future, real: Sequence[str] | None = None
+    ) -> list[AppendResult]:
+        """Encode, place and queue records for the writer, in order (the hot path: keep it lean).
+        The last is answered through `fut`; the others need no answer (the writer is FIFO, so the
+        last durable means all are). `real` gives each result's topic when a message is redirected
+        (delayed, half). A failure raises once the records placed before it are handed over."""
+        tq = self._topic_queues
+        rr = self._rr
+        next_id = self._ids.next
+        encode = codec.encode
+        entry = ENTRY.pack
+        index_entry = MessageIndex.encode
+        cl = self.commitlog
+        seg_size = self._seg_size
+        largest = seg_size - codec.MIN_RECORD
         done = self._done_fut
         last = len(msgs) - 1
-        out = []
-        for i, msg in enumerate(msgs):
-            f = fut if i == last else done
-            if msg.msg_type == MessageType.TRANSACTION:
-                red = self._redirect(msg, HALF_TOPIC, MessageType.TRANSACTION)
-                out.append(self._place(red, now, msg.topic, f))
-            elif msg.deliver_at > now:
-                red = self._redirect(msg, SCHEDULE_TOPIC, MessageType.DELAY)
-                out.append(self._place(red, now, msg.topic, f))
-            else:
-                out.append(self._place(msg, now, None, f))
-        await fut
+        out: list[AppendResult] = []
+        recs: list[tuple] = []
+        try:
+            for i, msg in enumerate(msgs):
+                topic = msg.topic
+                qs = tq.get(topic) or self._queues(topic)
+                qid = msg.queue_id
+                if qid < 0:
+                    if msg.message_group:
+                        qid = codec.zlib.crc32(msg.message_group.encode()) % len(qs)
+                    else:
+                        qid = rr.get(topic, 0)
+                        rr[topic] = (qid + 1) % len(qs)
+                elif qid >= len(qs):
+                    raise ValueError(f"topic {topic} has no queue {qid}")
+                cq = qs[qid]
+                mid = msg.message_id or next_id()
+                qoff = cq.next_offset
+                rec = encode(msg, qid, qoff, now, mid, msg.born_timestamp or now)
+                size = len(rec)
+                if size > largest:
+                    raise MessageTooLarge(f"a record of {size} bytes does not fit a {seg_size}-byte segment")
+                clo = cl.write_pos
+                if clo % seg_size + size <= seg_size:
+                    cl.write_pos = clo + size
+                    start = clo
+                else:
+                    clo, filler = cl.reserve(size)
+                    start = clo - len(filler)
+                    rec = filler + rec
+                cq.next_offset = qoff + 1
+                tag = msg.tag
+                th = tag_hash(tag) if tag else 0
+                keys = msg.keys
+                res = _new_tuple(AppendResult, (mid, real[i] if real else topic, qid, qoff, clo, size, now))
+                # record layout: see writer.py
+                recs.append(
+                    (
+                        start,
+                        rec,
+                        cq,
+                        entry(clo, size, th, now),
+                        index_entry(mid, keys, clo),
+                        fut if i == last else done,
+                        res,
+                        keys,
+                        th,
+                    )
+                )
+                out.append(res)
+        finally:
+            if recs:
+                self._writer.put(recs)
         return out
 
     def _append(
         self, msg: Message, now: int, result_topic: str | None = None
     ) -> asyncio.Future[AppendResult]:
-        fut = self._loop.create_future()
-        self._place(msg, now, result_topic, fut)
-        return fut
-
-    def _place(self, msg: Message, now: int, result_topic: str | None, fut: asyncio.Future) -> AppendResult:
-        """Encode, place and queue one record for the writer, answered through `fut` (the hot
-        path: keep it lean)."""
         if len(msg.body) > self._max_size:
             raise MessageTooLarge(f"body of {len(msg.body)} bytes exceeds {self._max_size}")
-        topic = msg.topic
-        qs = self._topic_queues.get(topic) or self._queues(topic)
-        qid = msg.queue_id
-        if qid < 0:
-            if msg.message_group:
-                qid = codec.zlib.crc32(msg.message_group.encode()) % len(qs)
-            else:
-                qid = self._rr.get(topic, 0)
-                self._rr[topic] = (qid + 1) % len(qs)
-        elif qid >= len(qs):
-            raise ValueError(f"topic {topic} has no queue {qid}")
-        cq = qs[qid]
-        mid = msg.message_id or self._ids.next()
-        qoff = cq.next_offset
-        rec = codec.encode(msg, qid, qoff, now, mid, msg.born_timestamp or now)
-        size = len(rec)
-        if size > self._seg_size - codec.MIN_RECORD:
-            raise MessageTooLarge(f"a record of {size} bytes does not fit a {self._seg_size}-byte segment")
-        cl = self.commitlog
-        clo = cl.write_pos
-        if clo % self._seg_size + size <= self._seg_size:  # fits the current segment
-            cl.write_pos = clo + size
-            filler = None
-        else:
-            clo, filler = cl.reserve(size)
-        cq.next_offset = qoff + 1
-        th = tag_hash(msg.tag) if msg.tag else 0
-        keys = msg.keys
-        res = _new_tuple(AppendResult, (mid, result_topic or topic, qid, qoff, clo, size, now))
-        # record layout: see writer.py
-        self._writer.put(
-            (
-                clo if filler is None else clo - len(filler),
-                rec if filler is None else filler + rec,
-                cq,
-                ENTRY.pack(clo, size, th, now),
-                MessageIndex.encode(mid, keys, clo),
-                fut,
-                res,
-                keys,
-                th,
-            )
-        )
-        return res
+        fut = self._loop.create_future()
+        self._place((msg,), now, fut, None if result_topic is None else (result_topic,))
+        return fut
 
     def _on_readable(self, recs: list[tuple]) -> None:
         """Loop: a batch is written to the page cache: make it readable and index it. Under the

@@ -68,12 +68,13 @@ class GroupCommitWriter:
                 raise OSError("fsync_method 'aio': this kernel cannot do AIO fdatasync")
         return FsyncClient(self.loop, self._synced)
 
-    def put(self, rec: tuple) -> None:
+    def put(self, recs: list[tuple]) -> None:
+        """Queue records (in order) for the next batch write."""
         pending = self.pending
-        pending.append(rec)
+        pending.extend(recs)
         idle_disk = self._inflight is None and self.fsync is not None
         if idle_disk and len(pending) + self._unsynced_n >= self.early:
-            self._write()  # the disk is idle: start it now, later appends form the next batch
+            self._write()
         elif not self._scheduled:
             self._scheduled = True
             self.loop.call_soon(self._write)

@@ -123,6 +123,20 @@ async def test_append_many_in_order_durable_and_mixed_types(make_store):
     assert len(read_queue(s, "t", 0)) + len(read_queue(s, "t", 1)) == 50
 
 
+async def test_append_many_places_nothing_when_a_message_cannot_be_redirected(make_store):
+    """A delayed (or transactional) message is redirected before any record of its batch is
+    placed: when its real topic does not exist, the whole batch fails and nothing is stored."""
+    s = await make_store(auto_create_topics=False)
+    s.create_topic("t", queues=1)
+    later = now_ms() + 3_600_000
+    with pytest.raises(TopicNotFound):
+        await s.append_many([Message("t", b"first"), Message("nope", b"later", deliver_at=later)])
+    assert s.max_offset("t", 0) == 0
+    rs = await s.append_many([Message("t", b"now"), Message("t", b"later", deliver_at=later)])
+    assert [r.topic for r in rs] == ["t", "t"] and rs[0].queue_offset == 0
+    assert [m.body for m in read_queue(s, "t", 0)] == [b"now"]
+
+
 async def test_records_are_readable_once_written_and_answered_once_durable(make_store):
     """Under `sync`, consumers may take a record before its fsync (as in RocketMQ); its appender
     hears only after. The consume queue file gets its entry only with the first checkpoint after
