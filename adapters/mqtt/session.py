@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -430,7 +431,7 @@ class Session:
                 done.set_result(True)
             return
         if len(self.inflight) >= self.send_quota:
-            self.queue.append((path, body, qos, retain, props, done))
+            self.queue.append((path, body, qos, retain, props, done, time.monotonic()))
             return
         pid = self._alloc_pid()
         data = encode_publish(path, body, qos, pid, retain, False, v, props)
@@ -461,7 +462,24 @@ class Session:
         if done is not None and not done.done():
             done.set_result(True)
         if self.queue:
-            self.deliver(*self.queue.popleft())
+            self._send_queued()
+
+    def _send_queued(self) -> None:
+        """Fill the window from the queue, oldest first, skipping what expired while it waited
+        (5.0 3.3.2-5: dropped, as handled; 3.3.2-6: the Message Expiry Interval sent is what is
+        left of it)."""
+        queue = self.queue
+        while queue and len(self.inflight) < self.send_quota and self.state == CONNECTED:
+            path, body, qos, retain, props, done, since = queue.popleft()
+            left = props.get(PropertyId.MESSAGE_EXPIRY_INTERVAL) if props else None
+            if left is not None:
+                waited = time.monotonic() - since
+                if waited >= left:
+                    if done is not None and not done.done():
+                        done.set_result(True)
+                    continue
+                props = {**props, PropertyId.MESSAGE_EXPIRY_INTERVAL: left - int(waited)}
+            self.deliver(path, body, qos, retain, props, done)
 
     def _on_pubrec(self, p: Pubrec) -> None:
         e = self.inflight.get(p.packet_id)

@@ -231,6 +231,33 @@ async def test_receive_maximum_queues_beyond_the_window(env):
     await raw.close()
 
 
+async def test_message_that_expires_while_queued_for_the_window_is_dropped(env):
+    """5.0 3.3.2-5/-6: a message waiting beyond the client's Receive Maximum is dropped once its
+    Message Expiry Interval has passed, and one sent later carries only what is left of it."""
+    raw, _ = await Raw.connect(env, "rmx", properties={PropertyId.RECEIVE_MAXIMUM: 1})
+    raw.send(encode_subscribe(Subscribe(1, [Subscription("rmx/#", 1)]), 5))
+    assert isinstance(await raw.recv(), Suback)
+    session = env.adapter.broker.sessions["rmx"]
+    short, long = Properties(PacketTypes.PUBLISH), Properties(PacketTypes.PUBLISH)
+    short.MessageExpiryInterval = 1
+    long.MessageExpiryInterval = 60
+    async with env.client(V5) as pub:
+        await pub.publish("rmx/a", b"first", qos=1)
+        first = await raw.recv()
+        assert isinstance(first, Publish) and first.payload == b"first"
+        await pub.publish("rmx/b", b"short-lived", qos=1, properties=short)
+        await pub.publish("rmx/c", b"long-lived", qos=1, properties=long)
+        await wait_until(lambda: len(session.queue) == 2)
+    await asyncio.sleep(2.1)  # the queued messages age: the 1 s one expires, 2 s of 60 pass
+    raw.send(encode_puback(first.packet_id, version=5))
+    nxt = await raw.recv()
+    assert isinstance(nxt, Publish) and nxt.payload == b"long-lived"
+    assert nxt.properties[PropertyId.MESSAGE_EXPIRY_INTERVAL] <= 58
+    raw.send(encode_puback(nxt.packet_id, version=5))
+    await wait_until(lambda: not session.inflight and not session.queue)
+    await raw.close()
+
+
 async def test_outbound_qos2_flow_with_raw_client(env):
     raw, _ = await Raw.connect(env, "out2")
     raw.send(encode_subscribe(Subscribe(1, [Subscription("o2/#", 2)]), 5))
