@@ -258,6 +258,27 @@ async def test_message_that_expires_while_queued_for_the_window_is_dropped(env):
     await raw.close()
 
 
+async def test_queue_goes_on_past_a_message_too_big_for_the_client(env):
+    """A queued message over the client's Maximum Packet Size is skipped (5.0 3.1.2.25) and the
+    next queued one is sent, although the skipped one never took a place in the window."""
+    props = {PropertyId.RECEIVE_MAXIMUM: 1, PropertyId.MAXIMUM_PACKET_SIZE: 256}
+    raw, _ = await Raw.connect(env, "rmbig", properties=props)
+    raw.send(encode_subscribe(Subscribe(1, [Subscription("rmbig/#", 1)]), 5))
+    assert isinstance(await raw.recv(), Suback)
+    session = env.adapter.broker.sessions["rmbig"]
+    async with env.client(V5) as pub:
+        await pub.publish("rmbig/a", b"first", qos=1)
+        first = await raw.recv()
+        assert isinstance(first, Publish) and first.payload == b"first"
+        await pub.publish("rmbig/b", b"x" * 1000, qos=1)
+        await pub.publish("rmbig/c", b"after", qos=1)
+        await wait_until(lambda: len(session.queue) == 2)
+    raw.send(encode_puback(first.packet_id, version=5))
+    nxt = await raw.recv()
+    assert isinstance(nxt, Publish) and nxt.payload == b"after"
+    await raw.close()
+
+
 async def test_outbound_qos2_flow_with_raw_client(env):
     raw, _ = await Raw.connect(env, "out2")
     raw.send(encode_subscribe(Subscribe(1, [Subscription("o2/#", 2)]), 5))
