@@ -74,7 +74,7 @@ class GroupCommitWriter:
         pending.extend(recs)
         idle_disk = self._inflight is None and self.fsync is not None
         if idle_disk and len(pending) + self._unsynced_n >= self.early:
-            self._write()
+            self._write()  # the disk is idle: start it now, later appends form the next batch
         elif not self._scheduled:
             self._scheduled = True
             self.loop.call_soon(self._write)
