@@ -39,7 +39,6 @@ class ConsumeQueue:
         count = os.fstat(self.fd).st_size // ENTRY_SIZE
         self.max_offset = self.base + count
         self.next_offset = self.max_offset
-        self.written_offset = self.max_offset  # entries whose records the writer has written
         self.file_offset = self.max_offset  # entries in the file; [file_offset, max_offset) in memory
         self.flushing = b""  # entries [file_offset, +len/ENTRY_SIZE) being written by a checkpoint
         self.mem = bytearray()  # entries after those, up to max_offset
@@ -52,7 +51,7 @@ class ConsumeQueue:
         lo = self.first_at(clo, self.base)
         if lo < self.max_offset or os.fstat(self.fd).st_size != (lo - self.base) * ENTRY_SIZE:
             os.ftruncate(self.fd, (lo - self.base) * ENTRY_SIZE)
-        self.max_offset = self.next_offset = self.written_offset = self.file_offset = lo
+        self.max_offset = self.next_offset = self.file_offset = lo
 
     def rebase(self, base: int) -> None:
         """Start an empty queue at queue offset `base` (a rebuild after retention)."""
@@ -61,7 +60,7 @@ class ConsumeQueue:
         if path != self.path:
             os.rename(self.path, path)
             self.path = path
-        self.base = self.min_offset = self.max_offset = self.next_offset = self.written_offset = base
+        self.base = self.min_offset = self.max_offset = self.next_offset = base
         self.file_offset = base
 
     def set_min_by_commitlog(self, min_clo: int) -> None:

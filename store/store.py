@@ -263,7 +263,7 @@ class Store:
             if cq.pending:
                 first = cq.max_offset
                 cq.write_at(first, cq.take_pending())
-                cq.max_offset = cq.written_offset = cq.file_offset = cq.next_offset
+                cq.max_offset = cq.file_offset = cq.next_offset
         self.index.append_file(bytes(idx))
         return True
 
@@ -479,22 +479,19 @@ class Store:
             raise StoreError(f"store failed and must be reopened: {self._writer.broken}")
         now = now_ms()
         if msg.msg_type == MessageType.TRANSACTION or msg.deliver_at > now:
-            return self._append(self._redirected(msg, now), now, msg.topic)
+            return self._append(self._redirected(msg), now, msg.topic)
         return self._append(msg, now)
 
-    def _redirected(self, msg: Message, now: int) -> Message:
-        """A transactional message as a half message, a message due later as a scheduled one."""
-        if msg.msg_type == MessageType.TRANSACTION:
-            return self._redirect(msg, HALF_TOPIC, MessageType.TRANSACTION)
-        return self._redirect(msg, SCHEDULE_TOPIC, MessageType.DELAY)
-
-    def _redirect(self, msg: Message, system_topic: str, mtype: MessageType) -> Message:
+    def _redirected(self, msg: Message) -> Message:
+        """A transactional message as a half message, a message due later as a scheduled one, each
+        carrying its real topic and queue as properties."""
+        txn = msg.msg_type == MessageType.TRANSACTION
         self.topic(msg.topic)  # the real topic must exist (or be auto-created) now
         props = dict(msg.properties)
         props[PROP_REAL_TOPIC] = msg.topic
         props[PROP_REAL_QUEUE] = str(msg.queue_id)
         return Message(
-            topic=system_topic,
+            topic=HALF_TOPIC if txn else SCHEDULE_TOPIC,
             body=msg.body,
             tag=msg.tag,
             keys=msg.keys,
@@ -505,7 +502,7 @@ class Store:
             born_timestamp=msg.born_timestamp,
             born_host=msg.born_host,
             queue_id=0,
-            msg_type=mtype,
+            msg_type=MessageType.TRANSACTION if txn else MessageType.DELAY,
         )
 
     async def append_many(self, msgs: list[Message]) -> list[AppendResult]:
@@ -525,7 +522,7 @@ class Store:
                 if real is None:
                     real = [m.topic for m in msgs]
                     msgs = list(msgs)
-                msgs[i] = self._redirected(msg, now)
+                msgs[i] = self._redirected(msg)
         fut = self._loop.create_future()
         out = self._place(msgs, now, fut, real)
         await fut
@@ -625,7 +622,7 @@ class Store:
         index_mem = self.index.mem
         for _start, _data, cq, entry, idx, _fut, res, keys, th in recs:
             cq.mem += entry
-            cq.written_offset = cq.max_offset = res[3] + 1
+            cq.max_offset = res[3] + 1
             index_mem += idx
             mid = res[0]
             if keys or mid in ids:
@@ -695,7 +692,7 @@ class Store:
         if start is not None:
             self.commitlog.write_pos = start
             for cq in self.cqs.values():
-                cq.next_offset = cq.written_offset
+                cq.next_offset = cq.max_offset
         if isinstance(exc, OSError) and not isinstance(exc, StoreFullError) and exc.errno in (28, 122, 27):
             exc = StoreFullError(str(exc))
         for r in recs:
