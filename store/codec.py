@@ -8,7 +8,8 @@ Layout (little endian), see docs/store.md:
     u32 len(properties) u32 len(body)
     topic tag keys group msg_id born_host properties body
 
-`keys` are joined by U+001F; properties are (u16 key length, key, u32 value length, value) pairs.
+`keys` are joined by U+001F; properties are one compact JSON object of strings (flag 0x0001;
+records written before it hold (u16 key length, key, u32 value length, value) pairs, still read).
 A blank record (magic BLANK) fills the end of a segment that the next record does not fit in.
 """
 
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import struct
 import zlib
+
+import orjson
 
 from .message import Message, MessageType
 
@@ -29,83 +32,24 @@ KEY_SEP = "\x1f"
 _H = struct.Struct("<H")
 _I = struct.Struct("<I")
 _QUEUE_FIELDS = struct.Struct("<iq")  # queue_id, queue_offset, at offset 12 of a record
+FLAG_JSON_PROPERTIES = 0x0001  # the property block is a JSON object (every record written since it came)
+_dumps = orjson.dumps
+_loads = orjson.loads
 
 
 class CorruptRecord(ValueError):
     """A record whose length or checksum does not hold."""
 
 
-_props_cache: dict[tuple, bytes] = {}  # small property sets repeat (same path, same QoS): encode once
+def decode_properties(buf: bytes | memoryview, flags: int = FLAG_JSON_PROPERTIES) -> dict[str, str]:
+    """The properties of a block; `flags` are the record's (without FLAG_JSON_PROPERTIES: the
+    block predates it and holds (u16 length, name, u32 length, value) pairs)."""
+    if flags & FLAG_JSON_PROPERTIES:
+        return _loads(buf) if buf else {}
+    return _decode_pairs(buf)
 
 
-def encode_properties(props: dict[str, str]) -> bytes:
-    if not props:
-        return b""
-    if len(props) <= 4:
-        key = tuple(props.items())
-        data = _props_cache.get(key)
-        if data is None:
-            data = _encode_properties(props)
-            if len(_props_cache) >= 8192:
-                _props_cache.clear()
-            _props_cache[key] = data
-        return data
-    return _encode_properties(props)
-
-
-_key_cache: dict[str, bytes] = {}  # property names repeat: their length-prefixed bytes, encoded once
-# Many property values repeat too (a CloudEvent's source, type and content type; an MQTT topic):
-# name -> {value: the encoded pair}. A name whose cache fills up _PAIRS_MAX times (an id, a time)
-# stops being cached.
-_pairs: dict[str, dict[str, bytes]] = {}
-_pair_fills: dict[str, int] = {}
-_PAIRS_MAX = 256
-_PAIR_FILLS_MAX = 4
-_PAIR_VALUE_MAX = 128
-_NOT_CACHED: dict[str, bytes] = {}  # the `_pairs` entry of a name that is not cached
-
-
-def _encode_properties(props: dict[str, str]) -> bytes:
-    parts: list[bytes] = []
-    add = parts.append
-    pairs = _pairs
-    for k, v in props.items():
-        vals = pairs.get(k)
-        if vals is not None:
-            pair = vals.get(v)
-            if pair is not None:
-                add(pair)
-                continue
-        kp = _key_cache.get(k)
-        if kp is None:
-            kb = k.encode()
-            kp = _H.pack(len(kb)) + kb
-            if len(_key_cache) < 4096:
-                _key_cache[k] = kp
-        vb = v.encode()
-        pair = kp + _I.pack(len(vb)) + vb
-        add(pair)
-        if vals is not _NOT_CACHED and len(v) <= _PAIR_VALUE_MAX:
-            _remember_pair(k, v, vals, pair)
-    return b"".join(parts)
-
-
-def _remember_pair(k: str, v: str, vals: dict[str, bytes] | None, pair: bytes) -> None:
-    if vals is None:
-        if len(_pairs) >= 4096:
-            return
-        vals = _pairs[k] = {}
-    elif len(vals) >= _PAIRS_MAX:
-        vals.clear()
-        fills = _pair_fills.get(k, 0) + 1
-        _pair_fills[k] = fills
-        if fills >= _PAIR_FILLS_MAX:  # the values of this name rarely repeat
-            _pairs[k] = _NOT_CACHED
-            return
-    vals[v] = pair
-
-
-def decode_properties(buf: bytes | memoryview) -> dict[str, str]:
+def _decode_pairs(buf: bytes | memoryview) -> dict[str, str]:
     props: dict[str, str] = {}
     pos, end = 0, len(buf)
     while pos < end:
@@ -139,7 +83,12 @@ def encode(
     mid = message_id.encode()
     host = msg.born_host
     host = host.encode() if host else b""
-    props = encode_properties(msg.properties) if msg.properties else b""
+    props = msg.properties
+    if props:
+        props = _dumps(props)
+        flags |= FLAG_JSON_PROPERTIES
+    else:
+        props = b""
     body = msg.body
     payload = b"".join(
         (
@@ -209,7 +158,7 @@ def queue_fields(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
 def decode(buf: bytes | memoryview, pos: int = 0, commitlog_offset: int = -1) -> Message:
     """Decode the message record at `pos` (already length- and CRC-checked, or trusted)."""
     (size,) = _I.unpack_from(buf, pos)
-    (_magic, mtype, _flags, qid, qoff, store_ts, born_ts, deliver_at, lt, lg, lk, lgr, lm, lh, lp, lb) = (
+    (_magic, mtype, flags, qid, qoff, store_ts, born_ts, deliver_at, lt, lg, lk, lgr, lm, lh, lp, lb) = (
         HEAD.unpack_from(buf, pos + 8)
     )
     p = pos + HEADER_SIZE
@@ -226,7 +175,12 @@ def decode(buf: bytes | memoryview, pos: int = 0, commitlog_offset: int = -1) ->
     o += lm
     host = raw[o : o + lh].decode() if lh else ""
     o += lh
-    props = _decode_properties_cached(raw[o : o + lp]) if lp else {}
+    if not lp:
+        props = {}
+    elif flags & FLAG_JSON_PROPERTIES:
+        props = _loads(raw[o : o + lp])
+    else:
+        props = _decode_pairs(raw[o : o + lp])
     o += lp
     # positional, in field order (see Message): cheaper than keywords on this hot path
     return Message(
@@ -251,17 +205,3 @@ def decode(buf: bytes | memoryview, pos: int = 0, commitlog_offset: int = -1) ->
 
 
 _MESSAGE_TYPES = tuple(MessageType)  # by value: 0, 1, 2, 3
-_props_decoded: dict[bytes, dict[str, str]] = {}  # small property blocks repeat: decode once
-
-
-def _decode_properties_cached(data: bytes) -> dict[str, str]:
-    """decode_properties, from a cache for small blocks (a copy: callers may change it)."""
-    if len(data) > 256:
-        return decode_properties(data)
-    d = _props_decoded.get(data)
-    if d is None:
-        d = decode_properties(data)
-        if len(_props_decoded) >= 8192:
-            _props_decoded.clear()
-        _props_decoded[data] = d
-    return d.copy()

@@ -271,20 +271,28 @@ def _keys_column(raw: pa.Array) -> pa.Array:
     return pa.array(uniq, pa.list_(pa.field("element", pa.string()))).take(enc.indices)
 
 
-def _props_and_paths(raw: pa.Array) -> tuple[pa.Array, pa.Array]:
-    """(map column, path from the properties or null) of raw encoded property blocks."""
+def _props_and_paths(raw: pa.Array, flags: np.ndarray) -> tuple[pa.Array, pa.Array]:
+    """(map column, path from the properties or null) of raw encoded property blocks, with each
+    row's record flags (which say how its block is encoded: see store/codec.py)."""
+    import numpy as np
     import pyarrow as pa
 
     enc = raw.dictionary_encode()
+    blocks = enc.dictionary.to_pylist()
+    # Each distinct (block, encoding) is decoded once: index i + n*json into a virtual dictionary.
+    json_rows = (flags & codec.FLAG_JSON_PROPERTIES) != 0
+    virtual = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64) + len(blocks) * json_rows
+    used, idx = np.unique(virtual, return_inverse=True)
     maps, paths = [], []
-    for v in enc.dictionary.to_pylist():
-        p = codec.decode_properties(v) if v else {}
+    for u in used.tolist():
+        v = blocks[u % len(blocks)]
+        p = codec.decode_properties(v, codec.FLAG_JSON_PROPERTIES if u >= len(blocks) else 0) if v else {}
         maps.append([(k, x) for k, x in p.items() if k not in _INTERNAL_PROPS])
         paths.append(p.get("mqtt.topic") or p.get("ce.subject") or None)
-    idx = enc.indices
+    take = pa.array(idx.astype(np.int32))
     return (
-        pa.array(maps, pa.map_(pa.string(), pa.string())).take(idx),
-        pa.array(paths, pa.string()).take(idx),
+        pa.array(maps, pa.map_(pa.string(), pa.string())).take(take),
+        pa.array(paths, pa.string()).take(take),
     )
 
 
@@ -349,7 +357,7 @@ def decode_records(
         if typ is not None:
             cols[name] = _gather(buf, pos, lengths, typ)
         pos = pos + lengths
-    props, path = _props_and_paths(cols["properties"])
+    props, path = _props_and_paths(cols["properties"], hdr["flags"])
     topic, tag = cols["topic"], cols["tag"]
     if path.null_count:
         fallback = pc.if_else(pc.equal(tag, ""), topic, pc.binary_join_element_wise(topic, tag, "/"))

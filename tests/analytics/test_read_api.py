@@ -279,6 +279,34 @@ def test_errors(gateway):
     assert httpx.get(f"{base}/{topic}/offsets", timeout=T).status_code == 400  # timestamp is required
 
 
+def test_records_from_before_json_properties_read_the_same(gateway, monkeypatch):
+    """A range whose first records were written in the older property layout (pairs, no flag),
+    as a data directory from an earlier release holds them, and whose others are JSON blocks,
+    with the same property sets in both (one block, two encodings)."""
+    from store import codec
+    from tests.store.storetestlib import legacy_record
+
+    topic = topic_name()
+    create(gateway, topic, 1)
+    msgs = varied(topic, 60, 1)
+    with monkeypatch.context() as m:
+        encode = codec.encode
+        m.setattr(codec, "encode", lambda *a, **kw: legacy_record(encode(*a, **kw)))
+        old = send(gateway, msgs[:30])
+    new = send(gateway, msgs[30:])
+    st = rr.local_store(gateway.processor)
+    json_flag = [
+        codec.HEAD.unpack_from(st.commitlog.read(r.commitlog_offset, victim_size(st, r)), 8)[2]
+        & codec.FLAG_JSON_PROPERTIES
+        for r in old + new
+    ]
+    assert not any(json_flag[:30])
+    assert all(f for f, m in zip(json_flag[30:], msgs[30:], strict=True) if m.properties)
+    table, _ = arrow(gateway, topic, 0)
+    assert table.equals(generic(gateway, topic, 0, 0, 60))
+    assert [dict(p) for p in table.column("properties").to_pylist()] == [m.properties for m in msgs]
+
+
 def test_a_corrupt_record_is_skipped_like_the_store_does(gateway):
     topic = topic_name()
     create(gateway, topic, 1)

@@ -112,3 +112,35 @@ async def wait_until(cond, timeout: float = 5.0, interval: float = 0.01) -> bool
             return True
         await asyncio.sleep(interval)
     return bool(cond())
+
+
+def legacy_record(rec: bytes) -> bytes:
+    """`rec` (a record as `codec.encode` writes it) as a store written before JSON property blocks
+    wrote it: flag 0x0001 clear and the properties as (u16 length, name, u32 length, value) pairs."""
+    import json
+    import struct
+    import zlib
+
+    from store import codec
+
+    head = list(codec.HEAD.unpack_from(rec, codec.PREFIX.size))
+    flags, lp, lb = head[2], head[14], head[15]
+    if not flags & codec.FLAG_JSON_PROPERTIES:
+        return rec
+    end = len(rec) - lb
+    props = json.loads(rec[end - lp : end])
+    pairs = b"".join(
+        struct.pack("<H", len(k.encode())) + k.encode() + struct.pack("<I", len(v.encode())) + v.encode()
+        for k, v in props.items()
+    )
+    head[2], head[14] = flags & ~codec.FLAG_JSON_PROPERTIES, len(pairs)
+    payload = codec.HEAD.pack(*head) + rec[codec.HEADER_SIZE : end - lp] + pairs + rec[end:]
+    return codec.PREFIX.pack(len(payload) + 8, zlib.crc32(payload)) + payload
+
+
+def write_legacy_records(monkeypatch) -> None:
+    """From now on (in this test) the store writes records in the layout from before JSON properties."""
+    from store import codec
+
+    encode = codec.encode
+    monkeypatch.setattr(codec, "encode", lambda *a, **kw: legacy_record(encode(*a, **kw)))

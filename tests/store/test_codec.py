@@ -1,67 +1,89 @@
-"""Record codec: properties encode to the documented layout whatever the encoder's caches hold."""
+"""Record codec: property blocks are JSON objects (flag 0x0001); records from before still decode."""
 
 from __future__ import annotations
 
-import struct
-
-import pytest
+import json
+import os
+import sys
 
 from store import Message, codec
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-@pytest.fixture(autouse=True)
-def fresh_caches(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The encoder's caches are process-wide: start each test without what others left there."""
-    monkeypatch.setattr(codec, "_pairs", {})
-    monkeypatch.setattr(codec, "_pair_fills", {})
-    monkeypatch.setattr(codec, "_props_cache", {})
+from storetestlib import legacy_record, read_all, write_legacy_records  # noqa: E402
 
-
-def reference_properties(props: dict[str, str]) -> bytes:
-    """The layout of docs/store.md, written plainly: (u16 len, name, u32 len, value) pairs."""
-    out = b""
-    for k, v in props.items():
-        kb, vb = k.encode(), v.encode()
-        out += struct.pack("<H", len(kb)) + kb + struct.pack("<I", len(vb)) + vb
-    return out
+AWKWARD = {
+    "ce.id": "id-1",
+    "quote": 'say "hi"\\now',
+    "ctl": "a\x00b\x1fc\x7f",
+    "empty": "",
+    "ünï": "çödé ✓ 🚀",
+    "num": "12345678901234567890123",  # a string, never a number
+}
 
 
-def test_repeated_and_unique_values_encode_the_same_as_the_reference() -> None:
-    # Repeating values (served from the pair cache), unique ones (their name stops being cached
-    # after a few fills) and long ones (never cached), over more events than every cache bound.
-    seen = set()
-    for i in range(codec._PAIRS_MAX * (codec._PAIR_FILLS_MAX + 2)):
-        props = {
-            "ce.id": f"id-{i}",
-            "ce.source": "/bench/http",
-            "ce.type": "com.example." + "t" * (i % 3),
-            "ce.time": f"2024-05-01T00:00:{i % 60:02d}.{i % 1000:03d}Z",
-            "ce.long": "é" * 200 + str(i % 2),
-        }
-        raw = codec.encode_properties(props)
-        assert raw == reference_properties(props), i
-        assert codec.decode_properties(raw) == props
-        seen.add(raw)
-    assert len(seen) == codec._PAIRS_MAX * (codec._PAIR_FILLS_MAX + 2)
-    assert codec._pairs["ce.id"] is codec._NOT_CACHED  # its values never repeat
-    assert len(codec._pairs["ce.type"]) == 3 and len(codec._pairs["ce.source"]) == 1
-    assert "ce.long" not in codec._pairs
-
-
-def test_one_value_under_two_names_is_kept_apart() -> None:
-    a = codec.encode_properties({"a1": "v", "b1": "w", "c1": "x", "d1": "y", "e1": "v"})
-    b = codec.encode_properties({"e1": "v", "a1": "v", "b1": "w", "c1": "x", "d1": "y"})
-    assert codec.decode_properties(a) == {"a1": "v", "b1": "w", "c1": "x", "d1": "y", "e1": "v"}
-    assert codec.decode_properties(b) == codec.decode_properties(a)
-    assert a != b  # order kept
-
-
-def test_a_whole_record_round_trips_with_cached_properties() -> None:
-    props = {f"k{i}": "same" for i in range(6)}
+def record(props: dict[str, str], qoff: int = 0) -> bytes:
     msg = Message("t", b"body", tag="tg", keys=("x", "y"), properties=props)
-    for qoff in range(3):
-        rec = codec.encode(msg, 1, qoff, 1000, f"ID{qoff}", 999)
-        assert codec.check(rec, 0, len(rec)) == (len(rec), codec.MAGIC_MESSAGE)
-        out = codec.decode(rec)
-        got = (out.properties, out.queue_offset, out.message_id, out.keys)
-        assert got == (props, qoff, f"ID{qoff}", ("x", "y"))
+    return codec.encode(msg, 1, qoff, 1000, f"ID{qoff}", 999)
+
+
+def blocks(rec: bytes) -> tuple[int, bytes]:
+    """(flags, property block) of a record."""
+    head = codec.HEAD.unpack_from(rec, codec.PREFIX.size)
+    lp, lb = head[14], head[15]
+    return head[2], rec[len(rec) - lb - lp : len(rec) - lb]
+
+
+def test_properties_are_one_json_object_in_order() -> None:
+    rec = record(AWKWARD)
+    flags, block = blocks(rec)
+    assert flags & codec.FLAG_JSON_PROPERTIES
+    assert list(json.loads(block).items()) == list(AWKWARD.items())
+    assert codec.check(rec, 0, len(rec)) == (len(rec), codec.MAGIC_MESSAGE)
+    out = codec.decode(rec)
+    assert list(out.properties.items()) == list(AWKWARD.items())
+    assert (out.body, out.tag, out.keys, out.message_id) == (b"body", "tg", ("x", "y"), "ID0")
+
+
+def test_no_properties_no_block() -> None:
+    rec = record({})
+    flags, block = blocks(rec)
+    assert block == b"" and not flags & codec.FLAG_JSON_PROPERTIES
+    assert codec.decode(rec).properties == {}
+
+
+def test_records_written_before_json_properties_still_decode() -> None:
+    old = legacy_record(record(AWKWARD, 7))
+    flags, block = blocks(old)
+    assert not flags & codec.FLAG_JSON_PROPERTIES and block[:2] == b"\x05\x00"  # len("ce.id")
+    assert codec.check(old, 0, len(old)) == (len(old), codec.MAGIC_MESSAGE)
+    out = codec.decode(old)
+    assert list(out.properties.items()) == list(AWKWARD.items())
+    assert (out.queue_offset, out.message_id, out.body) == (7, "ID7", b"body")
+    assert codec.decode_properties(block, 0) == AWKWARD
+
+
+def test_decoded_properties_are_the_callers_own() -> None:
+    rec = record({"a": "1"})
+    first = codec.decode(rec)
+    first.properties["a"] = "changed"
+    assert codec.decode(rec).properties == {"a": "1"}
+
+
+async def test_a_store_with_old_records_reopens_and_serves_both(make_store, monkeypatch) -> None:
+    def props(i: int) -> dict[str, str]:
+        return {"i": str(i), "é": "✓"}
+
+    s = await make_store()
+    s.create_topic("t", queues=1)
+    with monkeypatch.context() as m:
+        write_legacy_records(m)
+        old = await s.append_many([Message("t", b"old-%d" % i, properties=props(i)) for i in range(5)])
+    new = await s.append_many([Message("t", b"new-%d" % i, properties=props(i)) for i in range(5)])
+    on_disk = [blocks(s.commitlog.read(r.commitlog_offset, r.size))[0] for r in old + new]
+    assert [f & codec.FLAG_JSON_PROPERTIES for f in on_disk] == [0] * 5 + [codec.FLAG_JSON_PROPERTIES] * 5
+    await s.close()
+    s = await make_store()
+    got = [(m.body, m.properties) for m in read_all(s, "t")]
+    want = [(b"%s-%d" % (k, i), props(i)) for k in (b"old", b"new") for i in range(5)]
+    assert got == want
