@@ -85,7 +85,10 @@ def encode(
     host = host.encode() if host else b""
     props = msg.properties
     if props:
-        props = _dumps(props)
+        try:
+            props = _dumps(props)
+        except TypeError as e:  # orjson.JSONEncodeError: a lone surrogate (not UTF-8), a non-string
+            raise ValueError(f"properties cannot be stored: {e}") from None
         flags |= FLAG_JSON_PROPERTIES
     else:
         props = b""

@@ -6,6 +6,8 @@ import json
 import os
 import sys
 
+import pytest
+
 from store import Message, codec
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -61,6 +63,23 @@ def test_records_written_before_json_properties_still_decode() -> None:
     assert list(out.properties.items()) == list(AWKWARD.items())
     assert (out.queue_offset, out.message_id, out.body) == (7, "ID7", b"body")
     assert codec.decode_properties(block, 0) == AWKWARD
+
+
+def test_properties_that_are_not_utf8_are_a_value_error() -> None:
+    # A lone surrogate (as "surrogateescape" decoding leaves for invalid UTF-8) has no UTF-8 form:
+    # ValueError, which the processor answers as a bad request (not an internal error).
+    with pytest.raises(ValueError, match="properties cannot be stored"):
+        record({"k": "bad \udcff"})
+
+
+async def test_a_refused_message_leaves_the_store_usable(make_store) -> None:
+    s = await make_store()
+    s.create_topic("t", queues=1)
+    with pytest.raises(ValueError):
+        await s.append(Message("t", b"no", properties={"k": "\ud800"}))
+    r = await s.append(Message("t", b"yes", properties={"k": "v"}))
+    assert r.queue_offset == 0
+    assert [(m.body, m.properties) for m in read_all(s, "t")] == [(b"yes", {"k": "v"})]
 
 
 def test_decoded_properties_are_the_callers_own() -> None:
