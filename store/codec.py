@@ -41,7 +41,7 @@ class CorruptRecord(ValueError):
     """A record whose length or checksum does not hold."""
 
 
-def decode_properties(buf: bytes | memoryview, flags: int = FLAG_JSON_PROPERTIES) -> dict[str, str]:
+def decode_properties(buf: bytes | memoryview, flags: int) -> dict[str, str]:
     """The properties of a block; `flags` are the record's (without FLAG_JSON_PROPERTIES: the
     block predates it and holds (u16 length, name, u32 length, value) pairs)."""
     if flags & FLAG_JSON_PROPERTIES:
