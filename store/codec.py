@@ -83,15 +83,13 @@ def encode(
     mid = message_id.encode()
     host = msg.born_host
     host = host.encode() if host else b""
-    props = msg.properties
-    if props:
+    props = b""
+    if msg.properties:
         try:
-            props = _dumps(props)
+            props = _dumps(msg.properties)
         except TypeError as e:  # orjson.JSONEncodeError: a lone surrogate (not UTF-8), a non-string
             raise ValueError(f"properties cannot be stored: {e}") from None
         flags |= FLAG_JSON_PROPERTIES
-    else:
-        props = b""
     body = msg.body
     payload = b"".join(
         (
@@ -178,12 +176,7 @@ def decode(buf: bytes | memoryview, pos: int = 0, commitlog_offset: int = -1) ->
     o += lm
     host = raw[o : o + lh].decode() if lh else ""
     o += lh
-    if not lp:
-        props = {}
-    elif flags & FLAG_JSON_PROPERTIES:
-        props = _loads(raw[o : o + lp])
-    else:
-        props = _decode_pairs(raw[o : o + lp])
+    props = decode_properties(raw[o : o + lp], flags) if lp else {}
     o += lp
     # positional, in field order (see Message): cheaper than keywords on this hot path
     return Message(

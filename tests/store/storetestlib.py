@@ -8,12 +8,15 @@ operations log was flushed; the copy is what a SIGKILL at that moment would leav
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
+import struct
 import time
+import zlib
 from pathlib import Path
 
-from store import Message, Store, StoreConfig
+from store import Message, Store, StoreConfig, codec
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository (so child processes can import `store`)
 HERE = Path(__file__).resolve().parent
@@ -117,12 +120,6 @@ async def wait_until(cond, timeout: float = 5.0, interval: float = 0.01) -> bool
 def legacy_record(rec: bytes) -> bytes:
     """`rec` (a record as `codec.encode` writes it) as a store written before JSON property blocks
     wrote it: flag 0x0001 clear and the properties as (u16 length, name, u32 length, value) pairs."""
-    import json
-    import struct
-    import zlib
-
-    from store import codec
-
     head = list(codec.HEAD.unpack_from(rec, codec.PREFIX.size))
     flags, lp, lb = head[2], head[14], head[15]
     if not flags & codec.FLAG_JSON_PROPERTIES:
@@ -140,7 +137,5 @@ def legacy_record(rec: bytes) -> bytes:
 
 def write_legacy_records(monkeypatch) -> None:
     """From now on (in this test) the store writes records in the layout from before JSON properties."""
-    from store import codec
-
     encode = codec.encode
     monkeypatch.setattr(codec, "encode", lambda *a, **kw: legacy_record(encode(*a, **kw)))
