@@ -284,14 +284,13 @@ def test_records_from_before_json_properties_read_the_same(gateway, monkeypatch)
     as a data directory from an earlier release holds them, and whose others are JSON blocks,
     with the same property sets in both (one block, two encodings)."""
     from store import codec
-    from tests.store.storetestlib import legacy_record
+    from tests.store.storetestlib import write_legacy_records
 
     topic = topic_name()
     create(gateway, topic, 1)
     msgs = varied(topic, 60, 1)
     with monkeypatch.context() as m:
-        encode = codec.encode
-        m.setattr(codec, "encode", lambda *a, **kw: legacy_record(encode(*a, **kw)))
+        write_legacy_records(m)
         old = send(gateway, msgs[:30])
     new = send(gateway, msgs[30:])
     st = rr.local_store(gateway.processor)
