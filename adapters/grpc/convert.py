@@ -133,6 +133,16 @@ def _gunzip(body: bytes) -> bytes:
         raise GrpcError(Code.MESSAGE_CORRUPTED, f"GZIP body cannot be inflated: {e}") from None
 
 
+def _immunity_seconds(value: str) -> int | None:
+    """The `CHECK_IMMUNITY_TIME_IN_SECONDS` property as a Duration's seconds; None when it is not
+    a decimal int64."""
+    if value.isascii() and value.isdigit():
+        n = int(value)
+        if n < 1 << 63:
+            return n
+    return None
+
+
 def _system_properties(m: Message, sp: d.SystemProperties) -> None:
     body = m.body
     if m.tag:
@@ -175,8 +185,8 @@ def _user_properties(m: Message, out: d.Message) -> None:
         if k in HIDDEN_PROPERTIES:
             if k == PROP_TRACE_CONTEXT:
                 sp.trace_context = v
-            elif k == PROP_CHECK_IMMUNITY and v.isdigit():
-                sp.orphaned_transaction_recovery_duration.seconds = int(v)
+            elif k == PROP_CHECK_IMMUNITY and (seconds := _immunity_seconds(v)) is not None:
+                sp.orphaned_transaction_recovery_duration.seconds = seconds
             continue
         up[k] = v
 

@@ -28,7 +28,7 @@ from adapters.grpc.convert import ts_ms
 from adapters.grpc.generated import definition_pb2 as d
 from adapters.grpc.generated import service_pb2 as s
 from adapters.grpc.generated import service_pb2_grpc
-from messaging_processor import Action, ClientKind, RetryPolicy
+from messaging_processor import Action, ClientContext, ClientKind, Message, RetryPolicy
 
 C = d.Code
 
@@ -118,6 +118,26 @@ async def test_send_receive_ack_normal(gw):
     assert st.code == C.MESSAGE_NOT_FOUND and not msgs and len(stamps) == 1
     r = await ack(gw.stub, "G", "T", sp.receipt_handle)  # twice: the handle is stale now
     assert r.status.code == C.INVALID_RECEIPT_HANDLE
+
+
+async def test_recovery_duration_property_from_another_protocol(gw):
+    """A message from another protocol may carry CHECK_IMMUNITY_TIME_IN_SECONDS with any value:
+    decimal int64 values become the orphaned-transaction recovery duration, others are dropped."""
+    await gw.processor.create_topic("T", queues=1)
+    values = ["30", "0", "²", "soon", str(2**63)]
+    ctx = ClientContext("test", client_id="other-protocol")
+    msgs = [Message("T", v.encode(), properties={"CHECK_IMMUNITY_TIME_IN_SECONDS": v}) for v in values]
+    await gw.processor.send(ctx, msgs)
+    st, got, _ = await receive(gw.stub, "G", "T")
+    assert st.code == C.OK and [m.body.decode() for m in got] == values
+    recovery = [
+        m.system_properties.orphaned_transaction_recovery_duration.seconds
+        if m.system_properties.HasField("orphaned_transaction_recovery_duration")
+        else None
+        for m in got
+    ]
+    assert recovery == [30, 0, None, None, None]
+    assert all(not m.user_properties for m in got)
 
 
 async def test_receive_long_polls_until_a_send(gw):
