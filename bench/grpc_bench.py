@@ -22,6 +22,18 @@ What it measures, in one run:
    store. `receive_ack_ceiling_per_s` is what grpc.aio and the load generator reach by themselves on
    this machine; `receive_ack_ratio_vs_ceiling` = our rate / that.
 
+Load generator I/O (`--client-poller`, `client_poller` in the output). The load generators share
+this machine's CPUs with the gateway, so what they spend per message is taken from the gateway.
+grpc's default EventEngine moves every streamed message through extra threads: about 8 context
+switches per received message in all, against 4-5 with EventEngine turned off for client channels
+(`GRPC_EXPERIMENTS=-event_engine_client`, set in the load generator processes only). `legacy`, the
+default, does that; `event-engine` keeps grpc's default. The gateway and the ceiling server always
+run with grpc's defaults, and both phases use the same load generators.
+
+Host noise. `*_host_steal` is the share of all CPU time the hypervisor gave to other guests during
+each phase (from /proc/stat). On a shared virtual machine it reaches 0.3-0.5 at times, and the
+figures of such a phase say more about the host than about the gateway.
+
 `--phases` picks a subset of send,receive,ceiling; without `send`, `--preload` messages are appended
 to the store directly (not timed) for the receive phase.
 
@@ -29,7 +41,7 @@ Output: a readable summary, or with `--json` exactly one JSON object on stdout (
 stderr). `--quick` is a short smoke run.
 
     .venv/bin/python bench/grpc_bench.py [--quick] [--json] [--seconds S] [--producers N] [--batch B]
-        [--phases send,receive,ceiling] [--preload N]
+        [--phases send,receive,ceiling] [--preload N] [--client-poller legacy|event-engine]
 """
 
 from __future__ import annotations
@@ -37,6 +49,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import multiprocessing as mp
 import os
@@ -83,12 +96,37 @@ class Job:
     batch: int = 1
     size: int = 100
     loop: str = "uvloop"
+    poller: str = "legacy"
+
+
+# GRPC_EXPERIMENTS entry that turns grpc's EventEngine off for client channels (`--client-poller legacy`).
+_NO_EVENT_ENGINE_CLIENT = "-event_engine_client"
+
+
+def _cpu_ticks() -> tuple[int, int]:
+    """(steal, all) CPU ticks of the whole machine so far, from /proc/stat; (0, 0) elsewhere."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:9]]
+    except OSError:
+        return 0, 0
+    return fields[7], sum(fields)
+
+
+def _steal_since(start: tuple[int, int]) -> float:
+    """Share of all CPU time since `start` that the hypervisor gave to other guests."""
+    steal, total = _cpu_ticks()
+    return round((steal - start[0]) / max(total - start[1], 1), 3)
 
 
 # ---------------------------------------------------------------------------- load generators
 
 
 def _worker(job: Job, out: mp.Queue) -> None:
+    if job.poller == "legacy":  # read by grpc when it starts in this process, i.e. at first use
+        os.environ["GRPC_EXPERIMENTS"] = ",".join(
+            x for x in (os.environ.get("GRPC_EXPERIMENTS"), _NO_EVENT_ENGINE_CLIENT) if x
+        )
     _loop_policy(job.loop)
     try:
         out.put(asyncio.run(_run_job(job)))
@@ -206,7 +244,7 @@ async def _run_clients(job: Job, clients: int) -> dict:
     for n in per:
         if n == 0:
             continue
-        j = Job(job.kind, job.address, n, job.seconds, job.warmup, job.batch, job.size, job.loop)
+        j = dataclasses.replace(job, tasks=n)
         p = ctx.Process(target=_worker, args=(j, q), daemon=True)
         p.start()
         procs.append(p)
@@ -248,7 +286,12 @@ async def _bench(args: argparse.Namespace, loop_name: str) -> dict:
 
     phases = set(args.phases.split(","))
     tmp = tempfile.mkdtemp(prefix="grpc-bench-", dir=args.dir)
-    res: dict = {"event_loop": loop_name, "flush": args.flush, "body_bytes": args.size}
+    res: dict = {
+        "event_loop": loop_name,
+        "flush": args.flush,
+        "body_bytes": args.size,
+        "client_poller": args.client_poller,
+    }
     try:
         store = await Store.open(StoreConfig(data_dir=tmp, flush=args.flush, auto_create_topics=False))
         processor = MessagingProcessor(LocalStoreClient(store))
@@ -270,8 +313,18 @@ async def _bench(args: argparse.Namespace, loop_name: str) -> dict:
                 log(f"preloaded {args.preload} messages")
             if "receive" in phases:
                 log(f"receive+ack: {args.consumers} consumers, batch {RECEIVE_BATCH}")
-                jr = Job("receive", adapter.address, args.consumers, args.seconds * 2, 0.0, loop=args.loop)
+                jr = Job(
+                    "receive",
+                    adapter.address,
+                    args.consumers,
+                    args.seconds * 2,
+                    0.0,
+                    loop=args.loop,
+                    poller=args.client_poller,
+                )
+                t0 = _cpu_ticks()
                 rr = await _run_clients(jr, args.clients)
+                steal = _steal_since(t0)
                 log(f"  {rr['per_s']:.0f} msg/s, p50 {rr['p50_ms']:.2f} ms, p99 {rr['p99_ms']:.2f} ms")
                 res.update(
                     {
@@ -282,6 +335,7 @@ async def _bench(args: argparse.Namespace, loop_name: str) -> dict:
                         "receive_ack_p99_ms": rr["p99_ms"],
                         "receive_ack_messages": rr["count"],
                         "receive_ack_errors": rr["errors"],
+                        "receive_ack_host_steal": steal,
                     }
                 )
         finally:
@@ -296,6 +350,7 @@ async def _bench(args: argparse.Namespace, loop_name: str) -> dict:
         rc = await _ceiling(args)
         log(f"  {rc['per_s']:.0f} msg/s, p50 {rc['p50_ms']:.2f} ms, p99 {rc['p99_ms']:.2f} ms")
         res["receive_ack_ceiling_per_s"] = rc["per_s"]
+        res["ceiling_host_steal"] = rc["steal"]
         if "receive_ack_per_s" in res and rc["per_s"]:
             res["receive_ack_ratio_vs_ceiling"] = res["receive_ack_per_s"] / rc["per_s"]
     return res
@@ -303,12 +358,24 @@ async def _bench(args: argparse.Namespace, loop_name: str) -> dict:
 
 async def _send_phases(args: argparse.Namespace, address: str) -> dict:
     log(f"sends: {args.producers} producers x {args.clients} processes, batch 1, {args.seconds} s")
-    base = Job("send", address, args.producers, args.seconds, args.warmup, 1, args.size, args.loop)
+    base = Job(
+        "send",
+        address,
+        args.producers,
+        args.seconds,
+        args.warmup,
+        1,
+        args.size,
+        args.loop,
+        args.client_poller,
+    )
+    t0 = _cpu_ticks()
     r1 = await _run_clients(base, args.clients)
     log(f"  {r1['per_s']:.0f} msg/s, p50 {r1['p50_ms']:.2f} ms, p99 {r1['p99_ms']:.2f} ms")
     log(f"sends: batch {args.batch}")
-    jb = Job("send", address, args.producers, args.seconds, args.warmup, args.batch, args.size, args.loop)
+    jb = dataclasses.replace(base, batch=args.batch)
     rb = await _run_clients(jb, args.clients)
+    steal = _steal_since(t0)
     log(f"  {rb['per_s']:.0f} msg/s, p50 {rb['p50_ms']:.2f} ms, p99 {rb['p99_ms']:.2f} ms")
     return {
         "producers": args.producers,
@@ -321,6 +388,7 @@ async def _send_phases(args: argparse.Namespace, address: str) -> dict:
         "send_p50_ms_batch1": r1["p50_ms"],
         "send_p99_ms_batch1": r1["p99_ms"],
         "send_errors": r1["errors"] + rb["errors"],
+        "send_host_steal": steal,
     }
 
 
@@ -375,8 +443,19 @@ async def _ceiling(args: argparse.Namespace) -> dict:
     await server.start()
     try:
         address = f"127.0.0.1:{port}"
-        job = Job("receive", address, args.consumers, args.seconds * 2, 0.0, loop=args.loop)  # as ours
-        return await _run_clients(job, args.clients)
+        job = Job(
+            "receive",
+            address,
+            args.consumers,
+            args.seconds * 2,
+            0.0,
+            loop=args.loop,
+            poller=args.client_poller,
+        )  # as ours
+        t0 = _cpu_ticks()
+        res = await _run_clients(job, args.clients)
+        res["steal"] = _steal_since(t0)
+        return res
     finally:
         await server.stop(0)
 
@@ -393,6 +472,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--flush", choices=("sync", "async"), default="sync")
     ap.add_argument(
         "--loop", choices=("uvloop", "asyncio"), default="uvloop", help="event loop (all processes)"
+    )
+    ap.add_argument(
+        "--client-poller",
+        choices=("legacy", "event-engine"),
+        default="legacy",
+        help="grpc I/O in the load generators: legacy (EventEngine off for client channels, fewer "
+        "thread hand-offs per message) or grpc's default EventEngine",
     )
     ap.add_argument("--dir", default=None, help="parent of the temporary data directory")
     ap.add_argument("--quick", action="store_true", help="short smoke run")

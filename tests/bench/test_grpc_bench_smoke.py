@@ -42,4 +42,7 @@ def test_grpc_bench_quick_json(tmp_path: Path) -> None:
         v = res[key]
         assert isinstance(v, int | float) and math.isfinite(v) and v > 0, (key, v)
     assert res["send_errors"] == 0 and res["receive_ack_errors"] == 0
+    assert res["client_poller"] == "legacy"
+    for key in ("send_host_steal", "receive_ack_host_steal", "ceiling_host_steal"):
+        assert 0 <= res[key] <= 1, (key, res[key])
     assert list(tmp_path.iterdir()) == []  # the temporary data directory is removed
