@@ -133,7 +133,14 @@ def _gunzip(body: bytes) -> bytes:
         raise GrpcError(Code.MESSAGE_CORRUPTED, f"GZIP body cannot be inflated: {e}") from None
 
 
-def _immunity_seconds(value: str) -> int | None:
+def proto_type(m: Message) -> int:
+    """The proto `MessageType` a stored message is delivered as."""
+    mt = m.msg_type
+    # The store delivers a released delayed message as NORMAL; it keeps its delivery time.
+    return d.DELAY if m.deliver_at and mt is MessageType.NORMAL else _TYPE_TO_PROTO[mt]
+
+
+def immunity_seconds(value: str) -> int | None:
     """The `CHECK_IMMUNITY_TIME_IN_SECONDS` property as a Duration's seconds; None when it is not
     a decimal int64."""
     if value.isascii() and value.isdigit():
@@ -153,9 +160,7 @@ def _system_properties(m: Message, sp: d.SystemProperties) -> None:
     sp.body_digest.type = d.MD5
     sp.body_digest.checksum = hashlib.md5(body).hexdigest().upper()
     sp.body_encoding = d.IDENTITY
-    mt = m.msg_type
-    # The store delivers a released delayed message as NORMAL; it keeps its delivery time.
-    sp.message_type = d.DELAY if m.deliver_at and mt is MessageType.NORMAL else _TYPE_TO_PROTO[mt]
+    sp.message_type = proto_type(m)
     born = m.born_timestamp
     sp.born_timestamp.seconds = born // 1000
     sp.born_timestamp.nanos = (born % 1000) * 1_000_000
@@ -185,7 +190,7 @@ def _user_properties(m: Message, out: d.Message) -> None:
         if k in HIDDEN_PROPERTIES:
             if k == PROP_TRACE_CONTEXT:
                 sp.trace_context = v
-            elif k == PROP_CHECK_IMMUNITY and (seconds := _immunity_seconds(v)) is not None:
+            elif k == PROP_CHECK_IMMUNITY and (seconds := immunity_seconds(v)) is not None:
                 sp.orphaned_transaction_recovery_duration.seconds = seconds
             continue
         up[k] = v

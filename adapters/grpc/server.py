@@ -8,8 +8,8 @@ import logging
 
 import grpc
 
-from adapters.grpc.generated import service_pb2_grpc
-from adapters.grpc.service import MessagingService
+from adapters.grpc.generated import service_pb2 as s
+from adapters.grpc.service import RECEIVE_RAW, MessagingService
 from messaging_processor import MessagingProcessor
 
 log = logging.getLogger("adapters.grpc")
@@ -20,6 +20,31 @@ _WILDCARD = ("", "0.0.0.0", "::", "[::]")
 
 def _hostport(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+SERVICE = "apache.rocketmq.v2.MessagingService"
+_HANDLER_KINDS = {  # (client streaming, server streaming) -> handler factory
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
+
+
+def method_handlers(service: MessagingService) -> dict[str, grpc.RpcMethodHandler]:
+    """What `service_pb2_grpc.add_MessagingServiceServicer_to_server` registers, built from the
+    service descriptor, except that the methods in `RECEIVE_RAW` write the bytes their handler
+    yields (no response serializer)."""
+    out = {}
+    for m in s.DESCRIPTOR.services_by_name["MessagingService"].methods:
+        factory = _HANDLER_KINDS[(m.client_streaming, m.server_streaming)]
+        response = getattr(s, m.output_type.name)
+        out[m.name] = factory(
+            getattr(service, m.name),
+            request_deserializer=getattr(s, m.input_type.name).FromString,
+            response_serializer=None if m.name in RECEIVE_RAW else response.SerializeToString,
+        )
+    return out
 
 
 class GrpcAdapter:
@@ -72,7 +97,9 @@ class GrpcAdapter:
                 ("grpc.http2.max_ping_strikes", 0),
             ]
         )
-        service_pb2_grpc.add_MessagingServiceServicer_to_server(self.service, server)
+        handlers = method_handlers(self.service)
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        server.add_registered_method_handlers(SERVICE, handlers)
         try:
             port = server.add_insecure_port(_hostport(self.host, self.port))
         except RuntimeError as e:

@@ -21,7 +21,6 @@ from adapters.grpc.convert import (
     GrpcError,
     dur_ms,
     endpoints,
-    fill_proto,
     identity_of,
     message_to_proto,
     ms_dur,
@@ -29,6 +28,7 @@ from adapters.grpc.convert import (
     peer_address,
     to_store,
 )
+from adapters.grpc.delivery_bytes import delivery_response
 from adapters.grpc.generated import definition_pb2 as d
 from adapters.grpc.generated import service_pb2 as s
 from adapters.grpc.generated import service_pb2_grpc
@@ -126,6 +126,19 @@ def _overall(statuses: list[d.Status]) -> d.Status:
         if st.code != code:
             return codes.MULTIPLE_RESULTS
     return first
+
+
+def _status_response(status: d.Status) -> bytes:
+    return s.ReceiveMessageResponse(status=status).SerializeToString()
+
+
+def _timestamp_response() -> bytes:
+    return s.ReceiveMessageResponse(delivery_timestamp=ms_ts(now_ms())).SerializeToString()
+
+
+_OK_RESPONSE = _status_response(codes.OK)
+# Methods whose handlers yield responses this service serialized itself.
+RECEIVE_RAW = frozenset({"ReceiveMessage"})
 
 
 class MessagingService(service_pb2_grpc.MessagingServiceServicer):
@@ -457,38 +470,34 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             poll = min(poll, int(remaining_s * 1000) - DEADLINE_MARGIN_MS)
         return max(poll, 0)
 
-    async def ReceiveMessage(
-        self, request: s.ReceiveMessageRequest, context
-    ) -> AsyncIterator[s.ReceiveMessageResponse]:
-        """Stream: status, then one message each, then the delivery timestamp. (An async generator:
-        grpc.aio writes its items a little faster than awaited `context.write` calls.)"""
+    async def ReceiveMessage(self, request: s.ReceiveMessageRequest, context) -> AsyncIterator[bytes]:
+        """Stream: status, then one message each, then the delivery timestamp, as serialized
+        `ReceiveMessageResponse`s (`RECEIVE_RAW`; messages by `delivery_bytes`). An async generator:
+        grpc.aio writes its items a little faster than awaited `context.write` calls."""
         ctx = self._ctx(context)
         if not ctx.client_id:
-            yield s.ReceiveMessageResponse(status=codes.CLIENT_ID_REQUIRED)
+            yield _status_response(codes.CLIENT_ID_REQUIRED)
             return
         try:
             deliveries = await self._receive(ctx, request, context)
         except ProcessorError as e:
-            yield s.ReceiveMessageResponse(status=status_of(e))
+            yield _status_response(status_of(e))
             return
         except GrpcError as e:
-            yield s.ReceiveMessageResponse(status=e.status())
+            yield _status_response(e.status())
             return
         if not deliveries:
-            yield s.ReceiveMessageResponse(status=codes.NO_MESSAGE)
-            yield s.ReceiveMessageResponse(delivery_timestamp=ms_ts(now_ms()))
+            yield _status_response(codes.NO_MESSAGE)
+            yield _timestamp_response()
             return
         sent = 0
         try:
-            yield s.ReceiveMessageResponse(status=codes.OK)
+            yield _OK_RESPONSE
             host = self.store_host
-            response = s.ReceiveMessageResponse
             for dl in deliveries:
-                r = response()
-                fill_proto(dl, r.message, host)
-                yield r
+                yield delivery_response(dl, host)
                 sent += 1  # grpc asks for the next item only once this one is written
-            yield s.ReceiveMessageResponse(delivery_timestamp=ms_ts(now_ms()))
+            yield _timestamp_response()
         except BaseException:
             if sent < len(deliveries):  # the receiver went away: hand the rest out again soon
                 self._spawn(self._release(ctx, deliveries[sent:]))
