@@ -18,9 +18,9 @@ What it measures, in one run:
 
 3. Ceiling (like the bare endpoint of the HTTP bench): the same receive + ack load against a grpc.aio
    server on this loop that does no work: ReceiveMessage streams 32 responses built once (from a
-   stored message, by the adapter's own conversion), AckMessage answers every entry OK without a
-   store. `receive_ack_ceiling_per_s` is what grpc.aio and the load generator reach by themselves on
-   this machine; `receive_ack_ratio_vs_ceiling` = our rate / that.
+   stored message, by `convert.fill_proto`; grpc serializes them each time), AckMessage answers
+   every entry OK without a store. `receive_ack_ceiling_per_s` is what grpc.aio and the load
+   generator reach by themselves on this machine; `receive_ack_ratio_vs_ceiling` = our rate / that.
 
 Load generator I/O (`--client-poller`, `client_poller` in the output). The load generators share
 this machine's CPUs with the gateway, so what they spend per message is taken from the gateway.

@@ -15,6 +15,8 @@ Wire format facts used (protobuf encoding): a field starts with the varint key
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
+from typing import Any
 
 from adapters.grpc.convert import (
     HIDDEN_PROPERTIES,
@@ -59,7 +61,7 @@ def _string_field(key: bytes, value: str) -> bytes:
 class _Repeated(dict):
     """Encoded fields of values that repeat (a topic, a tag, a host): `cache[value]`."""
 
-    def __init__(self, encode) -> None:  # noqa: ANN001 - a callable str | int -> bytes
+    def __init__(self, encode: Callable[[Any], bytes]) -> None:
         super().__init__()
         self.encode = encode
 
