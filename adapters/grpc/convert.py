@@ -140,7 +140,7 @@ def proto_type(m: Message) -> int:
     return d.DELAY if m.deliver_at and mt is MessageType.NORMAL else _TYPE_TO_PROTO[mt]
 
 
-def immunity_seconds(value: str) -> int | None:
+def _immunity_seconds(value: str) -> int | None:
     """The `CHECK_IMMUNITY_TIME_IN_SECONDS` property as a Duration's seconds; None when it is not
     a decimal int64."""
     if value.isascii() and value.isdigit():
@@ -180,20 +180,33 @@ def _system_properties(m: Message, sp: d.SystemProperties) -> None:
         sp.message_group = m.message_group
 
 
-def _user_properties(m: Message, out: d.Message) -> None:
-    props = m.properties
-    if not props:
-        return
-    up = out.user_properties
-    sp = out.system_properties
+def split_properties(props: dict[str, str]) -> tuple[list[tuple[str, str]], str | None, int | None]:
+    """A stored message's properties → (user properties, trace context, orphaned-transaction
+    recovery seconds). The store's and this adapter's own properties are not user properties."""
+    user = []
+    trace = recovery = None
     for k, v in props.items():
-        if k in HIDDEN_PROPERTIES:
-            if k == PROP_TRACE_CONTEXT:
-                sp.trace_context = v
-            elif k == PROP_CHECK_IMMUNITY and (seconds := immunity_seconds(v)) is not None:
-                sp.orphaned_transaction_recovery_duration.seconds = seconds
-            continue
+        if k not in HIDDEN_PROPERTIES:
+            user.append((k, v))
+        elif k == PROP_TRACE_CONTEXT:
+            trace = v
+        elif k == PROP_CHECK_IMMUNITY:
+            recovery = _immunity_seconds(v)
+    return user, trace, recovery
+
+
+def _user_properties(m: Message, out: d.Message) -> None:
+    if not m.properties:
+        return
+    user, trace, recovery = split_properties(m.properties)
+    up = out.user_properties
+    for k, v in user:
         up[k] = v
+    sp = out.system_properties
+    if trace is not None:
+        sp.trace_context = trace
+    if recovery is not None:
+        sp.orphaned_transaction_recovery_duration.seconds = recovery
 
 
 def fill_proto(dl: Delivery, out: d.Message, store_host: str = "") -> None:

@@ -18,13 +18,7 @@ import hashlib
 from collections.abc import Callable
 from typing import Any
 
-from adapters.grpc.convert import (
-    HIDDEN_PROPERTIES,
-    PROP_CHECK_IMMUNITY,
-    PROP_TRACE_CONTEXT,
-    immunity_seconds,
-    proto_type,
-)
+from adapters.grpc.convert import proto_type, split_properties
 from adapters.grpc.generated import definition_pb2 as d
 from messaging_processor import Delivery
 
@@ -148,14 +142,11 @@ def delivery_response(dl: Delivery, store_host: str = "") -> bytes:
 
 
 def _properties(props: dict[str, str], sp: list[bytes]) -> bytes:
-    """User properties as map entries (returned); the system properties among them are appended
-    to `sp`."""
-    user = []
-    for k, v in props.items():
-        if k not in HIDDEN_PROPERTIES:
-            user.append(_field(b"\x12", _string_field(b"\x0a", k) + _string_field(b"\x12", v)))
-        elif k == PROP_TRACE_CONTEXT:
-            sp.append(_string_field(_TRACE_CONTEXT, v))
-        elif k == PROP_CHECK_IMMUNITY and (seconds := immunity_seconds(v)) is not None:
-            sp.append(_field(_ORPHANED_RECOVERY, b"\x08" + _varint(seconds) if seconds else b""))
-    return b"".join(user)
+    """User properties as map entries (returned); the system properties kept among the properties
+    are appended to `sp`."""
+    user, trace, recovery = split_properties(props)
+    if trace is not None:
+        sp.append(_string_field(_TRACE_CONTEXT, trace))
+    if recovery is not None:
+        sp.append(_field(_ORPHANED_RECOVERY, b"\x08" + _varint(recovery) if recovery else b""))
+    return b"".join([_field(b"\x12", _string_field(b"\x0a", k) + _string_field(b"\x12", v)) for k, v in user])
