@@ -61,6 +61,11 @@ async def _kv_get(c: LocalStoreClient, a: dict[str, Any], body: bytes) -> Any:
     return None if v is None else w.b64(v)
 
 
+async def _kv_put_if_absent(c: LocalStoreClient, a: dict[str, Any], body: bytes) -> Any:
+    v = await c.kv_put_if_absent(a["ns"], a["key"], body)
+    return None if v is None else w.b64(v)
+
+
 async def _kv_scan(c: LocalStoreClient, a: dict[str, Any], body: bytes) -> Any:
     return [[k, w.b64(v)] for k, v in await c.kv_scan(a["ns"], a["prefix"])]
 
@@ -101,6 +106,7 @@ OPS: dict[str, Op] = {
     "get_message": lambda c, a, b: _then(c.get_message(a["offset"]), lambda m: [m]),
     "kv_put": lambda c, a, b: c.kv_put(a["ns"], a["key"], b),
     "kv_put_many": _kv_put_many,
+    "kv_put_if_absent": _kv_put_if_absent,
     "kv_get": _kv_get,
     "kv_delete": lambda c, a, b: c.kv_delete(a["ns"], a["key"]),
     "kv_scan": _kv_scan,

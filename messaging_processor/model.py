@@ -109,10 +109,11 @@ class Route:
 @dataclass(slots=True)
 class TopicInfo:
     name: str
-    queues: int
+    queues: int  # over all stores: what routes list
     retention_ms: int | None = None
     retention_bytes: int | None = None
     messages: int = 0  # stored and not yet deleted by retention, over all queues
+    queues_per_store: int = 0  # what create_topic takes; equal to `queues` in LOCAL mode
 
 
 @dataclass(slots=True)

@@ -24,6 +24,7 @@ from store import (
     RetryPolicy,
     StoreError,
     StoreFullError,
+    TopicConfig,
     TopicNotFound,
     TransactionNotFound,
 )
@@ -396,7 +397,11 @@ class MessagingProcessor:
         with _StoreCall(None, "", ""):
             t = await self.store.create_topic(name, queues, retention_ms, retention_bytes)
         self._known_topics.add(name)
-        return TopicInfo(t.name, t.queues, t.retention_ms, t.retention_bytes)
+        return self._topic_info(t)
+
+    def _topic_info(self, t: TopicConfig, messages: int = 0) -> TopicInfo:
+        per_store = t.queues // max(self.store.store_count(), 1)
+        return TopicInfo(t.name, t.queues, t.retention_ms, t.retention_bytes, messages, per_store)
 
     async def delete_topic(self, name: str) -> None:
         self._known_topics.discard(name)
@@ -410,7 +415,7 @@ class MessagingProcessor:
         n = 0
         for q in range(t.queues):
             n += await self.store.max_offset(name, q) - await self.store.min_offset(name, q)
-        return TopicInfo(t.name, t.queues, t.retention_ms, t.retention_bytes, n)
+        return self._topic_info(t, n)
 
     async def topic_consumers(self, name: str) -> dict[str, dict[str, int]]:
         """{group: {backlog, inflight}} for every group that has consumed topic `name`."""
@@ -425,7 +430,7 @@ class MessagingProcessor:
 
     async def list_topics(self, *, include_system: bool = False) -> list[TopicInfo]:
         return [
-            TopicInfo(t.name, t.queues, t.retention_ms, t.retention_bytes)
+            self._topic_info(t)
             for t in await self.store.list_topics()
             if include_system or not t.name.startswith("%") or t.name.startswith("%DLQ%")
         ]
@@ -564,6 +569,11 @@ class MessagingProcessor:
     async def kv_put_many(self, ns: str, items: dict[str, bytes | None]) -> None:
         """Set several keys (None deletes) in one durable transaction."""
         await self.store.kv_put_many(ns, items)
+
+    async def kv_put_if_absent(self, ns: str, key: str, value: bytes) -> bytes | None:
+        """Store `value` unless (ns, key) exists, atomically, on the store every proxy shares:
+        None when stored (durable), else the value already there."""
+        return await self.store.kv_put_if_absent(ns, key, value)
 
     async def kv_get(self, ns: str, key: str) -> bytes | None:
         return await self.store.kv_get(ns, key)

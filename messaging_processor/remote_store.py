@@ -837,6 +837,10 @@ class ClusterStoreClient:
         enc = {k: (None if v is None else w.b64(v)) for k, v in items.items()}
         await self._kv_node().call("kv_put_many", {"ns": ns, "items": enc})
 
+    async def kv_put_if_absent(self, ns: str, key: str, value: bytes) -> bytes | None:
+        v = await self._kv_node().value("kv_put_if_absent", {"ns": ns, "key": key}, value)
+        return None if v is None else w.unb64(v)
+
     async def kv_get(self, ns: str, key: str) -> bytes | None:
         v = await self._kv_node().value("kv_get", {"ns": ns, "key": key})
         return None if v is None else w.unb64(v)
@@ -850,6 +854,11 @@ class ClusterStoreClient:
         ]
 
     # ------------------------------------------------------------------ misc
+    def store_count(self) -> int:
+        """Nodes seen: a topic has `queues` on each (create_topic's count is per node, as
+        RocketMQ's `updateTopic -c` creates the count on every broker of the cluster)."""
+        return max(len(self.nodes), 1)
+
     def stats(self) -> dict[str, object]:
         """Counters summed over live nodes (as of the last route refresh)."""
         return {**self._stats, "flush_latency_ms": []}

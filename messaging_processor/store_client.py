@@ -62,10 +62,14 @@ class StoreClient(Protocol):
     async def get_message(self, commitlog_offset: int) -> Message: ...
     async def kv_put(self, ns: str, key: str, value: bytes) -> None: ...
     async def kv_put_many(self, ns: str, items: dict[str, bytes | None]) -> None: ...
+    async def kv_put_if_absent(self, ns: str, key: str, value: bytes) -> bytes | None: ...
     async def kv_get(self, ns: str, key: str) -> bytes | None: ...
     async def kv_delete(self, ns: str, key: str) -> bool: ...
     async def kv_scan(self, ns: str, prefix: str) -> list[tuple[str, bytes]]: ...
     def stats(self) -> dict[str, object]: ...
+    def store_count(
+        self,
+    ) -> int: ...  # stores a topic's queues are spread over (create_topic's count is per store)
     async def close(self) -> None: ...
 
 
@@ -185,6 +189,9 @@ class LocalStoreClient:
     async def kv_put_many(self, ns: str, items: dict[str, bytes | None]) -> None:
         await self.store.kv.put_many(ns, items)
 
+    async def kv_put_if_absent(self, ns: str, key: str, value: bytes) -> bytes | None:
+        return await self.store.kv.put_if_absent(ns, key, value)
+
     async def kv_get(self, ns: str, key: str) -> bytes | None:
         return await self.store.kv.get(ns, key)
 
@@ -193,6 +200,9 @@ class LocalStoreClient:
 
     async def kv_scan(self, ns: str, prefix: str = "") -> list[tuple[str, bytes]]:
         return await self.store.kv.scan(ns, prefix)
+
+    def store_count(self) -> int:
+        return 1
 
     def stats(self) -> dict[str, object]:
         """Store counters (appends, flushes, pops, acks, redeliveries, dlq) and recent flush latencies."""

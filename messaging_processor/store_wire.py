@@ -76,6 +76,7 @@ OPS: dict[str, int] = {
             "kv_scan",
             "stats",
             "ping",
+            "kv_put_if_absent",
         )
     )
 }

@@ -47,6 +47,19 @@ class KeyValueStore:
             db.execute("ROLLBACK")
             raise
 
+    def _put_if_absent(self, ns: str, key: str, value: bytes) -> bytes | None:
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            row = db.execute("SELECT value FROM kv WHERE ns = ? AND key = ?", (ns, key)).fetchone()
+            if row is None:
+                db.execute("INSERT INTO kv VALUES (?, ?, ?)", (ns, key, value))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return None if row is None else bytes(row[0])
+
     def _get(self, ns: str, key: str) -> bytes | None:
         row = self._db.execute("SELECT value FROM kv WHERE ns = ? AND key = ?", (ns, key)).fetchone()
         return None if row is None else bytes(row[0])
@@ -72,6 +85,11 @@ class KeyValueStore:
     async def put_many(self, ns: str, items: dict[str, bytes | None]) -> None:
         """Set (or, for None values, delete) several keys in one transaction."""
         await self._run(self._put_many, ns, list(items.items()))
+
+    async def put_if_absent(self, ns: str, key: str, value: bytes) -> bytes | None:
+        """Store `value` unless the key exists, atomically: None when stored, else the value
+        already there (unchanged)."""
+        return await self._run(self._put_if_absent, ns, key, bytes(value))
 
     async def get(self, ns: str, key: str) -> bytes | None:
         return await self._run(self._get, ns, key)

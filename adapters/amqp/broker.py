@@ -13,7 +13,9 @@ empty (its group is positioned at the end of its topic). Consumption pops the qu
 Key-value namespaces (keys `<len(vhost)>:<vhost><name>`, values JSON; arguments as base64 of the
 AMQP field table): `amqp.exchanges` (durable exchanges), `amqp.queues` (every queue, so that
 transient and exclusive ones are removed from the store after a crash), `amqp.bindings` (bindings
-between a durable exchange and a durable queue or exchange).
+between a durable exchange and a durable queue or exchange). The records are shared by every proxy
+of a cluster: a declaration this proxy does not know is looked up there before anything is
+created, and a new queue's record is created with kv_put_if_absent (see "shared declarations").
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ def err(code: int, text: str, class_id: int = 0, method_id: int = 0) -> AMQPErro
 
 
 class VHost:
-    __slots__ = ("name", "exchanges", "queues")
+    __slots__ = ("name", "exchanges", "queues", "dropping")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -97,6 +99,8 @@ class VHost:
         for n, t in PREDECLARED:
             self.exchanges[n] = Exchange(name, n, t)
         self.queues: dict[str, Queue] = {}
+        # ("q" | "e", name) being deleted: their records must not be adopted back meanwhile
+        self.dropping: set[tuple[str, str]] = set()
 
 
 class Broker(QueueWork):
@@ -136,32 +140,14 @@ class Broker(QueueWork):
         """Load durable declarations; remove what transient and exclusive queues left in the store."""
         p = self.processor
         for key, value in await p.kv_scan(EXCHANGES_NS):
-            try:
-                vh, name = parse_vkey(key)
-                r = json.loads(value)
-                ex = Exchange(vh, name, r["type"], True, r["auto_delete"], r["internal"], _args_of(r["args"]))
-            except (ValueError, KeyError, TypeError):
-                log.warning("amqp: unreadable exchange record %r dropped", key)
-                await p.kv_delete(EXCHANGES_NS, key)
-                continue
-            self.vhost(vh).exchanges[name] = ex
+            vh, name = parse_vkey(key)
+            ex = await self._exchange_of_record(vh, name, value)
+            if ex is not None:
+                self.vhost(vh).exchanges[name] = ex
         for key, value in await p.kv_scan(QUEUES_NS):
-            try:
-                vh, name = parse_vkey(key)
-                r = json.loads(value)
-                q = Queue(
-                    vh,
-                    name,
-                    r["topic"],
-                    durable=r["durable"],
-                    exclusive=r["exclusive"],
-                    auto_delete=r["auto_delete"],
-                    args=_args_of(r["args"]),
-                    own_topic=r["own_topic"],
-                )
-            except (ValueError, KeyError, TypeError, AMQPError):
-                log.warning("amqp: unreadable queue record %r dropped", key)
-                await p.kv_delete(QUEUES_NS, key)
+            vh, name = parse_vkey(key)
+            q = await self._queue_of_record(vh, name, value)
+            if q is None:
                 continue
             if not q.durable or q.exclusive:
                 await self._drop_store(q)
@@ -169,19 +155,7 @@ class Broker(QueueWork):
                 continue
             self.vhost(vh).queues[name] = q
         for key, value in await p.kv_scan(BINDINGS_NS):
-            try:
-                vh_name, _ = parse_vkey(key)
-                r = json.loads(value)
-                vh = self.vhosts.get(vh_name)
-                src = vh.exchanges.get(r["source"]) if vh else None
-                dest = (vh.queues if r["kind"] == "q" else vh.exchanges).get(r["dest"]) if vh else None
-                args = _args_of(r["args"])
-            except (ValueError, KeyError, TypeError):
-                src = dest = None
-            if src is None or dest is None:
-                await p.kv_delete(BINDINGS_NS, key)
-                continue
-            self._link(src, dest, r["rk"], args)
+            self._link_record(key, value, None)
         n = 0
         for vh in self.vhosts.values():
             for q in vh.queues.values():
@@ -191,6 +165,99 @@ class Broker(QueueWork):
                     self._start_sweeper(q)
         if n:
             log.info("amqp: %d durable queues restored", n)
+
+    # ------------------------------------------------------------------ shared declarations
+    # Every proxy of a cluster reads and writes the same key-value records: a declaration this
+    # proxy has not seen yet is looked up there before anything is created, and a new queue's
+    # record is created atomically (kv_put_if_absent), so a second proxy declaring the same queue
+    # adopts it (its messages and its group's position) instead of starting it again.
+    async def _exchange_of_record(self, vh: str, name: str, value: bytes) -> Exchange | None:
+        try:
+            r = json.loads(value)
+            return Exchange(vh, name, r["type"], True, r["auto_delete"], r["internal"], _args_of(r["args"]))
+        except (ValueError, KeyError, TypeError):
+            log.warning("amqp: unreadable exchange record %r dropped", vkey(vh, name))
+            await self.processor.kv_delete(EXCHANGES_NS, vkey(vh, name))
+            return None
+
+    async def _queue_of_record(self, vh: str, name: str, value: bytes) -> Queue | None:
+        try:
+            r = json.loads(value)
+            return Queue(
+                vh,
+                name,
+                r["topic"],
+                durable=r["durable"],
+                exclusive=r["exclusive"],
+                auto_delete=r["auto_delete"],
+                args=_args_of(r["args"]),
+                own_topic=r["own_topic"],
+            )
+        except (ValueError, KeyError, TypeError, AMQPError):
+            log.warning("amqp: unreadable queue record %r dropped", vkey(vh, name))
+            await self.processor.kv_delete(QUEUES_NS, vkey(vh, name))
+            return None
+
+    def _link_record(self, key: str, value: bytes, dest_queue: str | None) -> None:
+        """Link one stored binding whose source and destination this proxy knows. At start
+        (`dest_queue` None) a record that is unreadable or misses an end is deleted; when a queue
+        is adopted, such a record is another proxy's business and left alone."""
+        try:
+            vh_name, _ = parse_vkey(key)
+            r = json.loads(value)
+            vh = self.vhosts.get(vh_name)
+            src = vh.exchanges.get(r["source"]) if vh else None
+            dest = (vh.queues if r["kind"] == "q" else vh.exchanges).get(r["dest"]) if vh else None
+            args = _args_of(r["args"])
+        except (ValueError, KeyError, TypeError):
+            src = dest = None
+        if src is None or dest is None:
+            if dest_queue is None:
+                self.spawn(self.processor.kv_delete(BINDINGS_NS, key))
+            return
+        self._link(src, dest, r["rk"], args)
+
+    async def _load_exchange(self, vh: VHost, name: str) -> Exchange | None:
+        """A durable exchange another proxy declared (None if there is none)."""
+        if ("e", name) in vh.dropping:
+            return None
+        raw = await self.processor.kv_get(EXCHANGES_NS, vkey(vh.name, name))
+        if raw is None:
+            return None
+        ex = await self._exchange_of_record(vh.name, name, raw)
+        if ex is not None and ("e", name) not in vh.dropping:
+            vh.exchanges[name] = vh.exchanges.get(name) or ex
+        return vh.exchanges.get(name)
+
+    async def _load_queue(self, vh: VHost, name: str, cls: int, mid: int) -> Queue | None:
+        """A queue another proxy declared, adopted with its stored bindings (None if there is
+        none). Another connection's exclusive queue is RESOURCE_LOCKED and not adopted."""
+        if ("q", name) in vh.dropping:
+            return None
+        raw = await self.processor.kv_get(QUEUES_NS, vkey(vh.name, name))
+        if raw is None:
+            return None
+        return await self._adopt_queue(vh, name, raw, cls, mid)
+
+    async def _adopt_queue(self, vh: VHost, name: str, raw: bytes, cls: int, mid: int) -> Queue | None:
+        q = await self._queue_of_record(vh.name, name, raw)
+        if q is None:
+            return None
+        if q.exclusive:
+            raise err(ReplyCode.RESOURCE_LOCKED, _locked(name, vh.name), cls, mid)
+        if name in vh.queues or ("q", name) in vh.dropping:  # adopted or deleted meanwhile
+            return vh.queues.get(name)
+        vh.queues[name] = q
+        for key, value in await self.processor.kv_scan(BINDINGS_NS, vkey(vh.name, "")):
+            src = _binding_source(value, name)
+            if src is not None:
+                if src not in vh.exchanges:
+                    await self._load_exchange(vh, src)
+                self._link_record(key, value, name)
+        self._touch(q)
+        if q.has_expiring:
+            self._start_sweeper(q)
+        return q
 
     async def close(self) -> None:
         self.closed = True
@@ -227,10 +294,18 @@ class Broker(QueueWork):
 
     # ------------------------------------------------------------------ exchanges
     def exchange(self, vh: VHost, name: str, cls: int, mid: int) -> Exchange:
+        """An exchange this proxy knows (the publish path: no store round trip)."""
         ex = vh.exchanges.get("" if name == "amq.default" else name)
         if ex is None:
             raise err(ReplyCode.NOT_FOUND, f"no exchange '{name}' in vhost '{vh.name}'", cls, mid)
         return ex
+
+    async def find_exchange(self, vh: VHost, name: str, cls: int, mid: int) -> Exchange:
+        """An exchange this proxy knows or another proxy declared durable."""
+        ex = vh.exchanges.get("" if name == "amq.default" else name)
+        if ex is None and await self._load_exchange(vh, name) is None:
+            raise err(ReplyCode.NOT_FOUND, f"no exchange '{name}' in vhost '{vh.name}'", cls, mid)
+        return self.exchange(vh, name, cls, mid)
 
     async def declare_exchange(
         self,
@@ -247,7 +322,7 @@ class Broker(QueueWork):
         if name in ("", "amq.default"):
             raise err(ReplyCode.ACCESS_REFUSED, "operation not permitted on the default exchange", 40, 10)
         if passive:
-            self.exchange(vh, name, 40, 10)
+            await self.find_exchange(vh, name, 40, 10)
             return
         if name.startswith("amq."):
             raise err(
@@ -262,7 +337,7 @@ class Broker(QueueWork):
         if ae is not None and not isinstance(ae, str):
             raise err(ReplyCode.PRECONDITION_FAILED, "invalid arg 'alternate-exchange'", 40, 10)
         async with self.lock:
-            ex = vh.exchanges.get(name)
+            ex = vh.exchanges.get(name) or await self._load_exchange(vh, name)
             if ex is not None:
                 for what, got, cur in (
                     ("type", type_, ex.type),
@@ -313,13 +388,17 @@ class Broker(QueueWork):
     async def _drop_exchange(self, vh: VHost, ex: Exchange) -> None:
         ex.deleted = True
         vh.exchanges.pop(ex.name, None)
-        gone = list(ex.bindings.values())
-        for other in vh.exchanges.values():
-            gone += [b for b in other.bindings.values() if b.dest is ex]
-        for b in gone:
-            await self._unlink(vh, b)
-        if ex.durable:
-            await self.processor.kv_delete(EXCHANGES_NS, vkey(vh.name, ex.name))
+        vh.dropping.add(("e", ex.name))
+        try:
+            gone = list(ex.bindings.values())
+            for other in vh.exchanges.values():
+                gone += [b for b in other.bindings.values() if b.dest is ex]
+            for b in gone:
+                await self._unlink(vh, b)
+            if ex.durable:
+                await self.processor.kv_delete(EXCHANGES_NS, vkey(vh.name, ex.name))
+        finally:
+            vh.dropping.discard(("e", ex.name))
 
     # ------------------------------------------------------------------ bindings
     def _link(self, src: Exchange, dest: Exchange | Queue, rk: str, args: dict[str, Any]) -> Binding | None:
@@ -360,7 +439,7 @@ class Broker(QueueWork):
         if source in ("", "amq.default"):
             raise err(ReplyCode.ACCESS_REFUSED, "operation not permitted on the default exchange", cls, mid)
         async with self.lock:
-            src = self.exchange(vh, source, cls, mid)
+            src = await self.find_exchange(vh, source, cls, mid)
             if getattr(dest, "deleted", False):
                 raise err(
                     ReplyCode.NOT_FOUND, f"no such destination '{dest.name}' in vhost '{vh.name}'", cls, mid
@@ -401,20 +480,20 @@ class Broker(QueueWork):
 
     # ------------------------------------------------------------------ queues
     def queue(self, conn: Connection, vh: VHost, name: str, cls: int, mid: int) -> Queue:
-        """A queue this connection may use: 404 if missing, 405 if exclusive to another connection."""
+        """A queue this proxy knows that this connection may use: 404 if missing, 405 if
+        exclusive to another connection."""
         q = vh.queues.get(name)
         if q is None:
             raise err(ReplyCode.NOT_FOUND, f"no queue '{name}' in vhost '{vh.name}'", cls, mid)
         if q.exclusive and q.owner is not conn:
-            raise err(
-                ReplyCode.RESOURCE_LOCKED,
-                f"cannot obtain exclusive access to locked queue '{name}' in vhost '{vh.name}'. It could be "
-                "originally declared on another connection or the exclusive property value does not match "
-                "that of the original declaration.",
-                cls,
-                mid,
-            )
+            raise err(ReplyCode.RESOURCE_LOCKED, _locked(name, vh.name), cls, mid)
         return q
+
+    async def find_queue(self, conn: Connection, vh: VHost, name: str, cls: int, mid: int) -> Queue:
+        """As `queue`, also for a queue another proxy declared (adopted from the shared records)."""
+        if name not in vh.queues:
+            await self._load_queue(vh, name, cls, mid)
+        return self.queue(conn, vh, name, cls, mid)
 
     async def declare_queue(
         self,
@@ -428,7 +507,7 @@ class Broker(QueueWork):
         args: dict[str, Any],
     ) -> Queue:
         if passive:
-            q = self.queue(conn, vh, name, 50, 10)
+            q = await self.find_queue(conn, vh, name, 50, 10)
             self._touch(q)
             return q
         if not name:
@@ -438,12 +517,8 @@ class Broker(QueueWork):
                 ReplyCode.ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'", 50, 10
             )
         async with self.lock:
-            q = vh.queues.get(name)
-            if q is not None:
-                q = self.queue(conn, vh, name, 50, 10)
-                check_equivalent(q, durable, exclusive, auto_delete, args)
-                self._touch(q)
-                return q
+            if name in vh.queues or await self._load_queue(vh, name, 50, 10) is not None:
+                return self._redeclare(conn, vh, name, durable, exclusive, auto_delete, args)
             topic = store_name(vh.name, name)
             q = Queue(
                 vh.name, name, topic, durable=durable, exclusive=exclusive, auto_delete=auto_delete, args=args
@@ -465,7 +540,11 @@ class Broker(QueueWork):
                 q.own_topic = True
             rec = q.record()
             rec["args"] = _args_b64(args)
-            await p.kv_put(QUEUES_NS, vkey(vh.name, name), json.dumps(rec).encode())
+            raw = await p.kv_put_if_absent(QUEUES_NS, vkey(vh.name, name), json.dumps(rec).encode())
+            if raw is not None:  # another proxy created it just now
+                if await self._adopt_queue(vh, name, raw, 50, 10) is None:
+                    raise err(ReplyCode.INTERNAL_ERROR, f"cannot declare queue '{name}'", 50, 10)
+                return self._redeclare(conn, vh, name, durable, exclusive, auto_delete, args)
             try:
                 if q.own_topic:
                     await p.create_topic(topic, queues=1)
@@ -484,6 +563,22 @@ class Broker(QueueWork):
             if q.has_expiring:
                 self._start_sweeper(q)
             return q
+
+    def _redeclare(
+        self,
+        conn: Connection,
+        vh: VHost,
+        name: str,
+        durable: bool,
+        exclusive: bool,
+        auto_delete: bool,
+        args: dict[str, Any],
+    ) -> Queue:
+        """queue.declare of an existing queue: changes nothing, or fails if inequivalent."""
+        q = self.queue(conn, vh, name, 50, 10)
+        check_equivalent(q, durable, exclusive, auto_delete, args)
+        self._touch(q)
+        return q
 
     async def _position_at_end(self, q: Queue) -> None:
         p = self.processor
@@ -509,7 +604,7 @@ class Broker(QueueWork):
         self, conn: Connection, vh: VHost, name: str, if_unused: bool, if_empty: bool
     ) -> int:
         async with self.lock:
-            if name not in vh.queues:
+            if name not in vh.queues and await self._load_queue(vh, name, 50, 40) is None:
                 return 0  # idempotent, as in RabbitMQ
             q = self.queue(conn, vh, name, 50, 40)
             if if_unused and q.consumers:
@@ -533,18 +628,22 @@ class Broker(QueueWork):
         q.deleted = True
         vh = self.vhosts[q.vhost]
         vh.queues.pop(q.name, None)
-        if q.expiry_timer is not None:
-            q.expiry_timer.cancel()
-        if q.sweeper is not None:
-            q.sweeper.cancel()
-        for c in list(q.consumers):
-            c.channel.server_cancel(c)
-        for b in list(q.bindings.values()):
-            await self._unlink(vh, b)
-        if q.owner is not None:
-            q.owner.exclusive_queues.discard(q)  # type: ignore[attr-defined]
-        await self._drop_store(q)  # first: a crash meanwhile leaves the record, cleaned up at start
-        await self.processor.kv_delete(QUEUES_NS, vkey(q.vhost, q.name))
+        vh.dropping.add(("q", q.name))
+        try:
+            if q.expiry_timer is not None:
+                q.expiry_timer.cancel()
+            if q.sweeper is not None:
+                q.sweeper.cancel()
+            for c in list(q.consumers):
+                c.channel.server_cancel(c)
+            for b in list(q.bindings.values()):
+                await self._unlink(vh, b)
+            if q.owner is not None:
+                q.owner.exclusive_queues.discard(q)  # type: ignore[attr-defined]
+            await self._drop_store(q)  # first: a crash meanwhile leaves the record, cleaned up at start
+            await self.processor.kv_delete(QUEUES_NS, vkey(q.vhost, q.name))
+        finally:
+            vh.dropping.discard(("q", q.name))
 
     async def _drop_store(self, q: Queue) -> None:
         p = self.processor
@@ -639,6 +738,23 @@ class Broker(QueueWork):
             seen.add(id(alt))
             ex = alt
             stack = list(alt.match(rk, raw)) if alt.name else list(self.route(vh, alt, rk, raw))
+
+
+def _binding_source(value: bytes, queue: str) -> str | None:
+    """The source exchange of a stored binding to `queue` (None for any other record)."""
+    try:
+        r = json.loads(value)
+        return r["source"] if r["kind"] == "q" and r["dest"] == queue else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _locked(name: str, vhost: str) -> str:
+    return (
+        f"cannot obtain exclusive access to locked queue '{name}' in vhost '{vhost}'. It could be "
+        "originally declared on another connection or the exclusive property value does not match "
+        "that of the original declaration."
+    )
 
 
 def _text(v: Any) -> str:

@@ -187,7 +187,7 @@ class Channel(Publishing):
         bind = type(m) is c.ExchangeBind
 
         async def run() -> None:
-            dest = self.broker.exchange(self.vhost, m.destination, 40, 30 if bind else 40)
+            dest = await self.broker.find_exchange(self.vhost, m.destination, 40, 30 if bind else 40)
             if not dest.name:
                 raise AMQPError(
                     ReplyCode.ACCESS_REFUSED,
@@ -214,8 +214,8 @@ class Channel(Publishing):
             raise AMQPError(ReplyCode.NOT_FOUND, "no previously declared queue", class_id=cls, method_id=mid)
         return self.last_queue
 
-    def _queue(self, name: str, cls: int, mid: int) -> Queue:
-        return self.broker.queue(self.conn, self.vhost, self._queue_name(name, cls, mid), cls, mid)
+    async def _queue(self, name: str, cls: int, mid: int) -> Queue:
+        return await self.broker.find_queue(self.conn, self.vhost, self._queue_name(name, cls, mid), cls, mid)
 
     async def _wait_sends(self) -> None:
         """Let this channel's publishes in flight reach the store (they were published before)."""
@@ -242,7 +242,7 @@ class Channel(Publishing):
         bind = type(m) is c.QueueBind
 
         async def run() -> None:
-            q = self._queue(m.queue, 50, 20 if bind else 50)
+            q = await self._queue(m.queue, 50, 20 if bind else 50)
             if bind:
                 await self.broker.bind(self.conn, self.vhost, q, m.exchange, m.routing_key, m.arguments, 50)
                 if not m.nowait:
@@ -255,7 +255,7 @@ class Channel(Publishing):
 
     def _queue_purge(self, m: c.QueuePurge) -> Any:
         async def run() -> None:
-            q = self._queue(m.queue, 50, 30)
+            q = await self._queue(m.queue, 50, 30)
             await self._wait_sends()
             n = await self.broker.purge(q)
             if not m.nowait:
@@ -295,7 +295,7 @@ class Channel(Publishing):
 
         async def run() -> None:
             b = self.broker
-            q = self._queue(m.queue, 60, 20)
+            q = await self._queue(m.queue, 60, 20)
             tag = m.consumer_tag or "amq.ctag-" + os.urandom(16).hex()
             if tag in self.consumers:
                 raise AMQPError(
@@ -365,7 +365,7 @@ class Channel(Publishing):
             b = self.broker
             p = b.processor
             ctx = self.conn.ctx
-            q = self._queue(m.queue, 60, 70)
+            q = await self._queue(m.queue, 60, 70)
             await b.authorize(self.conn, Action.SUBSCRIBE, Resource("topic", q.topic), 60, 70)
             await self._wait_sends()
             b.touch(q)

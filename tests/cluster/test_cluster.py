@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import json
 import os
 import signal
+import subprocess
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -23,12 +26,14 @@ from contextlib import asynccontextmanager
 import aio_pika
 import aiomqtt
 import grpc
+import pika
 import pytest
 
 from adapters.grpc.generated import definition_pb2 as d
 from adapters.grpc.generated import service_pb2_grpc
 from namesrv.client import NameServerClient
 from tests.cluster.support import Cluster, wait_for
+from tests.gatewayproc import GATEWAY
 from tests.grpc import grpctestlib as g
 from tests.remoting.realclients import needs_alions, needs_cpp, received, run
 
@@ -151,6 +156,88 @@ async def test_amqp_publish_on_one_proxy_and_consume_on_the_other(cluster):
     finally:
         await pub.close()
         await sub.close()
+
+
+def pika_channel(listeners: dict[str, str]) -> tuple[pika.BlockingConnection, object]:
+    host, port = listeners["amqp"].rsplit(":", 1)
+    conn = pika.BlockingConnection(pika.ConnectionParameters(host, int(port), connection_attempts=1))
+    return conn, conn.channel()
+
+
+def test_amqp_durable_queue_declared_again_on_a_second_proxy_keeps_its_messages(cluster):
+    """Regression: a second proxy declaring an existing durable queue treated it as new and moved
+    its group to the end of the topic, so 200 confirmed messages became unreachable."""
+    (_, l0), (_, l1) = cluster.proxies[:2]
+    c1, ch1 = pika_channel(l0)
+    c2, ch2 = pika_channel(l1)
+    try:
+        ch1.queue_declare("orders-q", durable=True)
+        ch1.confirm_delivery()
+        for i in range(200):  # each returns once confirmed (stored)
+            ch1.basic_publish("", "orders-q", f"o{i}".encode(), pika.BasicProperties(delivery_mode=2))
+        assert ch1.queue_declare("orders-q", passive=True).method.message_count == 200
+        # Proxy 2 knows the queue without declaring it, and declaring it again changes nothing.
+        assert ch2.queue_declare("orders-q", passive=True).method.message_count == 200
+        assert ch2.queue_declare("orders-q", durable=True).method.message_count == 200
+        assert ch1.queue_declare("orders-q", passive=True).method.message_count == 200
+        # An inequivalent declaration on proxy 2 is refused as RabbitMQ refuses it (406).
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+            ch2.queue_declare("orders-q", durable=False)
+        assert e.value.reply_code == 406
+        ch2 = c2.channel()
+        # Consumers on either proxy get every message, each once.
+        got: list[bytes] = []
+        deadline = time.monotonic() + 30
+        for ch in itertools.cycle((ch1, ch2)):
+            if len(got) >= 200 or time.monotonic() > deadline:
+                break
+            method, _, body = ch.basic_get("orders-q")
+            if method is not None:
+                got.append(body)
+                ch.basic_ack(method.delivery_tag)
+        assert sorted(got) == sorted(f"o{i}".encode() for i in range(200))
+        assert ch1.queue_declare("orders-q", passive=True).method.message_count == 0
+    finally:
+        c1.close()
+        c2.close()
+
+
+def test_amqp_exclusive_queue_of_another_proxy_is_locked(cluster):
+    (_, l0), (_, l1) = cluster.proxies[:2]
+    c1, ch1 = pika_channel(l0)
+    c2, ch2 = pika_channel(l1)
+    try:
+        ch1.queue_declare("mine-only", exclusive=True)
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+            ch2.queue_declare("mine-only", exclusive=True)
+        assert e.value.reply_code == 405  # RESOURCE_LOCKED, as for another connection of one proxy
+    finally:
+        c1.close()
+        c2.close()
+
+
+def admin_cli(*args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    return subprocess.run(GATEWAY + list(args), capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_topic_create_with_queues_is_repeatable_and_counts_queues_per_store(cluster):
+    """Regression: the second `topic create T --queues 4` answered 409 (the topic's 8 queues over
+    two stores were compared with the 4 asked per store)."""
+    url = f"http://{cluster.proxies[0][1]['http']}"
+    for _ in range(2):
+        r = admin_cli("topic", "create", "repeat", "--queues", "4", "--url", url, "--json")
+        assert r.returncode == 0, r.stderr
+        t = json.loads(r.stdout)
+        assert (t["queues"], t["queues_per_store"]) == (8, 4)  # 4 on each of the two stores
+    r = admin_cli("topic", "create", "repeat", "--url", url, "--json")  # no count: keeps it
+    assert r.returncode == 0 and json.loads(r.stdout)["queues_per_store"] == 4, r.stderr
+    r = admin_cli("topic", "create", "repeat", "--queues", "2", "--url", url)
+    assert r.returncode == 1 and "4 queues per store" in r.stderr and "cannot be removed" in r.stderr
+    r = admin_cli("topic", "create", "repeat", "--queues", "6", "--url", url, "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["queues"] == 12, r.stderr
+    r = admin_cli("topic", "get", "repeat", "--url", f"http://{cluster.proxies[1][1]['http']}", "--json")
+    assert r.returncode == 0 and len(json.loads(r.stdout)["queue_offsets"]) == 12, r.stderr
 
 
 async def test_proxies_register_their_endpoints_with_the_name_server(cluster):

@@ -213,6 +213,8 @@ async def test_kv_lives_on_one_node_and_admin_reaches_all(env):
     assert await c.kv_get("ns", "k1") == b"v1"
     assert await c.kv_scan("ns", "k") == [("k1", b"v1"), ("k2", b"v2")]
     assert await c.kv_delete("ns", "k1") is True
+    assert await c.kv_put_if_absent("ns", "k2", b"other") == b"v2"  # kept
+    assert await c.kv_put_if_absent("ns", "k4", b"v4") is None and await c.kv_get("ns", "k4") == b"v4"
     assert await env.nodes["store-a"].store.kv.get("ns", "k2") == b"v2"  # first node by name
     assert await env.nodes["store-b"].store.kv.get("ns", "k2") is None
     await c.create_group("grp", 3, None)

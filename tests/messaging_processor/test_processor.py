@@ -316,11 +316,17 @@ async def test_durable_key_value_metadata(tmp_path):
     assert await p.kv_scan("mqtt.session", "dev/") == [("dev/2", b"two")]
     assert await p.kv_delete("mqtt.session", "other") is True
     assert await p.kv_delete("mqtt.session", "other") is False
+    # put-if-absent: exactly one of concurrent creators stores its value; the others get it back.
+    got = await asyncio.gather(*(p.kv_put_if_absent("amqp.queues", "q", b"v%d" % i) for i in range(8)))
+    winner = await p.kv_get("amqp.queues", "q")
+    assert got.count(None) == 1 and all(v == winner for v in got if v is not None)
+    assert winner == b"v%d" % got.index(None)
     await store.close()
     store = await Store.open(StoreConfig(data_dir=data))
     p = MessagingProcessor(LocalStoreClient(store))
     assert await p.kv_scan("mqtt.session") == [("dev/2", b"two")]
     assert await p.kv_get("mqtt.retained", "dev/2") == b"r"
+    assert await p.kv_get("amqp.queues", "q") == winner
     await store.close()
 
 
