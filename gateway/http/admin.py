@@ -30,14 +30,23 @@ _ERRORS = {
 # ----------------------------------------------------------------------------- models
 class TopicIn(BaseModel):
     name: str = Field(min_length=1, max_length=255)
-    queues: int | None = Field(None, ge=1, le=1024, description="default: the gateway's default_queues")
+    queues: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="queues on each store (CLUSTER mode: the topic has this many on every store node, "
+        "as RocketMQ's `updateTopic -c`); default: the gateway's default_queues",
+    )
     retention_ms: int | None = Field(None, ge=1, description="default: the store's retention")
     retention_bytes: int | None = Field(None, ge=1, description="default: no size limit")
 
 
 class Topic(BaseModel):
     name: str
-    queues: int
+    queues: int = Field(description="over all stores: the queues routes list")
+    queues_per_store: int = Field(
+        description="what `queues` of a create means; equal to `queues` in LOCAL mode"
+    )
     retention_ms: int | None = None
     retention_bytes: int | None = None
     messages: int = Field(0, description="stored messages not yet removed by retention, all queues")
@@ -100,6 +109,7 @@ async def _existing_topic(p: MessagingProcessor, name: str) -> Topic | None:
     return Topic(
         name=t.name,
         queues=t.queues,
+        queues_per_store=t.queues_per_store,
         retention_ms=t.retention_ms,
         retention_bytes=t.retention_bytes,
         messages=t.messages,
@@ -149,11 +159,13 @@ async def create_topic(body: TopicIn, p: Processor, response: Response) -> Topic
     old = await _existing_topic(p, body.name)
     queues, retention_ms, retention_bytes = body.queues, body.retention_ms, body.retention_bytes
     if old is not None:
-        if queues is not None and queues < old.queues:
+        if queues is not None and queues < old.queues_per_store:
             raise HTTPException(
-                409, f"topic {body.name} has {old.queues} queues; queues cannot be removed (asked {queues})"
+                409,
+                f"topic {body.name} has {old.queues_per_store} queues per store; queues cannot be removed "
+                f"(asked {queues})",
             )
-        queues = queues or old.queues
+        queues = queues or old.queues_per_store
         retention_ms = retention_ms if retention_ms is not None else old.retention_ms
         retention_bytes = retention_bytes if retention_bytes is not None else old.retention_bytes
         response.status_code = 200
@@ -162,6 +174,7 @@ async def create_topic(body: TopicIn, p: Processor, response: Response) -> Topic
     return Topic(
         name=t.name,
         queues=t.queues,
+        queues_per_store=t.queues_per_store,
         retention_ms=t.retention_ms,
         retention_bytes=t.retention_bytes,
         messages=old.messages if old is not None else 0,
@@ -180,6 +193,7 @@ async def get_topic(name: str, p: Processor) -> TopicDetail:
     return TopicDetail(
         name=t.name,
         queues=t.queues,
+        queues_per_store=t.queues_per_store,
         retention_ms=t.retention_ms,
         retention_bytes=t.retention_bytes,
         messages=t.messages,

@@ -112,6 +112,7 @@ async def test_topic_create_list_get_delete(gw):
     assert r.json() == {
         "name": "orders",
         "queues": 3,
+        "queues_per_store": 3,
         "retention_ms": 60000,
         "retention_bytes": None,
         "messages": 0,
