@@ -3,18 +3,17 @@ delay timers, transactions and retention. Protocol-free; see docs/store.md."""
 
 from .commitlog import StoreFullError
 from .config import GroupConfig, RetryPolicy, StoreConfig, TopicConfig
-from .message import AppendResult, Message, MessageType, PoppedMessage
-from .store import (
-    ALL,
-    Filter,
+from .errors import (
     GroupNotFound,
     InvalidReceiptHandle,
     MessageTooLarge,
-    Store,
     StoreError,
     TopicNotFound,
     TransactionNotFound,
 )
+from .filters import ALL, Filter
+from .message import AppendResult, Message, MessageType, PoppedMessage
+from .store import Store
 
 __all__ = [
     "ALL",

@@ -5,11 +5,7 @@ every appender at once, so throughput fell). The sync runs through Linux AIO (ai
 where that is missing, a helper process (fsyncer.py). A batch is made readable (`on_readable`)
 once written, and its appenders' futures resolve when it is durable (`on_durable`).
 
-A queued record is a plain tuple (cheaper to build than an object):
-    (start, data, cq, entry, idx, fut, result, keys, tag_hash)
-`data` (a padding record, maybe, then the record) lands at commit log offset `start`; `entry` is its
-consume queue entry and `idx` its index entries, which the store keeps in memory once the record is
-durable and its checkpoints write to their files.
+The append path (appending.py) queues one `Record` per message.
 """
 
 from __future__ import annotations
@@ -18,13 +14,33 @@ import asyncio
 import os
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 from .aio_fsync import AioFsync
 from .commitlog import CommitLog
+from .consumequeue import ConsumeQueue
 from .fsyncer import FsyncClient
 from .index import MessageIndex
+from .message import AppendResult
 
 EARLY_RECORDS = 8  # with the disk idle, at least this many queued records are written and synced at once
+
+
+class Record(NamedTuple):
+    """One appended message on its way to the disk. The append path builds it with
+    `tuple.__new__(Record, (...))` (NamedTuple's own `__new__` is Python code: slower)."""
+
+    start: int  # commit log offset where `data` lands
+    data: bytes  # a padding record (when the record starts a new segment), then the record
+    cq: ConsumeQueue  # its queue
+    # its consume queue entry and index entries: kept in memory once the record is readable, and
+    # written to their files by the first checkpoint after it is durable
+    entry: bytes
+    idx: bytes
+    fut: asyncio.Future  # answered when the record is durable (a shared, done one if nobody waits)
+    result: AppendResult
+    keys: tuple[str, ...]
+    tag_hash: int
 
 
 class GroupCommitWriter:
@@ -34,9 +50,9 @@ class GroupCommitWriter:
         commitlog: CommitLog,
         index: MessageIndex,
         sync: bool,
-        on_readable: Callable[[list[tuple]], None],
-        on_durable: Callable[[list[tuple], float], None],
-        on_failed: Callable[[list[tuple], int | None, BaseException], None],
+        on_readable: Callable[[list[Record]], None],
+        on_durable: Callable[[list[Record], float], None],
+        on_failed: Callable[[list[Record], int | None, BaseException], None],
         fsync_method: str = "auto",
     ) -> None:
         self.loop = loop
@@ -45,10 +61,10 @@ class GroupCommitWriter:
         self.on_readable = on_readable
         self.on_durable = on_durable
         self.on_failed = on_failed
-        self.pending: list[tuple] = []
+        self.pending: list[Record] = []
         self._scheduled = False
-        self.unsynced: list[list[tuple]] = []
-        self._inflight: tuple[list[list[tuple]], float, int] | None = None
+        self.unsynced: list[list[Record]] = []
+        self._inflight: tuple[list[list[Record]], float, int] | None = None
         self.written_end = 0  # commit log bytes written to the page cache
         self.durable_end = 0  # ... and known durable (fsynced, or written under the async policy)
         self.unsynced_segments: set[str] = set()
@@ -68,7 +84,7 @@ class GroupCommitWriter:
                 raise OSError("fsync_method 'aio': this kernel cannot do AIO fdatasync")
         return FsyncClient(self.loop, self._synced)
 
-    def put(self, recs: list[tuple]) -> None:
+    def put(self, recs: list[Record]) -> None:
         """Queue records (in order) for the next batch write."""
         pending = self.pending
         pending.extend(recs)
@@ -87,8 +103,8 @@ class GroupCommitWriter:
                 self._request()
             return
         t0 = time.perf_counter()
-        start = recs[0][0]
-        data = b"".join([r[1] for r in recs])
+        start = recs[0].start
+        data = b"".join([r.data for r in recs])
         try:
             segs = self.commitlog.write_batch(start, data, sync=False)
         except BaseException as e:  # noqa: BLE001 - every appender of the batch hears of it

@@ -70,7 +70,8 @@ async def consume(store: Store, rng: random.Random) -> None:
                 store.ack(p.receipt_handle)
                 acked.append(tag)
         if acked:
-            await store._flush_progress()  # the ack is durable now (normally every consumer_log_flush_ms)
+            # the ack is durable now (normally every consumer_log_flush_ms)
+            await store._checkpoints.flush_progress()
             for tag in acked:
                 out(f"A {tag}")
         await asyncio.sleep(rng.uniform(0, 0.02))

@@ -16,13 +16,16 @@ import time
 import zlib
 from pathlib import Path
 
-from store import Message, Store, StoreConfig, codec
+from store import Message, Store, StoreConfig, appending, codec, popping, retention, scheduling
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository (so child processes can import `store`)
 HERE = Path(__file__).resolve().parent
 
 # Background jobs that would otherwise run during a test are pushed far out unless a test wants them.
 QUIET = 3_600_000
+
+# The store modules that read the clock (`now_ms`): a test's fake clock replaces it in each.
+CLOCKED_MODULES = (appending, popping, retention, scheduling)
 
 
 def config(data_dir: str, **kw) -> StoreConfig:
@@ -79,7 +82,7 @@ def bodies(msgs) -> list[bytes]:
 
 async def flush_progress(store: Store) -> None:
     """Write and fdatasync the consumer operations log now (internal; normally every few ms)."""
-    await store._flush_progress()
+    await store._checkpoints.flush_progress()
 
 
 async def crash_copy(store: Store, dst: str | os.PathLike) -> None:

@@ -12,7 +12,7 @@ import time
 import zlib
 
 import pytest
-from storetestlib import HERE, ROOT, append, bodies, read_all, read_queue, wait_until
+from storetestlib import CLOCKED_MODULES, HERE, ROOT, append, bodies, read_all, read_queue, wait_until
 
 from store import (
     ALL,
@@ -116,7 +116,7 @@ async def test_append_many_in_order_durable_and_mixed_types(make_store):
     assert [m.body for m in read_queue(s, "t", 0)] == [f"m{i}".encode() for i in range(0, 50, 2)]
     assert [r.queue_offset for r in rs[:50:2]] == list(range(25))
     with pytest.raises(MessageTooLarge):  # checked before anything is queued
-        await s.append_many([Message("t", b"ok"), Message("t", b"x" * (s._max_size + 1))])
+        await s.append_many([Message("t", b"ok"), Message("t", b"x" * (s._appender.max_size + 1))])
     assert s.max_offset("t", 0) == 25 and s.max_offset("t", 1) == 25
     await s.close()
     s = await make_store()  # durable: all there after a reopen
@@ -152,13 +152,13 @@ async def test_records_are_readable_once_written_and_answered_once_durable(make_
     assert [p.message.body for p in popped] == [b"early"] and held, "not readable before its sync"
     assert not appended.done(), "the appender was answered before its sync"
     cq = s.cqs[("v", 0)]
-    await s._checkpoint()
+    await s._checkpoints.checkpoint()
     assert os.fstat(cq.fd).st_size == 0, "a checkpoint wrote the entry of a record not yet durable"
     w.fsync.request = real_request
     real_request(held.pop())
     r = await asyncio.wait_for(appended, 10)
     assert r.queue_offset == 0
-    await s._checkpoint()
+    await s._checkpoints.checkpoint()
     assert os.fstat(cq.fd).st_size > 0
     s.ack(popped[0].receipt_handle)
     assert s.backlog("g", "v") == 0
@@ -741,10 +741,9 @@ async def test_retention_keeps_segments_with_a_young_topic(make_store):
 async def test_retention_keeps_undelivered_delayed_messages(make_store, monkeypatch):
     """A message delayed by 10 days is held in the commit log until it is due: retention (72 h by
     default) must not delete the segment holding it before it is delivered."""
-    import store.store as store_mod
-
     clock = [now_ms()]
-    monkeypatch.setattr(store_mod, "now_ms", lambda: clock[0])
+    for mod in CLOCKED_MODULES:
+        monkeypatch.setattr(mod, "now_ms", lambda: clock[0])
     day = 86_400_000
     s = await make_store(segment_size=64 * 1024)
     s.create_topic("t", queues=1)
@@ -765,20 +764,21 @@ async def test_a_crash_during_a_retention_move_still_delivers_the_delayed_messag
 ):
     """Retention copies a held delayed message forward, then marks the old record delivered. A
     crash between the two leaves both pending: the message must still be delivered once."""
-    import store.store as store_mod
-
     clock = [now_ms()]
-    monkeypatch.setattr(store_mod, "now_ms", lambda: clock[0])
+    for mod in CLOCKED_MODULES:
+        monkeypatch.setattr(mod, "now_ms", lambda: clock[0])
     s = await make_store(segment_size=64 * 1024)
     s.create_topic("t", queues=1)
     await s.append(Message("t", b"later", deliver_at=clock[0] + 60_000))
     monkeypatch.setattr(s.progress, "done", lambda *a: None)  # the crash: the mark never happens
-    await s._move_delayed(s.commitlog.write_pos, clock[0])
-    assert [clo > 0 for _w, _q, clo in s._timer_heap] == [True]  # the copy waits now
+    await s._delays.move(s.commitlog.write_pos, clock[0])
+    assert [clo > 0 for _w, _q, clo in s._delays.heap] == [True]  # the copy waits now
     await s.close()
     clock[0] += 61_000
     s = await make_store(segment_size=64 * 1024)
-    assert await wait_until(lambda: not s._timer_heap and not s._delivering and bool(read_all(s, "t")))
+    assert await wait_until(
+        lambda: not s._delays.heap and not s._delays.delivering and bool(read_all(s, "t"))
+    )
     assert bodies(read_all(s, "t")) == [b"later"]
 
 
@@ -1058,7 +1058,7 @@ async def test_a_checkpoint_cancelled_while_its_io_is_queued_still_writes_its_en
     await s.append(Message("T", b"first"))
     busy = threading.Event()
     blocker = s._run_io(busy.wait, 10)  # the IO thread is busy: the checkpoint's job waits in line
-    cp = asyncio.ensure_future(s._checkpoint())
+    cp = asyncio.ensure_future(s._checkpoints.checkpoint())
     await asyncio.sleep(0)
     await asyncio.sleep(0)
     cp.cancel()

@@ -16,9 +16,8 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from storetestlib import append, crash_copy, open_store, read_queue
+from storetestlib import CLOCKED_MODULES, append, crash_copy, open_store, read_queue
 
-import store.store as store_mod
 from store import InvalidReceiptHandle, Message
 from store.message import now_ms as real_now_ms
 
@@ -60,8 +59,9 @@ class StoreMachine(RuleBasedStateMachine):
         self.loop = asyncio.new_event_loop()
         self.dir = tempfile.mkdtemp(prefix="store-model-")
         self.clock = FakeClock()
-        self._real_now = store_mod.now_ms
-        store_mod.now_ms = self.clock
+        self._real_now = [mod.now_ms for mod in CLOCKED_MODULES]
+        for mod in CLOCKED_MODULES:
+            mod.now_ms = self.clock
         self.store = None
         self.queues = {t: [[] for _ in range(QUEUES)] for t in TOPICS}  # bodies per queue
         self.msgs: dict[bytes, Msg] = {}
@@ -98,7 +98,8 @@ class StoreMachine(RuleBasedStateMachine):
             if self.store is not None:
                 self.run(self.store.close())
         finally:
-            store_mod.now_ms = self._real_now
+            for mod, real in zip(CLOCKED_MODULES, self._real_now, strict=True):
+                mod.now_ms = real
             self.loop.close()
             shutil.rmtree(self.dir, ignore_errors=True)
 

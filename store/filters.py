@@ -1,0 +1,36 @@
+"""What a consumer wants from a topic: `Filter` (tags and/or a predicate over the message)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .message import Message, tag_hash
+
+
+@dataclass(slots=True, frozen=True)
+class Filter:
+    """What a consumer wants: tags (None = all) and/or a predicate over the decoded message."""
+
+    tags: frozenset[str] | None = None
+    predicate: Callable[[Message], bool] | None = None
+
+    @classmethod
+    def from_expression(cls, expr: str | None) -> Filter:
+        """RocketMQ tag expression: `*`, empty, or `TagA || TagB`."""
+        if not expr or expr.strip() == "*":
+            return ALL
+        return cls(tags=frozenset(t.strip() for t in expr.split("||") if t.strip()))
+
+    def matches(self, msg: Message) -> bool:
+        if self.tags is not None and msg.tag not in self.tags:
+            return False
+        return self.predicate is None or self.predicate(msg)
+
+
+ALL = Filter()
+
+
+def tag_hashes(f: Filter) -> frozenset[int] | None:
+    """The consume queue tag hashes a filter accepts (None: any), to skip entries unread."""
+    return None if f.tags is None else frozenset(tag_hash(t) for t in f.tags)

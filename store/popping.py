@@ -1,0 +1,306 @@
+"""Pop consumption: `pop` hands out messages from any queue of a topic, invisible to the group until
+acked or their invisible time ends (then handed out again, and after `max_attempts` moved to the
+group's DLQ); `ack`, `change_invisible_time`, `nack`, `forward_to_dlq` act on a receipt handle.
+FIFO message groups hold their queue while in flight. Long polling: pops wait in `LongPolling`
+until a matching append, an ack or invisible time change, or a retry deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import time
+from collections.abc import Callable
+
+from .catalog import Catalog
+from .config import DLQ_PREFIX, GroupConfig
+from .consumequeue import ConsumeQueue
+from .consumer import ConsumerProgress, GroupTopic, Inflight
+from .errors import InvalidReceiptHandle, StoreError
+from .filters import ALL, Filter, tag_hashes
+from .message import AppendResult, Message, PoppedMessage, copy_with, now_ms
+
+log = logging.getLogger("store")
+
+PROP_ORIGIN_TOPIC = "ORIGIN_TOPIC"
+PROP_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+PROP_ORIGIN_QUEUE = "ORIGIN_QUEUE_ID"
+PROP_ORIGIN_OFFSET = "ORIGIN_QUEUE_OFFSET"
+PROP_RECONSUME_TIMES = "RECONSUME_TIMES"
+PROP_DLQ_REASON = "DLQ_REASON"
+
+
+def encode_handle(seq: int, group: str, topic: str, qid: int, offset: int) -> str:
+    """A receipt handle (decoded by `Popper._resolve`)."""
+    return f"{seq:x} {qid} {offset} {topic} {group}"
+
+
+class _Waiter:
+    __slots__ = ("fut", "hashes", "has_predicate")
+
+    def __init__(self, fut: asyncio.Future[None], f: Filter) -> None:
+        self.fut = fut
+        self.hashes = tag_hashes(f)
+        self.has_predicate = f.predicate is not None
+
+
+class LongPolling:
+    """Pops waiting for a topic. The append path wakes those whose filter may match a new record."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.waiters: dict[str, set[_Waiter]] = {}  # by topic (the append path reads it directly)
+
+    async def wait(self, topic: str, f: Filter, give_up: float, next_due: int | None) -> None:
+        """Sleep until woken, `give_up` (monotonic seconds) or `next_due` (epoch ms), if sooner."""
+        timeout = give_up - time.monotonic()
+        if next_due is not None:
+            timeout = min(timeout, max((next_due - now_ms()) / 1000, 0.001))
+        if timeout <= 0:
+            return
+        w = _Waiter(self.loop.create_future(), f)
+        ws = self.waiters.setdefault(topic, set())
+        ws.add(w)
+        try:
+            await asyncio.wait_for(w.fut, timeout)
+        except TimeoutError:
+            pass
+        finally:
+            ws.discard(w)
+
+    def wake(self, topic: str, hashes: set[int] | None) -> None:
+        """Wake the pops of `topic` that may want a record with one of these tag hashes (None: all)."""
+        ws = self.waiters.get(topic)
+        if not ws:
+            return
+        for w in ws:
+            if w.fut.done():
+                continue
+            if hashes is None or w.hashes is None or w.has_predicate or not w.hashes.isdisjoint(hashes):
+                w.fut.set_result(None)
+
+    def wake_all(self) -> None:
+        for waiters in self.waiters.values():
+            for w in waiters:
+                if not w.fut.done():
+                    w.fut.set_result(None)
+
+
+class Popper:
+    """Pop consumption over the catalog's queues and the groups' progress. `closed` (set when the
+    store closes) ends long polls."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        progress: ConsumerProgress,
+        read_entry: Callable[[int, int], Message | None],
+        submit: Callable[..., asyncio.Future[AppendResult]],
+        polls: LongPolling,
+        metrics: dict[str, int],
+    ) -> None:
+        self.catalog = catalog
+        self.progress = progress
+        self.read_entry = read_entry
+        self.submit = submit
+        self.polls = polls
+        self.metrics = metrics
+        self.closed = False
+
+    async def pop(
+        self,
+        group: str,
+        topic: str,
+        max_messages: int = 32,
+        invisible_time_ms: int = 30_000,
+        filter: Filter = ALL,
+        wait_ms: int = 0,
+    ) -> list[PoppedMessage]:
+        if max_messages < 1:
+            raise ValueError("max_messages must be positive")
+        if invisible_time_ms < 0:
+            raise ValueError("invisible_time_ms must not be negative")
+        gconf = self.catalog.group(group)
+        self.catalog.topic(topic, create=False)
+        give_up = time.monotonic() + wait_ms / 1000
+        while True:
+            out, dlq = self._pop_now(gconf, topic, max_messages, invisible_time_ms, filter)
+            for st, qid, offset, msg in dlq:
+                try:
+                    await self._to_dlq(gconf.name, st, qid, offset, msg, "max attempts reached")
+                except StoreError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - the message stays for a later try
+                    log.warning("moving %s:%d:%d to the DLQ failed: %s", st.topic, qid, offset, e)
+            if out or time.monotonic() >= give_up or self.closed:
+                if not out and dlq and time.monotonic() < give_up:
+                    continue
+                self.metrics["pops"] += len(out)
+                return out
+            await self.polls.wait(topic, filter, give_up, self.progress.get(group, topic).next_deadline())
+
+    def _pop_now(
+        self, gconf: GroupConfig, topic: str, max_n: int, invisible: int, f: Filter
+    ) -> tuple[list[PoppedMessage], list]:
+        progress = self.progress
+        st = progress.get(gconf.name, topic)
+        now = now_ms()
+        out: list[PoppedMessage] = []
+        dlq: list = []
+        heap = st.retry_heap
+        # 1. messages whose invisible time is over
+        while heap and heap[0][0] <= now and len(out) < max_n:
+            deadline, seq, qid, offset = heapq.heappop(heap)
+            q = st.queues.get(qid)
+            inf = q.inflight.get(offset) if q else None
+            if inf is None or inf.seq != seq:
+                continue  # stale heap entry
+            cq = self.catalog.cqs.get((topic, qid))
+            if cq is None or offset < cq.min_offset:
+                progress.done(st, qid, offset)  # deleted by retention
+                continue
+            clo, size, _th, _ts = cq.entry(offset)
+            msg = self.read_entry(clo, size)
+            if msg is None:
+                progress.done(st, qid, offset)
+                continue
+            if inf.attempts >= gconf.max_attempts:
+                inf.seq = progress.next_seq()  # nobody else picks it while it moves to the DLQ
+                dlq.append((st, qid, offset, msg))
+                continue
+            new_seq = progress.next_seq()
+            progress.changed(st, qid, offset, new_seq, now + invisible, inf.attempts + 1)
+            msg.reconsume_times = inf.attempts - 1
+            out.append(
+                PoppedMessage(msg, encode_handle(new_seq, gconf.name, topic, qid, offset), now + invisible)
+            )
+            self.metrics["redeliveries"] += 1
+        # 2. new messages, round robin over queues
+        if len(out) < max_n:
+            qs = self.catalog.queues(topic)
+            hashes = tag_hashes(f)
+            n = len(qs)
+            start = st.rr % n
+            st.rr += 1
+            queues = st.queues
+            for k in range(n):
+                if len(out) >= max_n:
+                    break
+                cq = qs[(start + k) % n]
+                q = queues.get(cq.queue_id)
+                if q is not None and q.cursor >= cq.max_offset:  # (then also >= min_offset)
+                    continue  # nothing new in this queue (the common case at low rates: skip the call)
+                self._pop_queue(st, cq, gconf.name, topic, max_n, invisible, f, hashes, now, out)
+        return out, dlq
+
+    def _pop_queue(
+        self,
+        st: GroupTopic,
+        cq: ConsumeQueue,
+        group: str,
+        topic: str,
+        max_n: int,
+        invisible: int,
+        f: Filter,
+        hashes: frozenset[int] | None,
+        now: int,
+        out: list[PoppedMessage],
+    ) -> None:
+        progress = self.progress
+        qid = cq.queue_id
+        q = st.queue(qid)
+        if q.cursor < cq.min_offset:
+            progress.committed(st, qid, cq.min_offset)
+        while len(out) < max_n and q.cursor < cq.max_offset:
+            base = q.cursor
+            for i, (clo, size, th, _ts) in enumerate(cq.entries(base, max_n - len(out))):
+                offset = base + i
+                if hashes is not None and th not in hashes:
+                    progress.done(st, qid, offset)
+                    continue
+                msg = self.read_entry(clo, size)
+                if msg is None or not f.matches(msg):
+                    progress.done(st, qid, offset)
+                    continue
+                mg = msg.message_group
+                if mg and mg in st.fifo_busy:
+                    return  # FIFO: this queue waits until the group's previous message is done
+                inf = Inflight(progress.next_seq(), now + invisible, 1, mg)
+                progress.popped(st, qid, offset, inf)
+                out.append(
+                    PoppedMessage(msg, encode_handle(inf.seq, group, topic, qid, offset), inf.deadline)
+                )
+                if len(out) >= max_n:
+                    return
+
+    def _resolve(self, handle: str) -> tuple[GroupTopic, int, int, Inflight]:
+        try:
+            seq, qid, offset, topic, group = handle.split(" ")
+            seq, qid, offset = int(seq, 16), int(qid), int(offset)
+        except ValueError:
+            raise InvalidReceiptHandle(f"malformed receipt handle {handle!r}") from None
+        st = self.progress.states.get((group, topic))
+        q = st.queues.get(qid) if st else None
+        inf = q.inflight.get(offset) if q else None
+        if inf is None or inf.seq != seq:
+            raise InvalidReceiptHandle("receipt handle is expired or already acknowledged")
+        return st, qid, offset, inf
+
+    def ack(self, handle: str) -> None:
+        st, qid, offset, inf = self._resolve(handle)
+        self.progress.done(st, qid, offset)
+        self.metrics["acks"] += 1
+        if inf.message_group:
+            self.polls.wake(st.topic, None)
+
+    def change_invisible_time(self, handle: str, invisible_time_ms: int) -> str:
+        if invisible_time_ms < 0:
+            raise ValueError("invisible_time_ms must not be negative")
+        st, qid, offset, inf = self._resolve(handle)
+        seq = self.progress.next_seq()
+        self.progress.changed(st, qid, offset, seq, now_ms() + invisible_time_ms)
+        self.polls.wake(st.topic, None)  # waiting pops recompute their next retry deadline
+        return encode_handle(seq, st.group, st.topic, qid, offset)
+
+    def nack(self, handle: str) -> str:
+        st, _qid, _offset, inf = self._resolve(handle)
+        delay = self.catalog.group(st.group).retry.delay_ms(inf.attempts)
+        return self.change_invisible_time(handle, delay)
+
+    async def forward_to_dlq(self, handle: str, reason: str = "forwarded") -> AppendResult:
+        st, qid, offset, inf = self._resolve(handle)
+        inf.seq = self.progress.next_seq()  # the handle stops working now, not after the append
+        cq = self.catalog.queue(st.topic, qid)
+        clo, size, _th, _ts = cq.entry(offset)
+        return await self._to_dlq(st.group, st, qid, offset, self.read_entry(clo, size), reason)
+
+    async def _to_dlq(
+        self, group: str, st: GroupTopic, qid: int, offset: int, msg: Message, reason: str
+    ) -> AppendResult:
+        inf = st.queue(qid).inflight.get(offset)
+        props = dict(msg.properties)
+        props.update(
+            {
+                PROP_ORIGIN_TOPIC: msg.topic,
+                PROP_ORIGIN_MESSAGE_ID: msg.message_id,
+                PROP_ORIGIN_QUEUE: str(qid),
+                PROP_ORIGIN_OFFSET: str(offset),
+                PROP_RECONSUME_TIMES: str(inf.attempts if inf else 0),
+                PROP_DLQ_REASON: reason,
+            }
+        )
+        dlq_topic = DLQ_PREFIX + group
+        self.catalog.topic(dlq_topic, create=True)
+        copy = copy_with(msg, topic=dlq_topic, properties=props, queue_id=-1, message_group="")
+        try:
+            res = await self.submit(copy, now_ms())
+        except BaseException:
+            if inf is not None and offset in st.queue(qid).inflight:
+                inf.seq = self.progress.next_seq()  # visible again at its deadline: retried later
+                st.track(qid, offset, inf)
+            raise
+        self.progress.done(st, qid, offset)
+        self.metrics["dlq"] += 1
+        if inf is not None and inf.message_group:
+            self.polls.wake(st.topic, None)
+        return res
