@@ -1,7 +1,8 @@
 """One AMQP channel: methods are handled in arrival order (a method that needs the store or the
-key-value table holds the ones after it in a backlog until it is done). Declarations go to the
-broker, consumers are DeliveryLoops (consumer.py), basic.get / ack / nack / reject / recover are
-settled here; publishing, confirms, transactions and direct reply-to are in publish.py."""
+key-value table holds the ones after it in a backlog until it is done). A channel owns its
+Publisher (publish.py: basic.publish, confirms), its Declaring (declaring.py: exchange.* and
+queue.* methods) and its DirectReplyTo (reply_to.py); consumers are DeliveryLoops (consumer.py);
+basic.get / ack / nack / reject / recover, unacked deliveries and transactions are handled here."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import contextlib
 import logging
 import os
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from messaging_processor import Action, ProcessorError, Resource
@@ -17,12 +19,13 @@ from messaging_processor import Action, ProcessorError, Resource
 from . import codec as c
 from .codec import AMQPError, ReplyCode, encode_method
 from .consumer import ACK, CLOSED, CLOSING, OPEN, REJECT, REQUEUE, Consumer, Unacked
+from .declaring import Declaring
 from .mapping import expires_at, now_ms, present
-from .publish import REPLY_TO, Confirm, Publishing
+from .publish import Publisher
+from .reply_to import REPLY_TO, DirectReplyTo
 
 if TYPE_CHECKING:
     from .broker import Broker
-    from .queues import Queue
     from .session import Connection
 
 __all__ = ["CLOSED", "CLOSING", "OPEN", "Channel", "Consumer"]
@@ -30,19 +33,19 @@ __all__ = ["CLOSED", "CLOSING", "OPEN", "Channel", "Consumer"]
 log = logging.getLogger("adapters.amqp")
 
 
-class Channel(Publishing):
+class Channel:
     def __init__(self, conn: Connection, number: int) -> None:
+        b: Broker = conn.broker
+        vh = conn.vhost_obj
+        assert vh is not None  # channels are opened on open connections
         self.conn = conn
         self.number = number
-        self.broker: Broker = conn.broker
-        self.vhost = conn.vhost_obj
+        self.broker = b
+        self.work = b.work
+        self.lifetimes = b.lifetimes
         self.state = OPEN
         self.backlog: deque[Any] | None = None
-        self.confirm = False
-        self.pub_seq = 0
-        self.confirms: deque[Confirm] = deque()
-        self.tx = False
-        self.tx_msgs: list[tuple[Any, list, set]] = []  # (messages, queues)
+        self.tx = False  # tx.select: publishes (in the publisher) and settlements wait for tx.commit
         self.tx_acks: list[Any] = []
         self.consumers: dict[str, Consumer] = {}
         self.unacked: dict[int, Unacked] = {}
@@ -50,10 +53,12 @@ class Channel(Publishing):
         self.prefetch = 0
         self.global_prefetch = 0
         self.room = asyncio.Event()
-        self.last_queue = ""
-        self.sends: set[asyncio.Task] = set()
-        self.reply_token = ""  # direct reply-to: the token of this channel's reply consumer
-        self.reply_tag = ""
+        self.replies = DirectReplyTo(b.reply_channels, self._deliver_reply)
+        self.publisher = Publisher(
+            conn, number, vh, b.work, b.queue_store.ready_count, self.replies, b.max_body_size, self.fail
+        )
+        self.declaring = Declaring(conn, vh, b.registry, b.queue_store, self.reply, self.publisher.wait_sends)
+        self._publish = self.publisher.publish
 
     # ------------------------------------------------------------------ ordered processing
     def handle(self, item: Any) -> None:
@@ -114,7 +119,7 @@ class Channel(Publishing):
 
     def _dispatch(self, item: Any) -> Any:
         if type(item) is list:
-            return self.publish(item)
+            return self._publish(item, self.tx)
         m = item.method
         h = _HANDLERS.get(type(m))
         if h is None:
@@ -150,128 +155,10 @@ class Channel(Publishing):
         for rec in self.unacked.values():
             self._settle(rec, REQUEUE)
         self.unacked.clear()
-        self.tx_msgs.clear()
+        self.publisher.release()
         self.tx_acks.clear()
-        self.confirms.clear()
         self.room.set()
-        self._reply_release()
-
-    # ------------------------------------------------------------------ exchange class
-    def _exchange_declare(self, m: c.ExchangeDeclare) -> Any:
-        async def run() -> None:
-            await self.broker.declare_exchange(
-                self.conn,
-                self.vhost,
-                m.exchange,
-                m.type,
-                m.passive,
-                m.durable,
-                m.auto_delete,
-                m.internal,
-                m.arguments,
-            )
-            if not m.nowait:
-                self.reply(c.ExchangeDeclareOk())
-
-        return run()
-
-    def _exchange_delete(self, m: c.ExchangeDelete) -> Any:
-        async def run() -> None:
-            await self.broker.delete_exchange(self.conn, self.vhost, m.exchange, m.if_unused)
-            if not m.nowait:
-                self.reply(c.ExchangeDeleteOk())
-
-        return run()
-
-    def _exchange_bind(self, m: c.ExchangeBind | c.ExchangeUnbind) -> Any:
-        bind = type(m) is c.ExchangeBind
-
-        async def run() -> None:
-            dest = await self.broker.find_exchange(self.vhost, m.destination, 40, 30 if bind else 40)
-            if not dest.name:
-                raise AMQPError(
-                    ReplyCode.ACCESS_REFUSED,
-                    "operation not permitted on the default exchange",
-                    class_id=40,
-                    method_id=30,
-                )
-            if bind:
-                await self.broker.bind(self.conn, self.vhost, dest, m.source, m.routing_key, m.arguments, 40)
-            else:
-                await self.broker.unbind(
-                    self.conn, self.vhost, dest, m.source, m.routing_key, m.arguments, 40
-                )
-            if not m.nowait:
-                self.reply(c.ExchangeBindOk() if bind else c.ExchangeUnbindOk())
-
-        return run()
-
-    # ------------------------------------------------------------------ queue class
-    def _queue_name(self, name: str, cls: int, mid: int) -> str:
-        if name:
-            return name
-        if not self.last_queue:
-            raise AMQPError(ReplyCode.NOT_FOUND, "no previously declared queue", class_id=cls, method_id=mid)
-        return self.last_queue
-
-    async def _queue(self, name: str, cls: int, mid: int) -> Queue:
-        return await self.broker.find_queue(self.conn, self.vhost, self._queue_name(name, cls, mid), cls, mid)
-
-    async def _wait_sends(self) -> None:
-        """Let this channel's publishes in flight reach the store (they were published before)."""
-        if self.sends:
-            await asyncio.gather(*self.sends, return_exceptions=True)
-
-    def _queue_declare(self, m: c.QueueDeclare) -> Any:
-        async def run() -> None:
-            name = m.queue if (m.queue or not m.passive) else self._queue_name("", 50, 10)
-            q = await self.broker.declare_queue(
-                self.conn, self.vhost, name, m.passive, m.durable, m.exclusive, m.auto_delete, m.arguments
-            )
-            self.last_queue = q.name
-            if q.exclusive and self.conn.ended:  # its connection ended meanwhile
-                self.broker.drop_later(q)
-            if not m.nowait:
-                await self._wait_sends()
-                n = await self.broker.ready_count(q)
-                self.reply(c.QueueDeclareOk(q.name, n, len(q.consumers)))
-
-        return run()
-
-    def _queue_bind(self, m: c.QueueBind | c.QueueUnbind) -> Any:
-        bind = type(m) is c.QueueBind
-
-        async def run() -> None:
-            q = await self._queue(m.queue, 50, 20 if bind else 50)
-            if bind:
-                await self.broker.bind(self.conn, self.vhost, q, m.exchange, m.routing_key, m.arguments, 50)
-                if not m.nowait:
-                    self.reply(c.QueueBindOk())
-            else:
-                await self.broker.unbind(self.conn, self.vhost, q, m.exchange, m.routing_key, m.arguments, 50)
-                self.reply(c.QueueUnbindOk())
-
-        return run()
-
-    def _queue_purge(self, m: c.QueuePurge) -> Any:
-        async def run() -> None:
-            q = await self._queue(m.queue, 50, 30)
-            await self._wait_sends()
-            n = await self.broker.purge(q)
-            if not m.nowait:
-                self.reply(c.QueuePurgeOk(n))
-
-        return run()
-
-    def _queue_delete(self, m: c.QueueDelete) -> Any:
-        async def run() -> None:
-            name = self._queue_name(m.queue, 50, 40)
-            await self._wait_sends()
-            n = await self.broker.delete_queue(self.conn, self.vhost, name, m.if_unused, m.if_empty)
-            if not m.nowait:
-                self.reply(c.QueueDeleteOk(n))
-
-        return run()
+        self.replies.release()
 
     # ------------------------------------------------------------------ basic: qos, consume, cancel
     def _qos(self, m: c.BasicQos) -> None:
@@ -291,11 +178,14 @@ class Channel(Publishing):
 
     def _consume(self, m: c.BasicConsume) -> Any:
         if m.queue == REPLY_TO:
-            return self._reply_consume(m)
+            tag = self.replies.consume(m, self.consumers)
+            if not m.nowait:
+                self.reply(c.BasicConsumeOk(tag))
+            return None
 
         async def run() -> None:
             b = self.broker
-            q = await self._queue(m.queue, 60, 20)
+            q = await self.declaring.queue(m.queue, 60, 20)
             tag = m.consumer_tag or "amq.ctag-" + os.urandom(16).hex()
             if tag in self.consumers:
                 raise AMQPError(
@@ -323,7 +213,7 @@ class Channel(Publishing):
             cons = Consumer(self, tag, q, m.no_ack, m.exclusive, self.prefetch)
             self.consumers[tag] = cons
             q.consumers.append(cons)
-            b.consumer_added(q)
+            self.lifetimes.consumer_added(q)
             if not m.nowait:
                 self.reply(c.BasicConsumeOk(tag))
             if not q.single_active or q.consumers[0] is cons:
@@ -340,11 +230,10 @@ class Channel(Publishing):
         self.conn.spawn(cons.stop())
         if q.single_active and active and q.consumers:
             q.consumers[0].start()
-        self.broker.consumer_removed(q)
+        self.lifetimes.consumer_removed(q)
 
     def _cancel(self, m: c.BasicCancel) -> None:
-        if self.reply_token and m.consumer_tag == self.reply_tag:
-            self._reply_release()
+        self.replies.cancel(m.consumer_tag)
         cons = self.consumers.get(m.consumer_tag)
         if cons is not None:
             self._remove_consumer(cons)
@@ -365,10 +254,10 @@ class Channel(Publishing):
             b = self.broker
             p = b.processor
             ctx = self.conn.ctx
-            q = await self._queue(m.queue, 60, 70)
+            q = await self.declaring.queue(m.queue, 60, 70)
             await b.authorize(self.conn, Action.SUBSCRIBE, Resource("topic", q.topic), 60, 70)
-            await self._wait_sends()
-            b.touch(q)
+            await self.publisher.wait_sends()
+            self.lifetimes.touch(q)
             while True:
                 ds = await p.pop(ctx, q.group, q.topic, max_messages=1, invisible_time_ms=b.invisible_time_ms)
                 if not ds:
@@ -381,11 +270,11 @@ class Channel(Publishing):
                     reason = "delivery_limit"
                 if not reason:
                     break
-                await b.dead_letter(q, d.message, reason)
+                await self.work.dead_letter(q, d.message, reason)
                 await p.ack(ctx, d.receipt_handle)
-            n = await b.ready_count(q)
+            n = await b.queue_store.ready_count(q)
             if self.state != OPEN:
-                await self.requeue_handle(d.receipt_handle)
+                await self.work.requeue(ctx, d.receipt_handle)
                 return
             tag = self.delivery_tag = self.delivery_tag + 1
             ex, rk, raw = present(d.message)
@@ -412,21 +301,20 @@ class Channel(Publishing):
     # ------------------------------------------------------------------ settlement
     def _ack(self, m: Any) -> None:
         if self.tx:
-            self._take(m)  # validate now, settle at commit
+            self._take(m, False)  # validate now, settle at commit
             self.tx_acks.append(m)
             return
         t = type(m)
         action = ACK if t is c.BasicAck else REQUEUE if m.requeue else REJECT
-        for rec in self._take(m):
+        for rec in self._take(m, True):
             self._settle(rec, action)
 
-    def _take(self, m: Any) -> list[Unacked]:
-        """The unacked deliveries a basic.ack / nack / reject names (removed unless in a tx);
-        406 for an unknown tag."""
+    def _take(self, m: Any, remove: bool) -> list[Unacked]:
+        """The unacked deliveries a basic.ack / nack / reject names (removed from the unacked ones
+        if `remove`); 406 for an unknown tag."""
         un = self.unacked
         tag = m.delivery_tag
         multiple = getattr(m, "multiple", False)
-        remove = not self.tx
         if multiple:
             if tag and tag not in un:
                 raise self._unknown_tag(m, tag)
@@ -455,36 +343,9 @@ class Channel(Publishing):
     def _settle(self, rec: Unacked, action: int) -> None:
         fut = rec.fut
         if fut is not None and not fut.done():
-            fut.set_result(action)
+            fut.set_result(action)  # its consumer's handler settles it
         else:
-            self.conn.spawn(self.perform(rec, action))
-
-    async def perform(self, rec: Unacked, action: int) -> None:
-        b = self.broker
-        p = b.processor
-        ctx = self.conn.ctx
-        try:
-            if action == ACK:
-                await p.ack(ctx, rec.handle)
-            elif action == REQUEUE and (
-                rec.queue.delivery_limit is None or rec.attempt <= rec.queue.delivery_limit
-            ):
-                await p.change_invisible_time(ctx, rec.handle, 0)
-            else:
-                reason = "rejected" if action == REJECT else "delivery_limit"
-                try:
-                    await b.dead_letter(rec.queue, rec.message, reason)
-                except ProcessorError as e:
-                    log.warning("amqp: dead-lettering from %r failed: %s; requeued", rec.queue.name, e)
-                    await p.change_invisible_time(ctx, rec.handle, 0)
-                    return
-                await p.ack(ctx, rec.handle)
-        except ProcessorError as e:  # e.g. purged or deleted meanwhile
-            log.debug("amqp: settling delivery %d failed: %s", rec.tag, e)
-
-    async def requeue_handle(self, handle: str) -> None:
-        with contextlib.suppress(ProcessorError):
-            await self.broker.processor.change_invisible_time(self.conn.ctx, handle, 0)
+            self.conn.spawn(self.work.settle(self.conn.ctx, rec, action))
 
     def _recover(self, m: c.BasicRecover | c.BasicRecoverAsync) -> None:
         if not m.requeue:
@@ -523,11 +384,78 @@ class Channel(Publishing):
         except ProcessorError:
             pass
 
+    # ------------------------------------------------------------------ direct reply-to
+    def _deliver_reply(self, consumer_tag: str, rk: str, raw: bytes, body: bytes) -> bool:
+        """A reply to this channel's reply consumer (False when the channel is not open)."""
+        if self.state != OPEN:
+            return False
+        tag = self.delivery_tag = self.delivery_tag + 1
+        self.conn.write(
+            c.encode_deliver(self.number, consumer_tag, tag, False, "", rk, raw, body, self.conn.frame_max)
+        )
+        return True
+
+    # ------------------------------------------------------------------ confirm and tx
+    def _confirm_select(self, m: c.ConfirmSelect) -> None:
+        if self.tx:
+            raise AMQPError(
+                ReplyCode.PRECONDITION_FAILED,
+                "cannot switch from tx to confirm mode",
+                class_id=85,
+                method_id=10,
+            )
+        self.publisher.confirm = True
+        if not m.nowait:
+            self.reply(c.ConfirmSelectOk())
+
+    def _tx_select(self, m: c.TxSelect) -> None:
+        if self.publisher.confirm:
+            raise AMQPError(
+                ReplyCode.PRECONDITION_FAILED,
+                "cannot switch from confirm to tx mode",
+                class_id=90,
+                method_id=10,
+            )
+        self.tx = True
+        self.reply(c.TxSelectOk())
+
+    def _tx_commit(self, m: c.TxCommit) -> Any:
+        if not self.tx:
+            raise AMQPError(
+                ReplyCode.PRECONDITION_FAILED, "channel is not transactional", class_id=90, method_id=20
+            )
+        pubs = self.publisher.take_tx()
+        acks, self.tx_acks = self.tx_acks, []
+
+        async def run() -> None:
+            await self.publisher.commit(pubs)
+            for a in acks:  # settled for real now
+                action = ACK if type(a) is c.BasicAck else REQUEUE if a.requeue else REJECT
+                with contextlib.suppress(AMQPError):  # settled meanwhile (e.g. recover)
+                    for rec in self._take(a, True):
+                        self._settle(rec, action)
+            self.reply(c.TxCommitOk())
+
+        return run()
+
+    def _tx_rollback(self, m: c.TxRollback) -> None:
+        if not self.tx:
+            raise AMQPError(
+                ReplyCode.PRECONDITION_FAILED, "channel is not transactional", class_id=90, method_id=30
+            )
+        self.publisher.rollback()
+        self.tx_acks.clear()
+        self.reply(c.TxRollbackOk())
+
     def _access_request(self, m: c.AccessRequest) -> None:
         self.reply(c.AccessRequestOk(1))
 
     def _unexpected_close_ok(self, m: c.ChannelCloseOk) -> None:
         pass
+
+
+def _declaring(f: Callable[[Declaring, Any], Any]) -> Callable[[Channel, Any], Any]:
+    return lambda ch, m: f(ch.declaring, m)
 
 
 _HANDLERS: dict[type, Any] = {
@@ -536,15 +464,15 @@ _HANDLERS: dict[type, Any] = {
     c.ChannelFlow: Channel._flow,
     c.ChannelFlowOk: lambda self, m: None,
     c.AccessRequest: Channel._access_request,
-    c.ExchangeDeclare: Channel._exchange_declare,
-    c.ExchangeDelete: Channel._exchange_delete,
-    c.ExchangeBind: Channel._exchange_bind,
-    c.ExchangeUnbind: Channel._exchange_bind,
-    c.QueueDeclare: Channel._queue_declare,
-    c.QueueBind: Channel._queue_bind,
-    c.QueueUnbind: Channel._queue_bind,
-    c.QueuePurge: Channel._queue_purge,
-    c.QueueDelete: Channel._queue_delete,
+    c.ExchangeDeclare: _declaring(Declaring.exchange_declare),
+    c.ExchangeDelete: _declaring(Declaring.exchange_delete),
+    c.ExchangeBind: _declaring(Declaring.exchange_bind),
+    c.ExchangeUnbind: _declaring(Declaring.exchange_bind),
+    c.QueueDeclare: _declaring(Declaring.queue_declare),
+    c.QueueBind: _declaring(Declaring.queue_bind),
+    c.QueueUnbind: _declaring(Declaring.queue_bind),
+    c.QueuePurge: _declaring(Declaring.queue_purge),
+    c.QueueDelete: _declaring(Declaring.queue_delete),
     c.BasicQos: Channel._qos,
     c.BasicConsume: Channel._consume,
     c.BasicCancel: Channel._cancel,

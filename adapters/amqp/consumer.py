@@ -52,6 +52,7 @@ class Consumer:
         "loop",
         "cancelled",
         "_loop",
+        "_settle",
     )
 
     def __init__(
@@ -67,6 +68,7 @@ class Consumer:
         self.loop: DeliveryLoop | None = None
         self.cancelled = False
         self._loop = asyncio.get_running_loop()
+        self._settle = channel.work.settle
 
     def max_inflight(self) -> int:
         if self.no_ack:
@@ -114,10 +116,10 @@ class Consumer:
         m = d.message
         exp = expires_at(m)
         if exp and exp <= now_ms():
-            await b.dead_letter(q, m, "expired")
+            await ch.work.dead_letter(q, m, "expired")
             return Outcome.ACK
         if q.delivery_limit is not None and d.delivery_attempt - 1 > q.delivery_limit:
-            await b.dead_letter(q, m, "delivery_limit")
+            await ch.work.dead_letter(q, m, "delivery_limit")
             return Outcome.ACK
         conn = ch.conn
         try:
@@ -132,7 +134,7 @@ class Consumer:
                     if not g:
                         break
         except asyncio.CancelledError:
-            conn.spawn(ch.requeue_handle(d.receipt_handle))
+            conn.spawn(ch.work.requeue(conn.ctx, d.receipt_handle))
             raise
         if self.cancelled or ch.state != OPEN:
             return Outcome.REQUEUE
@@ -148,5 +150,5 @@ class Consumer:
         fut = self._loop.create_future()
         rec = ch.unacked[tag] = Unacked(tag, d, q, fut, d.invisible_until - b.invisible_time_ms)
         action = await fut
-        await ch.perform(rec, action)
+        await self._settle(conn.ctx, rec, action)
         return Outcome.SETTLED

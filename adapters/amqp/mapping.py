@@ -27,7 +27,7 @@ import re
 import time
 from typing import Any
 
-from store import Message
+from messaging_processor import Message
 
 from .codec import BasicProperties, Timestamp, decode_properties, encode_properties
 

@@ -1,41 +1,44 @@
-"""The publishing side of a channel: routing at arrival, one processor send per read, publisher
-confirms in tag order, x-overflow reject-publish, transactions and direct reply-to. A mixin of
-Channel (channel.py), kept apart to keep modules small."""
+"""One channel's publishing (`Publisher`, owned by its Channel): routing at arrival, one store send
+per read, publisher confirms in tag order, x-overflow reject-publish, the publishes deferred by a
+transaction, and replies through direct reply-to (reply_to.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
-from typing import TYPE_CHECKING, Any
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol
 
-from messaging_processor import ErrorKind, ProcessorError
+from messaging_processor import ClientContext, ErrorKind, Message, ProcessorError
 
 from . import codec as c
-from .codec import (
-    AMQPError,
-    ReplyCode,
-    encode_basic_ack,
-    encode_basic_nack,
-    encode_deliver,
-    encode_properties,
-)
-from .consumer import ACK, OPEN, REJECT, REQUEUE
+from .codec import AMQPError, ReplyCode, encode_basic_ack, encode_basic_nack, encode_properties
 from .mapping import FLAG_EXPIRATION, FLAG_USER_ID, READABLE_FLAGS, flags_of, now_ms, parse_expiration
-
-if TYPE_CHECKING:
-    from .broker import Broker, VHost
-    from .queues import Queue
-    from .session import Connection
+from .queue_work import QueueWork
+from .queues import Queue
+from .reply_to import REPLY_PREFIX, REPLY_TO, DirectReplyTo
+from .routing import VHost
 
 log = logging.getLogger("adapters.amqp")
 
-REPLY_TO = "amq.rabbitmq.reply-to"
-REPLY_PREFIX = REPLY_TO + "."
+
+class PublishingConnection(Protocol):
+    """What a publisher uses of its connection (session.Connection)."""
+
+    ctx: ClientContext
+    frame_max: int
+    remote: str
+
+    def write(self, data: bytes) -> None: ...
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task: ...
+    def publishes_started(self, n: int) -> None: ...
+    def publishes_done(self, n: int) -> None: ...
 
 
 class Confirm:
+    """The confirms of the publishes of one read: tags first..last, the nacked ones."""
+
     __slots__ = ("first", "last", "nacked", "done")
 
     def __init__(self, first: int, last: int) -> None:
@@ -45,78 +48,71 @@ class Confirm:
         self.done = False
 
 
-class Publishing:
-    """Channel methods for basic.publish, confirm.select, tx.* and direct reply-to."""
+class Publisher:
+    __slots__ = (
+        "conn",
+        "number",
+        "vhost",
+        "work",
+        "ready_count",
+        "replies",
+        "max_body_size",
+        "fail",
+        "open",
+        "confirm",
+        "pub_seq",
+        "confirms",
+        "tx_msgs",
+        "sends",
+    )
 
-    conn: Connection
-    number: int
-    broker: Broker
-    vhost: VHost
-    state: int
-    confirm: bool
-    pub_seq: int
-    confirms: Any
-    tx: bool
-    tx_msgs: list[Any]
-    tx_acks: list[Any]
-    consumers: dict[str, Any]
-    delivery_tag: int
-    sends: set[asyncio.Task]
-    reply_token: str
-    reply_tag: str
+    def __init__(
+        self,
+        conn: PublishingConnection,
+        number: int,
+        vhost: VHost,
+        work: QueueWork,
+        ready_count: Callable[[Queue], Awaitable[int]],
+        replies: DirectReplyTo,
+        max_body_size: int,
+        fail: Callable[[AMQPError], None],
+    ) -> None:
+        self.conn = conn
+        self.number = number
+        self.vhost = vhost
+        self.work = work
+        self.ready_count = ready_count
+        self.replies = replies
+        self.max_body_size = max_body_size
+        self.fail = fail  # the channel's error handling (a refused publish closes the channel)
+        self.open = True
+        self.confirm = False  # confirm.select
+        self.pub_seq = 0
+        self.confirms: deque[Confirm] = deque()
+        self.tx_msgs: list[tuple[list[Message], set[Queue]]] = []  # deferred by tx.select
+        self.sends: set[asyncio.Task] = set()
 
-    if TYPE_CHECKING:  # provided by Channel
+    def release(self) -> None:
+        """The channel ends: deferred publishes and pending confirms are dropped."""
+        self.open = False
+        self.tx_msgs.clear()
+        self.confirms.clear()
 
-        def reply(self, method: Any) -> None: ...
-        def fail(self, e: AMQPError) -> None: ...
-        def _take(self, m: Any) -> list[Any]: ...
-        def _settle(self, rec: Any, action: int) -> None: ...
-
-    # ------------------------------------------------------------------ direct reply-to
-    def _reply_consume(self, m: c.BasicConsume) -> None:
-        """basic.consume on amq.rabbitmq.reply-to: replies to this channel's requests are delivered
-        straight to it (no queue, no store), as RabbitMQ's direct reply-to."""
-        if not m.no_ack:
-            raise AMQPError(
-                ReplyCode.PRECONDITION_FAILED, "reply consumer cannot acknowledge", class_id=60, method_id=20
-            )
-        if self.reply_token:
-            raise AMQPError(
-                ReplyCode.PRECONDITION_FAILED, "reply consumer already set", class_id=60, method_id=20
-            )
-        tag = m.consumer_tag or "amq.ctag-" + os.urandom(16).hex()
-        if tag in self.consumers:
-            raise AMQPError(
-                ReplyCode.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", class_id=60, method_id=20
-            )
-        self.reply_token = os.urandom(16).hex()
-        self.reply_tag = tag
-        self.broker.reply_channels[self.reply_token] = self
-        if not m.nowait:
-            self.reply(c.BasicConsumeOk(tag))
-
-    def _reply_release(self) -> None:
-        if self.reply_token:
-            self.broker.reply_channels.pop(self.reply_token, None)
-            self.reply_token = ""
-
-    def deliver_reply(self, rk: str, raw: bytes, body: bytes) -> bool:
-        """A publish to amq.rabbitmq.reply-to.<token> of this channel (False: no such consumer)."""
-        if self.state != OPEN or not self.reply_token:
-            return False
-        tag = self.delivery_tag = self.delivery_tag + 1
-        self.conn.write(
-            encode_deliver(self.number, self.reply_tag, tag, False, "", rk, raw, body, self.conn.frame_max)
-        )
-        return True
+    async def wait_sends(self) -> None:
+        """Let the publishes in flight reach the store."""
+        if self.sends:
+            await asyncio.gather(*self.sends, return_exceptions=True)
 
     # ------------------------------------------------------------------ publishing
-    def publish(self, events: list[Any]) -> None:
-        """Route the publishes of one read and store them with one send (confirm tags in order)."""
-        b = self.broker
+    def publish(self, events: list[Any], tx: bool) -> None:
+        """Route the publishes of one read and store them with one send (confirm tags in order);
+        in a transaction (`tx`) keep them for tx.commit."""
         conn = self.conn
         vh = self.vhost
-        msgs: list[Any] = []
+        route = vh.route
+        copies = self.work.copies
+        max_body_size = self.max_body_size
+        msgs: list[Message] = []
         queues: set[Queue] = set()
         first = self.pub_seq + 1
         limited: list[tuple[int, Any, int]] = []  # (tag, queues, index of the first copy)
@@ -127,7 +123,7 @@ class Publishing:
                 m = ev.method
                 if m.immediate:
                     raise AMQPError(ReplyCode.NOT_IMPLEMENTED, "immediate=true", class_id=60, method_id=40)
-                ex = b.exchange(vh, m.exchange, 60, 40)
+                ex = vh.exchange(m.exchange, 60, 40)
                 if ex.internal:
                     raise AMQPError(
                         ReplyCode.ACCESS_REFUSED,
@@ -136,11 +132,11 @@ class Publishing:
                         method_id=40,
                     )
                 body = ev.body
-                if ev.dropped or len(body) > b.max_body_size:
+                if ev.dropped or len(body) > max_body_size:
                     raise AMQPError(
                         ReplyCode.PRECONDITION_FAILED,
                         f"message size {ev.dropped or len(body)} is larger than configured max size "
-                        f"{b.max_body_size}",
+                        f"{max_body_size}",
                         class_id=60,
                         method_id=40,
                     )
@@ -168,20 +164,12 @@ class Publishing:
                         )
                 rk = m.routing_key
                 if props is not None and props.reply_to == REPLY_TO:
-                    if not self.reply_token:
-                        raise AMQPError(
-                            ReplyCode.PRECONDITION_FAILED,
-                            "fast reply consumer does not exist",
-                            class_id=60,
-                            method_id=40,
-                        )
-                    props.reply_to = f"{REPLY_TO}.{self.reply_token}"
+                    props.reply_to = self.replies.reply_to()
                     raw = encode_properties(props)
                 if not ex.name and rk.startswith(REPLY_PREFIX):
-                    target = b.reply_channels.get(rk[len(REPLY_PREFIX) :])
-                    dest = [] if target is None or not target.deliver_reply(rk, raw, body) else None
+                    dest = None if self.replies.send(rk, raw, body) else []
                 else:
-                    dest = b.route(vh, ex, rk, raw)
+                    dest = route(ex, rk, raw)
                 if self.confirm:
                     self.pub_seq += 1
                 if dest is None:  # delivered straight to a reply consumer
@@ -198,11 +186,11 @@ class Publishing:
                     if q.limited:
                         limited.append((self.pub_seq, dest, len(msgs)))
                         break
-                msgs.extend(b.copies(dest, ex.name, rk, raw, body, props, ttl, now))
+                msgs.extend(copies(dest, ex.name, rk, raw, body, props, ttl, now))
                 queues.update(dest)
         except AMQPError as e:
             error = e
-        if self.tx:
+        if tx:
             if msgs:
                 self.tx_msgs.append((msgs, queues))
         elif msgs:
@@ -225,19 +213,19 @@ class Publishing:
 
     async def _send(
         self,
-        msgs: list[Any],
+        msgs: list[Message],
         queues: set[Queue],
         pend: Confirm | None,
         limited: list[tuple[int, Any, int]],
         n: int,
     ) -> None:
-        b = self.broker
+        w = self.work
         try:
             if limited:
                 msgs = await self._apply_reject_publish(msgs, limited, pend)
             if msgs:
-                await b.send(self.conn.ctx, msgs)
-            b.after_publish(queues)
+                await w.send(self.conn.ctx, msgs)
+            w.after_publish(queues)
         except ProcessorError as e:
             if pend is not None:
                 pend.nacked.update(range(pend.first, pend.last + 1))
@@ -252,11 +240,10 @@ class Publishing:
                 self._flush_confirms()
 
     async def _apply_reject_publish(
-        self, msgs: list[Any], limited: list[tuple[int, Any, int]], pend: Confirm | None
-    ) -> list[Any]:
+        self, msgs: list[Message], limited: list[tuple[int, Any, int]], pend: Confirm | None
+    ) -> list[Message]:
         """x-overflow reject-publish(-dlx): a full queue does not get its copy and the publisher
         gets basic.nack (the other queues still get theirs), as in RabbitMQ."""
-        b = self.broker
         room: dict[Queue, int] = {}
         drop: set[int] = set()
         for tag, dest, start in limited:
@@ -264,7 +251,7 @@ class Publishing:
                 if not q.limited:
                     continue
                 if q not in room:
-                    room[q] = q.max_length - await b.ready_count(q)
+                    room[q] = q.max_length - await self.ready_count(q)
                 if room[q] <= 0:
                     drop.add(start + j)
                     if pend is not None:
@@ -274,7 +261,7 @@ class Publishing:
         return [m for i, m in enumerate(msgs) if i not in drop] if drop else msgs
 
     def _flush_confirms(self) -> None:
-        if self.state != OPEN:
+        if not self.open:
             self.confirms.clear()
             return
         q = self.confirms
@@ -297,70 +284,26 @@ class Publishing:
         if upto:
             write(encode_basic_ack(ch, upto, True))
 
-    # ------------------------------------------------------------------ confirm and tx
-    def _confirm_select(self, m: c.ConfirmSelect) -> None:
-        if self.tx:
-            raise AMQPError(
-                ReplyCode.PRECONDITION_FAILED,
-                "cannot switch from tx to confirm mode",
-                class_id=85,
-                method_id=10,
-            )
-        self.confirm = True
-        if not m.nowait:
-            self.reply(c.ConfirmSelectOk())
-
-    def _tx_select(self, m: c.TxSelect) -> None:
-        if self.confirm:
-            raise AMQPError(
-                ReplyCode.PRECONDITION_FAILED,
-                "cannot switch from confirm to tx mode",
-                class_id=90,
-                method_id=10,
-            )
-        self.tx = True
-        self.reply(c.TxSelectOk())
-
-    def _tx_commit(self, m: c.TxCommit) -> Any:
-        if not self.tx:
-            raise AMQPError(
-                ReplyCode.PRECONDITION_FAILED, "channel is not transactional", class_id=90, method_id=20
-            )
+    # ------------------------------------------------------------------ transactions
+    def take_tx(self) -> list[tuple[list[Message], set[Queue]]]:
+        """tx.commit: the publishes deferred since the last commit or rollback."""
         pubs, self.tx_msgs = self.tx_msgs, []
-        acks, self.tx_acks = self.tx_acks, []
+        return pubs
 
-        async def run() -> None:
-            msgs = [m for batch, _ in pubs for m in batch]
-            queues: set[Queue] = set()
-            for _, qs in pubs:
-                queues |= qs
-            if msgs:
-                try:
-                    await self.broker.send(self.conn.ctx, msgs)
-                except ProcessorError as e:
-                    raise AMQPError(
-                        ReplyCode.INTERNAL_ERROR, f"commit failed: {e.message}", class_id=90, method_id=20
-                    ) from None
-                self.broker.after_publish(queues)
-            self.tx = False  # settle for real, then back to transactional
+    async def commit(self, pubs: list[tuple[list[Message], set[Queue]]]) -> None:
+        """Store the deferred publishes with one send (500 INTERNAL_ERROR if the store refuses)."""
+        msgs = [m for batch, _ in pubs for m in batch]
+        queues: set[Queue] = set()
+        for _, qs in pubs:
+            queues |= qs
+        if msgs:
             try:
-                for a in acks:
-                    t = type(a)
-                    action = ACK if t is c.BasicAck else REQUEUE if a.requeue else REJECT
-                    with contextlib.suppress(AMQPError):  # settled meanwhile (e.g. recover)
-                        for rec in self._take(a):
-                            self._settle(rec, action)
-            finally:
-                self.tx = True
-            self.reply(c.TxCommitOk())
+                await self.work.send(self.conn.ctx, msgs)
+            except ProcessorError as e:
+                raise AMQPError(
+                    ReplyCode.INTERNAL_ERROR, f"commit failed: {e.message}", class_id=90, method_id=20
+                ) from None
+            self.work.after_publish(queues)
 
-        return run()
-
-    def _tx_rollback(self, m: c.TxRollback) -> None:
-        if not self.tx:
-            raise AMQPError(
-                ReplyCode.PRECONDITION_FAILED, "channel is not transactional", class_id=90, method_id=30
-            )
+    def rollback(self) -> None:
         self.tx_msgs.clear()
-        self.tx_acks.clear()
-        self.reply(c.TxRollbackOk())

@@ -1,44 +1,50 @@
-"""Queue-side store work of the broker: the store copies of a publish, sends, dead-lettering
-with RabbitMQ's x-death headers, x-max-length (drop-head), TTL expiry of queues without
-consumers, and connection.blocked when the store refuses writes. A mixin of Broker (broker.py)."""
+"""Work on queues' messages in the store: the store copies of a publish and their sends (chunked;
+a full store blocks connections), the settlement of deliveries, dead-lettering with RabbitMQ's
+x-death headers, x-max-length (drop-head) and the TTL expiry of queues without consumers. Owned by
+Broker, shared by its channels."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 from messaging_processor import ClientContext, ErrorKind, Message, MessagingProcessor, ProcessorError
 
 from .codec import decode_properties
+from .consumer import ACK, REJECT, REQUEUE, Unacked
 from .mapping import P_EXPIRES, base_properties, dead_letter_properties, expires_at, now_ms, present, tag_for
 from .queues import Queue
-
-if TYPE_CHECKING:
-    from .broker import VHost
-    from .routing import Exchange
-    from .session import Connection
+from .routing import VHost
 
 log = logging.getLogger("adapters.amqp")
 
 
 class QueueWork:
-    """Broker methods that store, move or expire messages of queues."""
+    """Stores, moves and expires messages of queues."""
 
-    processor: MessagingProcessor
-    ctx: ClientContext
-    vhosts: dict[str, VHost]
-    connections: set[Connection]
-    closed: bool
-    blocked: str | None
-    _unblock: asyncio.TimerHandle | None
+    def __init__(
+        self,
+        processor: MessagingProcessor,
+        ctx: ClientContext,
+        vhosts: dict[str, VHost],
+        ready_count: Callable[[Queue], Awaitable[int]],
+        block: Callable[[str], None],
+        spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task],
+    ) -> None:
+        self.processor = processor
+        self.ctx = ctx  # the broker's own context (dead-lettering, trimming, expiry)
+        self.vhosts = vhosts
+        self.ready_count = ready_count
+        self.block = block
+        self.spawn = spawn
+        self.closed = False
 
-    if TYPE_CHECKING:  # provided by Broker
-
-        def spawn(self, coro: Any) -> asyncio.Task: ...
-        def route(self, vh: VHost, ex: Exchange, rk: str, raw: bytes) -> tuple[Queue, ...] | list[Queue]: ...
-        async def ready_count(self, q: Queue) -> int: ...
+    def close(self) -> None:
+        """No new TTL sweeper from now on (the broker cancels the running ones)."""
+        self.closed = True
 
     def copies(
         self,
@@ -66,7 +72,7 @@ class QueueWork:
                 p[P_EXPIRES] = str(exp)
                 if not q.has_expiring:
                     q.has_expiring = True
-                    self._start_sweeper(q)
+                    self.start_sweeper(q)
             out.append(Message(q.topic, body, tag, (), p))
         return out
 
@@ -122,6 +128,35 @@ class QueueWork:
         finally:
             q.trimming = 0
 
+    # ------------------------------------------------------------------ settlements
+    async def settle(self, ctx: ClientContext, rec: Unacked, action: int) -> None:
+        """Apply a client's settlement of a delivery: ack; requeue (dead-lettered, reason
+        delivery_limit, past the queue's x-delivery-limit); reject (dead-lettered, reason rejected)."""
+        p = self.processor
+        try:
+            if action == ACK:
+                await p.ack(ctx, rec.handle)
+            elif action == REQUEUE and (
+                rec.queue.delivery_limit is None or rec.attempt <= rec.queue.delivery_limit
+            ):
+                await p.change_invisible_time(ctx, rec.handle, 0)
+            else:
+                reason = "rejected" if action == REJECT else "delivery_limit"
+                try:
+                    await self.dead_letter(rec.queue, rec.message, reason)
+                except ProcessorError as e:
+                    log.warning("amqp: dead-lettering from %r failed: %s; requeued", rec.queue.name, e)
+                    await p.change_invisible_time(ctx, rec.handle, 0)
+                    return
+                await p.ack(ctx, rec.handle)
+        except ProcessorError as e:  # e.g. purged or deleted meanwhile
+            log.debug("amqp: settling delivery %d failed: %s", rec.tag, e)
+
+    async def requeue(self, ctx: ClientContext, handle: str) -> None:
+        """Make a popped message visible again at once."""
+        with contextlib.suppress(ProcessorError):
+            await self.processor.change_invisible_time(ctx, handle, 0)
+
     # ------------------------------------------------------------------ dead-lettering
     async def dead_letter(self, q: Queue, m: Message, reason: str) -> None:
         """Republish a message to the queue's x-dead-letter-exchange (nothing without one; a
@@ -136,7 +171,7 @@ class QueueWork:
         exchange, rk, raw = present(m)
         new_rk = q.dlrk if q.dlrk is not None else rk
         new_raw = dead_letter_properties(raw, q.name, reason, exchange, [rk])
-        queues = self.route(vh, ex, new_rk, new_raw)
+        queues = vh.route(ex, new_rk, new_raw)
         if reason != "rejected":
             queues = [d for d in queues if d is not q]
         if not queues:
@@ -148,7 +183,7 @@ class QueueWork:
         self.after_publish(set(queues))
 
     # ------------------------------------------------------------------ TTL expiry without consumers
-    def _start_sweeper(self, q: Queue) -> None:
+    def start_sweeper(self, q: Queue) -> None:
         if q.sweeper is None and not q.deleted and not self.closed:
             q.sweeper = asyncio.get_running_loop().create_task(self._sweep(q), name=f"amqp ttl {q.name}")
 
@@ -205,22 +240,3 @@ class QueueWork:
                 with contextlib.suppress(ProcessorError):
                     await p.change_invisible_time(ctx, d.receipt_handle, 0)
         return 0 if ds else 1.0
-
-    # ------------------------------------------------------------------ connection.blocked
-    def block(self, reason: str) -> None:
-        """The store refuses writes: tell every client that supports it (connection.blocked),
-        unblock after a second (the next refusal blocks again)."""
-        loop = asyncio.get_running_loop()
-        if self._unblock is not None:
-            self._unblock.cancel()
-        self._unblock = loop.call_later(1.0, self._unblock_all)
-        if self.blocked is None:
-            self.blocked = reason
-            for c in list(self.connections):
-                c.set_blocked(reason)
-
-    def _unblock_all(self) -> None:
-        self._unblock = None
-        self.blocked = None
-        for c in list(self.connections):
-            c.set_blocked(None)

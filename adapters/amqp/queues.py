@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from .codec import AMQPError, ReplyCode
 
 if TYPE_CHECKING:
-    from .channel import Consumer
+    from .consumer import Consumer
     from .routing import Binding
 
 QUEUE_TYPES = ("classic", "quorum", "stream")

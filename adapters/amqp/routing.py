@@ -1,14 +1,24 @@
 """Exchanges and their routing: direct, fanout, topic (`*` one word, `#` zero or more), headers
 (x-match all / any / all-with-x / any-with-x), exchange-to-exchange bindings and alternate
-exchanges. Routing happens at publish time, in memory; see broker.py for declarations."""
+exchanges; a virtual host's exchanges and queues (`VHost`) and the route of a publish through them.
+Routing happens at publish time, in memory; declarations are in registry.py."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from .codec import AMQPError, ReplyCode
 from .mapping import headers_of
+from .queues import Queue
 
 EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
+PREDECLARED = (
+    ("amq.direct", "direct"),
+    ("amq.fanout", "fanout"),
+    ("amq.topic", "topic"),
+    ("amq.headers", "headers"),
+    ("amq.match", "headers"),
+)
 _CACHE_MAX = 4096
 
 
@@ -175,3 +185,60 @@ def headers_match(any_: bool, want: dict[str, Any], headers: dict[str, Any]) -> 
         if not any_ and not ok:
             return False
     return not any_
+
+
+class VHost:
+    """A virtual host: its exchanges (the default and amq.* ones pre-declared) and queues."""
+
+    __slots__ = ("name", "exchanges", "queues", "dropping")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.exchanges: dict[str, Exchange] = {"": Exchange(name, "", "direct")}
+        for n, t in PREDECLARED:
+            self.exchanges[n] = Exchange(name, n, t)
+        self.queues: dict[str, Queue] = {}
+        # ("q" | "e", name) being deleted: their records must not be adopted back meanwhile
+        self.dropping: set[tuple[str, str]] = set()
+
+    def exchange(self, name: str, cls: int, mid: int) -> Exchange:
+        """An exchange this proxy knows (the publish path: no store round trip); 404 if none."""
+        ex = self.exchanges.get("" if name == "amq.default" else name)
+        if ex is None:
+            raise AMQPError(
+                ReplyCode.NOT_FOUND,
+                f"no exchange '{name}' in vhost '{self.name}'",
+                class_id=cls,
+                method_id=mid,
+            )
+        return ex
+
+    def route(self, ex: Exchange, rk: str, raw: bytes) -> tuple[Queue, ...] | list[Queue]:
+        """The queues a message published to `ex` with `rk` goes to (exchange-to-exchange bindings
+        and alternate exchanges followed); `raw`: its content properties (headers exchanges)."""
+        if not ex.name:
+            q = self.queues.get(rk)
+            return (q,) if q is not None else ()
+        dests = ex.match(rk, raw)
+        if ex.queues_only and (dests or ex.alternate is None):
+            return dests
+        out: list[Queue] = []
+        seen: set[int] = {id(ex)}
+        stack: list[Any] = list(dests)
+        while True:
+            while stack:
+                d = stack.pop(0)
+                if type(d) is Queue:
+                    if d not in out:
+                        out.append(d)
+                elif id(d) not in seen:
+                    seen.add(id(d))
+                    stack.extend(d.match(rk, raw))
+            if out or ex.alternate is None:
+                return out
+            alt = self.exchanges.get(ex.alternate)
+            if alt is None or id(alt) in seen:
+                return out
+            seen.add(id(alt))
+            ex = alt
+            stack = list(alt.match(rk, raw)) if alt.name else list(self.route(alt, rk, raw))

@@ -123,7 +123,7 @@ class AmqpAdapter:
             for p in self.connections
             if p.conn is not None
             for ch in p.conn.channels.values()
-            for t in ch.sends
+            for t in ch.publisher.sends
         ]
         if sends and grace > 0:
             await asyncio.wait(sends, timeout=grace)

@@ -40,8 +40,9 @@ from .codec import (
 from .mapping import now_ms
 
 if TYPE_CHECKING:
-    from .broker import Broker, VHost
+    from .broker import Broker
     from .queues import Queue
+    from .routing import VHost
 
 log = logging.getLogger("adapters.amqp")
 
@@ -398,15 +399,13 @@ class Connection:
             return
         if self.state != OPENING:
             return
-        self.vhost_obj = self.broker.vhost(vhost)
+        self.vhost_obj = self.broker.registry.vhost(vhost)
         self.state = OPEN
-        self.broker.connections.add(self)
         if self._timer is not None:
             self._timer.cancel()
         self._timer = None
         self.write(encode_method(0, c.ConnectionOpenOk()))
-        if self.broker.blocked is not None:
-            self.set_blocked(self.broker.blocked)
+        self.broker.blocking.join(self)  # connection.blocked now if the store refuses writes
         self._arm_timer()
         self._resume_backlog()
 

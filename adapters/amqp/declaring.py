@@ -1,0 +1,129 @@
+"""A channel's exchange.* and queue.* methods (declare, delete, bind, unbind, purge) over the
+broker's registry, and the channel's last declared queue (what the empty queue name means)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from . import codec as c
+from .codec import AMQPError, ReplyCode
+from .queue_store import QueueStore
+from .queues import Queue
+from .registry import Registry
+from .routing import VHost
+
+if TYPE_CHECKING:
+    from .session import Connection
+
+
+class Declaring:
+    __slots__ = ("conn", "vhost", "registry", "queue_store", "reply", "wait_sends", "last_queue")
+
+    def __init__(
+        self,
+        conn: Connection,
+        vhost: VHost,
+        registry: Registry,
+        queue_store: QueueStore,
+        reply: Callable[[Any], None],
+        wait_sends: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.conn = conn
+        self.vhost = vhost
+        self.registry = registry
+        self.queue_store = queue_store
+        self.reply = reply  # the channel's reply (nothing once it is closed)
+        self.wait_sends = wait_sends  # the channel's publishes in flight reach the store
+        self.last_queue = ""
+
+    def queue_name(self, name: str, cls: int, mid: int) -> str:
+        if name:
+            return name
+        if not self.last_queue:
+            raise AMQPError(ReplyCode.NOT_FOUND, "no previously declared queue", class_id=cls, method_id=mid)
+        return self.last_queue
+
+    async def queue(self, name: str, cls: int, mid: int) -> Queue:
+        """The queue a method names (404, 405 as `Registry.find_queue`)."""
+        return await self.registry.find_queue(
+            self.conn, self.vhost, self.queue_name(name, cls, mid), cls, mid
+        )
+
+    # ------------------------------------------------------------------ exchange class
+    async def exchange_declare(self, m: c.ExchangeDeclare) -> None:
+        await self.registry.declare_exchange(
+            self.conn,
+            self.vhost,
+            m.exchange,
+            m.type,
+            m.passive,
+            m.durable,
+            m.auto_delete,
+            m.internal,
+            m.arguments,
+        )
+        if not m.nowait:
+            self.reply(c.ExchangeDeclareOk())
+
+    async def exchange_delete(self, m: c.ExchangeDelete) -> None:
+        await self.registry.delete_exchange(self.conn, self.vhost, m.exchange, m.if_unused)
+        if not m.nowait:
+            self.reply(c.ExchangeDeleteOk())
+
+    async def exchange_bind(self, m: c.ExchangeBind | c.ExchangeUnbind) -> None:
+        bind = type(m) is c.ExchangeBind
+        r = self.registry
+        dest = await r.find_exchange(self.vhost, m.destination, 40, 30 if bind else 40)
+        if not dest.name:
+            raise AMQPError(
+                ReplyCode.ACCESS_REFUSED,
+                "operation not permitted on the default exchange",
+                class_id=40,
+                method_id=30,
+            )
+        if bind:
+            await r.bind(self.conn, self.vhost, dest, m.source, m.routing_key, m.arguments, 40)
+        else:
+            await r.unbind(self.conn, self.vhost, dest, m.source, m.routing_key, m.arguments, 40)
+        if not m.nowait:
+            self.reply(c.ExchangeBindOk() if bind else c.ExchangeUnbindOk())
+
+    # ------------------------------------------------------------------ queue class
+    async def queue_declare(self, m: c.QueueDeclare) -> None:
+        name = m.queue if (m.queue or not m.passive) else self.queue_name("", 50, 10)
+        q = await self.registry.declare_queue(
+            self.conn, self.vhost, name, m.passive, m.durable, m.exclusive, m.auto_delete, m.arguments
+        )
+        self.last_queue = q.name
+        if q.exclusive and self.conn.ended:  # its connection ended meanwhile
+            self.registry.drop_later(q)
+        if not m.nowait:
+            await self.wait_sends()
+            n = await self.queue_store.ready_count(q)
+            self.reply(c.QueueDeclareOk(q.name, n, len(q.consumers)))
+
+    async def queue_bind(self, m: c.QueueBind | c.QueueUnbind) -> None:
+        bind = type(m) is c.QueueBind
+        q = await self.queue(m.queue, 50, 20 if bind else 50)
+        if bind:
+            await self.registry.bind(self.conn, self.vhost, q, m.exchange, m.routing_key, m.arguments, 50)
+            if not m.nowait:
+                self.reply(c.QueueBindOk())
+        else:
+            await self.registry.unbind(self.conn, self.vhost, q, m.exchange, m.routing_key, m.arguments, 50)
+            self.reply(c.QueueUnbindOk())
+
+    async def queue_purge(self, m: c.QueuePurge) -> None:
+        q = await self.queue(m.queue, 50, 30)
+        await self.wait_sends()
+        n = await self.queue_store.purge(q)
+        if not m.nowait:
+            self.reply(c.QueuePurgeOk(n))
+
+    async def queue_delete(self, m: c.QueueDelete) -> None:
+        name = self.queue_name(m.queue, 50, 40)
+        await self.wait_sends()
+        n = await self.registry.delete_queue(self.conn, self.vhost, name, m.if_unused, m.if_empty)
+        if not m.nowait:
+            self.reply(c.QueueDeleteOk(n))

@@ -1,0 +1,174 @@
+"""The durable records of declarations in the processor's key-value table, read and written by every
+proxy of a cluster.
+
+Namespaces: `amqp.exchanges` (durable exchanges), `amqp.queues` (every queue, so that transient and
+exclusive ones are removed from the store after a crash), `amqp.bindings` (bindings between a
+durable exchange and a durable queue or exchange). Keys are `<len(vhost)>:<vhost><name>` (a
+binding's name: `<len(source)>:<source><binding key>`), values JSON with arguments as base64 of the
+AMQP field table. An unreadable exchange or queue record is deleted when it is read.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from typing import Any, Protocol
+
+from .codec import AMQPError, decode_table, encode_table
+from .queues import Queue
+from .routing import Binding, Exchange
+
+log = logging.getLogger("adapters.amqp")
+
+EXCHANGES_NS = "amqp.exchanges"
+QUEUES_NS = "amqp.queues"
+BINDINGS_NS = "amqp.bindings"
+
+
+class KeyValue(Protocol):
+    """The processor's key-value table (MessagingProcessor provides it)."""
+
+    async def kv_get(self, ns: str, key: str) -> bytes | None: ...
+    async def kv_put(self, ns: str, key: str, value: bytes) -> None: ...
+    async def kv_put_if_absent(self, ns: str, key: str, value: bytes) -> bytes | None: ...
+    async def kv_delete(self, ns: str, key: str) -> bool: ...
+    async def kv_scan(self, ns: str, prefix: str = "") -> list[tuple[str, bytes]]: ...
+
+
+def vkey(vhost: str, name: str) -> str:
+    return f"{len(vhost)}:{vhost}{name}"
+
+
+def parse_vkey(key: str) -> tuple[str, str]:
+    n, _, rest = key.partition(":")
+    k = int(n)
+    return rest[:k], rest[k:]
+
+
+def args_b64(args: dict[str, Any]) -> str:
+    return base64.b64encode(encode_table(args)).decode("ascii") if args else ""
+
+
+def args_of(text: str) -> dict[str, Any]:
+    if not text:
+        return {}
+    raw = base64.b64decode(text)
+    return decode_table(raw, 0, len(raw))[0]
+
+
+def binding_name(source: str, key: str) -> str:
+    """A binding's name within its vhost: its source and its key (`Binding.key`)."""
+    return f"{len(source)}:{source}{key}"
+
+
+def binding_source(value: bytes, queue: str) -> str | None:
+    """The source exchange of a stored binding to `queue` (None for any other record)."""
+    try:
+        r = json.loads(value)
+        return r["source"] if r["kind"] == "q" and r["dest"] == queue else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+class Records:
+    """Reads and writes of the declaration records."""
+
+    __slots__ = ("kv",)
+
+    def __init__(self, kv: KeyValue) -> None:
+        self.kv = kv
+
+    # ------------------------------------------------------------------ exchanges
+    async def exchanges(self) -> list[tuple[str, bytes]]:
+        return await self.kv.kv_scan(EXCHANGES_NS)
+
+    async def exchange_value(self, vh: str, name: str) -> bytes | None:
+        return await self.kv.kv_get(EXCHANGES_NS, vkey(vh, name))
+
+    async def exchange_of(self, vh: str, name: str, value: bytes) -> Exchange | None:
+        try:
+            r = json.loads(value)
+            return Exchange(vh, name, r["type"], True, r["auto_delete"], r["internal"], args_of(r["args"]))
+        except (ValueError, KeyError, TypeError):
+            log.warning("amqp: unreadable exchange record %r dropped", vkey(vh, name))
+            await self.kv.kv_delete(EXCHANGES_NS, vkey(vh, name))
+            return None
+
+    async def put_exchange(self, ex: Exchange) -> None:
+        rec = {
+            "type": ex.type,
+            "auto_delete": ex.auto_delete,
+            "internal": ex.internal,
+            "args": args_b64(ex.args),
+        }
+        await self.kv.kv_put(EXCHANGES_NS, vkey(ex.vhost, ex.name), json.dumps(rec).encode())
+
+    async def delete_exchange(self, vh: str, name: str) -> None:
+        await self.kv.kv_delete(EXCHANGES_NS, vkey(vh, name))
+
+    # ------------------------------------------------------------------ queues
+    async def queues(self) -> list[tuple[str, bytes]]:
+        return await self.kv.kv_scan(QUEUES_NS)
+
+    async def queue_value(self, vh: str, name: str) -> bytes | None:
+        return await self.kv.kv_get(QUEUES_NS, vkey(vh, name))
+
+    async def queue_of(self, vh: str, name: str, value: bytes) -> Queue | None:
+        try:
+            r = json.loads(value)
+            return Queue(
+                vh,
+                name,
+                r["topic"],
+                durable=r["durable"],
+                exclusive=r["exclusive"],
+                auto_delete=r["auto_delete"],
+                args=args_of(r["args"]),
+                own_topic=r["own_topic"],
+            )
+        except (ValueError, KeyError, TypeError, AMQPError):
+            log.warning("amqp: unreadable queue record %r dropped", vkey(vh, name))
+            await self.kv.kv_delete(QUEUES_NS, vkey(vh, name))
+            return None
+
+    async def create_queue(self, q: Queue, args: dict[str, Any]) -> bytes | None:
+        """Write a new queue's record unless one exists; the existing record if there is one."""
+        rec = q.record()
+        rec["args"] = args_b64(args)
+        return await self.kv.kv_put_if_absent(QUEUES_NS, vkey(q.vhost, q.name), json.dumps(rec).encode())
+
+    async def delete_queue(self, vh: str, name: str) -> None:
+        await self.kv.kv_delete(QUEUES_NS, vkey(vh, name))
+
+    # ------------------------------------------------------------------ bindings
+    async def bindings(self, vh: str | None = None) -> list[tuple[str, bytes]]:
+        """Every stored binding (of one vhost when `vh` is given)."""
+        if vh is None:
+            return await self.kv.kv_scan(BINDINGS_NS)
+        return await self.kv.kv_scan(BINDINGS_NS, vkey(vh, ""))
+
+    @staticmethod
+    def parse_binding(value: bytes) -> tuple[str, str, str, str, dict[str, Any]]:
+        """(source, "q" | "e", destination, routing key, arguments); ValueError, KeyError or
+        TypeError when unreadable."""
+        r = json.loads(value)
+        return r["source"], r["kind"], r["dest"], r["rk"], args_of(r["args"])
+
+    async def put_binding(self, vh: str, b: Binding) -> None:
+        rec = {
+            "source": b.source.name,
+            "kind": "q" if isinstance(b.dest, Queue) else "e",
+            "dest": b.dest.name,
+            "rk": b.routing_key,
+            "args": args_b64(b.args),
+        }
+        await self.kv.kv_put(
+            BINDINGS_NS, vkey(vh, binding_name(b.source.name, b.key)), json.dumps(rec).encode()
+        )
+
+    async def delete_binding(self, vh: str, b: Binding) -> None:
+        await self.kv.kv_delete(BINDINGS_NS, vkey(vh, binding_name(b.source.name, b.key)))
+
+    async def delete_binding_key(self, key: str) -> None:
+        await self.kv.kv_delete(BINDINGS_NS, key)

@@ -1,0 +1,498 @@
+"""The declarations of one proxy: virtual hosts with their exchanges, queues and bindings, declared,
+bound and deleted one at a time, and shared with the other proxies of a cluster through the
+key-value records (records.py).
+
+Every proxy reads and writes the same records: a declaration this proxy has not seen yet is looked
+up there before anything is created (declare, passive declare, bind, consume, get, purge, delete),
+and a new queue's record is created atomically (kv_put_if_absent), so a second proxy declaring the
+same queue adopts it (its messages and its group's position) instead of starting it again; another
+proxy's exclusive queue is 405 RESOURCE_LOCKED. What was adopted stays cached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import os
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+from messaging_processor import Action, ProcessorError, Resource
+
+from .codec import AMQPError, ReplyCode
+from .lifetimes import QueueLifetimes
+from .mapping import store_name
+from .queue_store import QueueStore
+from .queues import Queue, check_equivalent
+from .records import Records, args_b64, binding_name, binding_source, parse_vkey
+from .routing import EXCHANGE_TYPES, Binding, Exchange, VHost
+
+if TYPE_CHECKING:
+    from .session import Connection
+
+    Authorize = Callable[[Connection, Action, Resource, int, int], Awaitable[None]]
+
+log = logging.getLogger("adapters.amqp")
+
+
+def err(code: int, text: str, class_id: int = 0, method_id: int = 0) -> AMQPError:
+    return AMQPError(code, text, class_id=class_id, method_id=method_id)
+
+
+class Registry:
+    def __init__(
+        self,
+        vhosts: dict[str, VHost],
+        records: Records,
+        queue_store: QueueStore,
+        authorize: Authorize,
+        start_sweeper: Callable[[Queue], None],
+        spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task],
+    ) -> None:
+        self.vhosts = vhosts
+        self.records = records
+        self.queue_store = queue_store
+        self.authorize = authorize
+        self.start_sweeper = start_sweeper
+        self.spawn = spawn
+        self.lifetimes = QueueLifetimes(self.drop_later)
+        self.lock = asyncio.Lock()  # declarations, deletions and bindings, one at a time
+        self.closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+    def vhost(self, name: str) -> VHost:
+        vh = self.vhosts.get(name)
+        if vh is None:
+            vh = self.vhosts[name] = VHost(name)
+        return vh
+
+    async def start(self) -> None:
+        """Load durable declarations; remove what transient and exclusive queues left in the store."""
+        rs = self.records
+        for key, value in await rs.exchanges():
+            vh, name = parse_vkey(key)
+            ex = await rs.exchange_of(vh, name, value)
+            if ex is not None:
+                self.vhost(vh).exchanges[name] = ex
+        for key, value in await rs.queues():
+            vh, name = parse_vkey(key)
+            q = await rs.queue_of(vh, name, value)
+            if q is None:
+                continue
+            if not q.durable or q.exclusive:
+                await self.queue_store.drop(q)
+                await rs.delete_queue(vh, name)
+                continue
+            self.vhost(vh).queues[name] = q
+        for key, value in await rs.bindings():
+            self._link_record(key, value, None)
+        n = 0
+        for vh in self.vhosts.values():
+            for q in vh.queues.values():
+                n += 1
+                self._activate(q)
+        if n:
+            log.info("amqp: %d durable queues restored", n)
+
+    def close(self) -> None:
+        """No deletion from now on; every queue's timers and TTL sweeper stop."""
+        self.closed = True
+        for vh in self.vhosts.values():
+            for q in vh.queues.values():
+                _stop_timers(q)
+
+    def _activate(self, q: Queue) -> None:
+        """A queue this proxy now serves: its x-expires timer and TTL sweeper run."""
+        self.lifetimes.touch(q)
+        if q.has_expiring:
+            self.start_sweeper(q)
+
+    # ------------------------------------------------------------------ shared declarations
+    def _link_record(self, key: str, value: bytes, dest_queue: str | None) -> None:
+        """Link one stored binding whose source and destination this proxy knows. At start
+        (`dest_queue` None) a record that is unreadable or misses an end is deleted; when a queue
+        is adopted, such a record is another proxy's business and left alone."""
+        try:
+            vh_name, _ = parse_vkey(key)
+            source, kind, dest_name, rk, args = Records.parse_binding(value)
+            vh = self.vhosts.get(vh_name)
+            src = vh.exchanges.get(source) if vh else None
+            dest = (vh.queues if kind == "q" else vh.exchanges).get(dest_name) if vh else None
+        except (ValueError, KeyError, TypeError):
+            src = dest = None
+        if src is None or dest is None:
+            if dest_queue is None:
+                self.spawn(self.records.delete_binding_key(key))
+            return
+        self._link(src, dest, rk, args)
+
+    async def _load_exchange(self, vh: VHost, name: str) -> Exchange | None:
+        """A durable exchange another proxy declared (None if there is none)."""
+        if ("e", name) in vh.dropping:
+            return None
+        raw = await self.records.exchange_value(vh.name, name)
+        if raw is None:
+            return None
+        ex = await self.records.exchange_of(vh.name, name, raw)
+        if ex is not None and ("e", name) not in vh.dropping:
+            vh.exchanges[name] = vh.exchanges.get(name) or ex
+        return vh.exchanges.get(name)
+
+    async def _load_queue(self, vh: VHost, name: str, cls: int, mid: int) -> Queue | None:
+        """A queue another proxy declared, adopted with its stored bindings (None if there is
+        none). Another connection's exclusive queue is RESOURCE_LOCKED and not adopted."""
+        if ("q", name) in vh.dropping:
+            return None
+        raw = await self.records.queue_value(vh.name, name)
+        if raw is None:
+            return None
+        return await self._adopt_queue(vh, name, raw, cls, mid)
+
+    async def _adopt_queue(self, vh: VHost, name: str, raw: bytes, cls: int, mid: int) -> Queue | None:
+        q = await self.records.queue_of(vh.name, name, raw)
+        if q is None:
+            return None
+        if q.exclusive:
+            raise err(ReplyCode.RESOURCE_LOCKED, _locked(name, vh.name), cls, mid)
+        if name in vh.queues or ("q", name) in vh.dropping:  # adopted or deleted meanwhile
+            return vh.queues.get(name)
+        vh.queues[name] = q
+        for key, value in await self.records.bindings(vh.name):
+            src = binding_source(value, name)
+            if src is not None:
+                if src not in vh.exchanges:
+                    await self._load_exchange(vh, src)
+                self._link_record(key, value, name)
+        self._activate(q)
+        return q
+
+    # ------------------------------------------------------------------ exchanges
+    async def find_exchange(self, vh: VHost, name: str, cls: int, mid: int) -> Exchange:
+        """An exchange this proxy knows or another proxy declared durable."""
+        ex = vh.exchanges.get("" if name == "amq.default" else name)
+        if ex is None and await self._load_exchange(vh, name) is None:
+            raise err(ReplyCode.NOT_FOUND, f"no exchange '{name}' in vhost '{vh.name}'", cls, mid)
+        return vh.exchange(name, cls, mid)
+
+    async def declare_exchange(
+        self,
+        conn: Connection,
+        vh: VHost,
+        name: str,
+        type_: str,
+        passive: bool,
+        durable: bool,
+        auto_delete: bool,
+        internal: bool,
+        args: dict[str, Any],
+    ) -> None:
+        if name in ("", "amq.default"):
+            raise err(ReplyCode.ACCESS_REFUSED, "operation not permitted on the default exchange", 40, 10)
+        if passive:
+            await self.find_exchange(vh, name, 40, 10)
+            return
+        if name.startswith("amq."):
+            raise err(
+                ReplyCode.ACCESS_REFUSED,
+                f"exchange name '{name}' contains reserved prefix 'amq.*'",
+                40,
+                10,
+            )
+        if type_ not in EXCHANGE_TYPES:
+            raise err(ReplyCode.COMMAND_INVALID, f"unknown exchange type '{type_}'", 40, 10)
+        ae = args.get("alternate-exchange")
+        if ae is not None and not isinstance(ae, str):
+            raise err(ReplyCode.PRECONDITION_FAILED, "invalid arg 'alternate-exchange'", 40, 10)
+        async with self.lock:
+            ex = vh.exchanges.get(name) or await self._load_exchange(vh, name)
+            if ex is not None:
+                for what, got, cur in (
+                    ("type", type_, ex.type),
+                    ("durable", durable, ex.durable),
+                    ("auto_delete", auto_delete, ex.auto_delete),
+                    ("internal", internal, ex.internal),
+                    ("alternate-exchange", ae, ex.args.get("alternate-exchange")),
+                ):
+                    if got != cur:
+                        raise err(
+                            ReplyCode.PRECONDITION_FAILED,
+                            f"inequivalent arg '{what}' for exchange '{name}' in vhost '{vh.name}': "
+                            f"received '{_text(got)}' but current is '{_text(cur)}'",
+                            40,
+                            10,
+                        )
+                return
+            await self.authorize(conn, Action.ADMIN, Resource("exchange", f"{vh.name}/{name}"), 40, 10)
+            ex = Exchange(vh.name, name, type_, durable, auto_delete, internal, args)
+            if durable:
+                await self.records.put_exchange(ex)
+            vh.exchanges[name] = ex
+
+    async def delete_exchange(self, conn: Connection, vh: VHost, name: str, if_unused: bool) -> None:
+        if name in ("", "amq.default"):
+            raise err(ReplyCode.ACCESS_REFUSED, "operation not permitted on the default exchange", 40, 20)
+        if name.startswith("amq."):
+            raise err(
+                ReplyCode.ACCESS_REFUSED, f"exchange name '{name}' contains reserved prefix 'amq.*'", 40, 20
+            )
+        async with self.lock:
+            ex = vh.exchanges.get(name)
+            if ex is None:
+                return  # idempotent, as in RabbitMQ
+            if if_unused and ex.bindings:
+                raise err(
+                    ReplyCode.PRECONDITION_FAILED, f"exchange '{name}' in vhost '{vh.name}' in use", 40, 20
+                )
+            await self.authorize(conn, Action.ADMIN, Resource("exchange", f"{vh.name}/{name}"), 40, 20)
+            await self._drop_exchange(vh, ex)
+
+    async def _drop_exchange(self, vh: VHost, ex: Exchange) -> None:
+        ex.deleted = True
+        vh.exchanges.pop(ex.name, None)
+        vh.dropping.add(("e", ex.name))
+        try:
+            gone = list(ex.bindings.values())
+            for other in vh.exchanges.values():
+                gone += [b for b in other.bindings.values() if b.dest is ex]
+            for b in gone:
+                await self._unlink(vh, b)
+            if ex.durable:
+                await self.records.delete_exchange(vh.name, ex.name)
+        finally:
+            vh.dropping.discard(("e", ex.name))
+
+    # ------------------------------------------------------------------ bindings
+    def _link(self, src: Exchange, dest: Exchange | Queue, rk: str, args: dict[str, Any]) -> Binding | None:
+        kind = "q" if isinstance(dest, Queue) else "e"
+        key = f"{kind}{len(dest.name)}:{dest.name}{len(rk)}:{rk}{args_b64(args)}"
+        b = Binding(src, dest, rk, args, key)
+        if not src.bind(b):
+            return None
+        if kind == "q":
+            dest.bindings[binding_name(src.name, key)] = b  # type: ignore[union-attr]
+        return b
+
+    @staticmethod
+    def _durable(b: Binding) -> bool:
+        return b.source.durable and b.dest.durable and not getattr(b.dest, "exclusive", False)
+
+    async def _unlink(self, vh: VHost, b: Binding) -> None:
+        src = b.source
+        src.unbind(b.key)
+        if isinstance(b.dest, Queue):
+            b.dest.bindings.pop(binding_name(src.name, b.key), None)
+        if self._durable(b):
+            await self.records.delete_binding(vh.name, b)
+        if src.auto_delete and not src.bindings and not src.deleted and src.name in vh.exchanges:
+            await self._drop_exchange(vh, src)
+
+    async def bind(
+        self,
+        conn: Connection,
+        vh: VHost,
+        dest: Exchange | Queue,
+        source: str,
+        rk: str,
+        args: dict[str, Any],
+        cls: int,
+    ) -> None:
+        mid = 20 if cls == 50 else 30
+        if source in ("", "amq.default"):
+            raise err(ReplyCode.ACCESS_REFUSED, "operation not permitted on the default exchange", cls, mid)
+        async with self.lock:
+            src = await self.find_exchange(vh, source, cls, mid)
+            if getattr(dest, "deleted", False):
+                raise err(
+                    ReplyCode.NOT_FOUND, f"no such destination '{dest.name}' in vhost '{vh.name}'", cls, mid
+                )
+            b = self._link(src, dest, rk, args)
+            if b is not None and self._durable(b):
+                await self.records.put_binding(vh.name, b)
+
+    async def unbind(
+        self,
+        conn: Connection,
+        vh: VHost,
+        dest: Exchange | Queue,
+        source: str,
+        rk: str,
+        args: dict[str, Any],
+        cls: int,
+    ) -> None:
+        mid = 50 if cls == 50 else 40
+        if source in ("", "amq.default"):
+            raise err(ReplyCode.ACCESS_REFUSED, "operation not permitted on the default exchange", cls, mid)
+        async with self.lock:
+            src = vh.exchanges.get(source)
+            if src is None:
+                return  # idempotent, as in RabbitMQ
+            kind = "q" if isinstance(dest, Queue) else "e"
+            b = src.bindings.get(f"{kind}{len(dest.name)}:{dest.name}{len(rk)}:{rk}{args_b64(args)}")
+            if b is not None:
+                await self._unlink(vh, b)
+
+    # ------------------------------------------------------------------ queues
+    def queue(self, conn: Connection, vh: VHost, name: str, cls: int, mid: int) -> Queue:
+        """A queue this proxy knows that this connection may use: 404 if missing, 405 if
+        exclusive to another connection."""
+        q = vh.queues.get(name)
+        if q is None:
+            raise err(ReplyCode.NOT_FOUND, f"no queue '{name}' in vhost '{vh.name}'", cls, mid)
+        if q.exclusive and q.owner is not conn:
+            raise err(ReplyCode.RESOURCE_LOCKED, _locked(name, vh.name), cls, mid)
+        return q
+
+    async def find_queue(self, conn: Connection, vh: VHost, name: str, cls: int, mid: int) -> Queue:
+        """As `queue`, also for a queue another proxy declared (adopted from the shared records)."""
+        if name not in vh.queues:
+            await self._load_queue(vh, name, cls, mid)
+        return self.queue(conn, vh, name, cls, mid)
+
+    async def declare_queue(
+        self,
+        conn: Connection,
+        vh: VHost,
+        name: str,
+        passive: bool,
+        durable: bool,
+        exclusive: bool,
+        auto_delete: bool,
+        args: dict[str, Any],
+    ) -> Queue:
+        if passive:
+            q = await self.find_queue(conn, vh, name, 50, 10)
+            self.lifetimes.touch(q)
+            return q
+        if not name:
+            name = "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode("ascii").rstrip("=")
+        elif name.startswith("amq."):
+            raise err(
+                ReplyCode.ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'", 50, 10
+            )
+        async with self.lock:
+            if name in vh.queues or await self._load_queue(vh, name, 50, 10) is not None:
+                return self._redeclare(conn, vh, name, durable, exclusive, auto_delete, args)
+            topic = store_name(vh.name, name)
+            q = Queue(
+                vh.name, name, topic, durable=durable, exclusive=exclusive, auto_delete=auto_delete, args=args
+            )
+            if q.args.get("x-queue-type") == "quorum" and (exclusive or not durable):
+                raise err(
+                    ReplyCode.PRECONDITION_FAILED,
+                    f"invalid property '{'exclusive' if exclusive else 'non-durable'}' for queue '{name}' "
+                    f"in vhost '{vh.name}'",
+                    50,
+                    10,
+                )
+            await self.authorize(conn, Action.ADMIN, Resource("topic", topic), 50, 10)
+            q.own_topic = not await self.queue_store.topic_exists(topic)
+            raw = await self.records.create_queue(q, args)
+            if raw is not None:  # another proxy created it just now
+                if await self._adopt_queue(vh, name, raw, 50, 10) is None:
+                    raise err(ReplyCode.INTERNAL_ERROR, f"cannot declare queue '{name}'", 50, 10)
+                return self._redeclare(conn, vh, name, durable, exclusive, auto_delete, args)
+            try:
+                await self.queue_store.create(q)
+            except ProcessorError as e:
+                await self.records.delete_queue(vh.name, name)
+                raise err(
+                    ReplyCode.INTERNAL_ERROR, f"cannot create queue '{name}': {e.message}", 50, 10
+                ) from None
+            if exclusive:
+                q.owner = conn
+                conn.exclusive_queues.add(q)
+            vh.queues[name] = q
+            self._activate(q)
+            return q
+
+    def _redeclare(
+        self,
+        conn: Connection,
+        vh: VHost,
+        name: str,
+        durable: bool,
+        exclusive: bool,
+        auto_delete: bool,
+        args: dict[str, Any],
+    ) -> Queue:
+        """queue.declare of an existing queue: changes nothing, or fails if inequivalent."""
+        q = self.queue(conn, vh, name, 50, 10)
+        check_equivalent(q, durable, exclusive, auto_delete, args)
+        self.lifetimes.touch(q)
+        return q
+
+    async def delete_queue(
+        self, conn: Connection, vh: VHost, name: str, if_unused: bool, if_empty: bool
+    ) -> int:
+        async with self.lock:
+            if name not in vh.queues and await self._load_queue(vh, name, 50, 40) is None:
+                return 0  # idempotent, as in RabbitMQ
+            q = self.queue(conn, vh, name, 50, 40)
+            if if_unused and q.consumers:
+                raise err(
+                    ReplyCode.PRECONDITION_FAILED, f"queue '{name}' in vhost '{vh.name}' in use", 50, 40
+                )
+            n = await self.queue_store.ready_count(q)
+            if if_empty and n:
+                raise err(
+                    ReplyCode.PRECONDITION_FAILED, f"queue '{name}' in vhost '{vh.name}' is not empty", 50, 40
+                )
+            await self.authorize(conn, Action.ADMIN, Resource("topic", q.topic), 50, 40)
+            await self._drop_queue(q)
+            return n
+
+    async def _drop_queue(self, q: Queue) -> None:
+        """Delete a queue: cancel its consumers (basic.cancel to their clients), drop its bindings,
+        its record, its messages and, if it created it, its store topic."""
+        if q.deleted:
+            return
+        q.deleted = True
+        vh = self.vhosts[q.vhost]
+        vh.queues.pop(q.name, None)
+        vh.dropping.add(("q", q.name))
+        try:
+            _stop_timers(q)
+            for c in list(q.consumers):
+                c.channel.server_cancel(c)
+            for b in list(q.bindings.values()):
+                await self._unlink(vh, b)
+            if q.owner is not None:
+                q.owner.exclusive_queues.discard(q)  # type: ignore[attr-defined]
+            await self.queue_store.drop(q)  # first: a crash meanwhile leaves the record, cleaned up at start
+            await self.records.delete_queue(q.vhost, q.name)
+        finally:
+            vh.dropping.discard(("q", q.name))
+
+    def drop_later(self, q: Queue) -> None:
+        """Delete a queue from a synchronous context (auto-delete, exclusive owner gone, x-expires)."""
+
+        async def run() -> None:
+            async with self.lock:
+                await self._drop_queue(q)
+
+        if not q.deleted and not self.closed:
+            self.spawn(run())
+
+
+def _stop_timers(q: Queue) -> None:
+    if q.expiry_timer is not None:
+        q.expiry_timer.cancel()
+    if q.sweeper is not None:
+        q.sweeper.cancel()
+
+
+def _locked(name: str, vhost: str) -> str:
+    return (
+        f"cannot obtain exclusive access to locked queue '{name}' in vhost '{vhost}'. It could be "
+        "originally declared on another connection or the exclusive property value does not match "
+        "that of the original declaration."
+    )
+
+
+def _text(v: Any) -> str:
+    if v is None:
+        return "none"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
