@@ -30,7 +30,7 @@ import base64
 import json
 import time
 
-from store import Message
+from messaging_processor import Message
 
 from .codec import PropertyId
 
@@ -146,19 +146,6 @@ def v5_properties(sp: dict[str, str], now_ms: int | None = None) -> dict | None:
 def expired(sp: dict[str, str], now_ms: int) -> bool:
     v = sp.get(P_EXPIRY_AT)
     return v is not None and int(v) <= now_ms
-
-
-# --- retained messages in processor.kv ("mqtt.retained", path) ---------------------------------------
-
-
-def encode_retained(msg: Message) -> bytes:
-    """Value of a retained message: JSON of the stored properties, a newline, the payload."""
-    return json.dumps(msg.properties, separators=(",", ":")).encode() + b"\n" + msg.body
-
-
-def decode_retained(path: str, value: bytes) -> Message:
-    head, _, body = value.partition(b"\n")
-    return Message(store_topic(path), body, properties=json.loads(head))
 
 
 def with_sub_ids(props: dict | None, ids: list[int] | None) -> dict | None:

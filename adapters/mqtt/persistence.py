@@ -13,23 +13,27 @@ with a Session Expiry Interval above 0. Its durable parts live in the processor'
 Messages for the session are not copied anywhere: the session has its own consumer group (a new
 name per session incarnation) and pops every store topic its subscriptions cover; whatever arrives
 while it is offline simply waits in the store, past the group's committed offsets.
+
+Loading, expiring and ending sessions is registry.py's; the delivery loops are fanout.py's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import re
 import time
 import uuid
+from collections.abc import Awaitable, Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from messaging_processor import DeliveryLoop
+    from messaging_processor import DeliveryLoop, MessagingProcessor
 
-    from .broker import Sub
     from .session import Session
+    from .subscription import Sub
 
 SESSIONS_NS = "mqtt.sessions"
 QOS2_NS = "mqtt.qos2"
@@ -46,6 +50,14 @@ def session_group(client_id: str) -> str:
 
 def qos2_prefix(client_id: str) -> str:
     return f"{len(client_id)}:{client_id}:"
+
+
+def split_qos2_key(key: str) -> tuple[str, str] | None:
+    """(client id, "i<packet id>" | "o<packet id>") of a "mqtt.qos2" key; None if malformed."""
+    n, _, rest = key.partition(":")
+    if n.isdigit() and rest[int(n) : int(n) + 1] == ":":
+        return rest[: int(n)], rest[int(n) + 1 :]
+    return None
 
 
 class SessionState:
@@ -68,7 +80,7 @@ class SessionState:
         self.will_timer: asyncio.TimerHandle | None = None
         self.pending_will: Any = None  # (ctx, will) waiting for its Will Delay Interval
         self.detaching: asyncio.Task | None = None
-        self.discarding: asyncio.Future | None = None  # set while _discard runs
+        self.discarding: asyncio.Future | None = None  # set while the registry discards it
         self.discarded = False
 
     def topics(self, all_topics: list[str]) -> set[str]:
@@ -78,6 +90,12 @@ class SessionState:
         if self.wild:
             return set(all_topics)
         return {store_topic_of_level(s.first) for s in self.subs.values() if s.share is None}
+
+    def restore_qos2(self, marks: Iterable[str]) -> None:
+        """Take back saved QoS 2 packet ids ("i<id>" inbound, "o<id>" outbound; bad ones skipped)."""
+        for t in marks:
+            with contextlib.suppress(ValueError, IndexError):
+                (self.awaiting_rel if t[0] == "i" else self.pubrel).add(int(t[1:]))
 
     def record(self) -> bytes:
         subs = [[f, s.qos, int(s.nl), int(s.rap), s.rh, s.sub_id] for f, s in self.subs.items()]
@@ -102,3 +120,17 @@ def parse_record(client_id: str, value: bytes) -> tuple[SessionState, list[list[
     st = SessionState(client_id, d["g"], d.get("v", 4), d.get("e", NEVER))
     st.disconnected_at = d.get("d")
     return st, d.get("s", [])
+
+
+async def save(processor: MessagingProcessor, st: SessionState) -> None:
+    """Write the session record (not once the session is discarded)."""
+    if not st.discarded:
+        await processor.kv_put(SESSIONS_NS, st.client_id, st.record())
+
+
+def qos2_mark(
+    processor: MessagingProcessor, st: SessionState, direction: str, pid: int, on: bool
+) -> Awaitable[Any]:
+    """Record (or forget) a QoS 2 packet id of a persistent session in the kv table."""
+    key = f"{qos2_prefix(st.client_id)}{direction}{pid}"
+    return processor.kv_put(QOS2_NS, key, b"") if on else processor.kv_delete(QOS2_NS, key)

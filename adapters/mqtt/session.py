@@ -2,7 +2,8 @@
 
 The asyncio glue (server.py) feeds received bytes to `Session.feed` and gives the session two
 callables, `write(bytes)` and `close()`; everything protocol-level happens here, everything shared
-between connections (subscriptions index, fan-out, retained messages, takeover) in broker.py.
+between connections in the parts of `Broker` (broker.py): the session registry (takeover,
+persistent sessions), subscriptions, the publisher (store sends, retained messages).
 
 States: CONNECTING (waiting for CONNECT; the codec refuses anything else), AUTHORIZING (CONNECT
 being checked; packets that arrive meanwhile are kept and handled after the CONNACK), CONNECTED,
@@ -50,11 +51,12 @@ from .codec import (
 )
 from .codec.packets import Pingreq
 from .mapping import P_CLIENT, to_message
-from .persistence import NEVER
+from .persistence import NEVER, qos2_mark
 
 if TYPE_CHECKING:
-    from .broker import Broker, Sub
+    from .broker import Broker
     from .persistence import SessionState
+    from .subscription import Sub
 
 log = logging.getLogger("adapters.mqtt")
 
@@ -178,7 +180,7 @@ class Session:
         elif t is Pingreq:
             self._reply_now(PINGRESP)
         elif t is Subscribe:
-            self._reply_later(self.broker.subscribe(self, pkt))
+            self._reply_later(self.broker.subscriptions.subscribe(self, pkt))
         elif t is Unsubscribe:
             self._reply_later(self._unsubscribe(pkt))
         elif t is Disconnect:
@@ -285,7 +287,7 @@ class Session:
         else:
             self.expiry = 0 if c.clean_start else NEVER
         try:
-            present = await self.broker.attach(self, c.clean_start, self.expiry)
+            present = await self.broker.registry.attach(self, c.clean_start, self.expiry)
         except Exception as e:  # noqa: BLE001 - the store could not take the session
             log.warning("mqtt %s: session setup failed: %s", cid, e)
             self._refuse(ReasonCode.SERVER_UNAVAILABLE, "session store unavailable")
@@ -298,7 +300,7 @@ class Session:
         if keep_alive:
             self._ka_timer = self.loop.call_later(keep_alive * 1.5, self._check_keep_alive)
         if self.pstate is not None:
-            self._spawn(self.broker.resume(self))
+            self._spawn(self.broker.registry.resume(self))
         backlog, self._backlog = self._backlog, None
         for pkt in backlog or ():
             if self.state == CLOSED:
@@ -335,7 +337,7 @@ class Session:
         msg = to_message(p.topic, p.payload, qos, p.retain, p.properties if self.version == MQTT_5 else None)
         if self.nl_count:
             msg.properties[P_CLIENT] = self.client_id
-        send = self.broker.publish(self.ctx, msg, p.retain)
+        send = self.broker.publisher.publish(self.ctx, msg, p.retain)
         if qos == 0:
             self._spawn(send)
         else:
@@ -358,7 +360,7 @@ class Session:
             msgs.append(m)
             if p.qos:
                 acks.append((i, p.packet_id))
-        send = self.broker.publish_many(self.ctx, msgs)
+        send = self.broker.publisher.publish_many(self.ctx, msgs)
         if acks:
             self._reply_later(self._ack_many(send, acks))
         else:
@@ -391,7 +393,7 @@ class Session:
             return encode_puback(pid, rc, v), None
         st = self.pstate
         if rc < 0x80 and st is not None:  # the packet id must outlive a restart of this process
-            await self.broker.qos2_mark(st, "i", pid, True)
+            await qos2_mark(self.broker.processor, st, "i", pid, True)
         return encode_pubrec(pid, rc, v), None
 
     def _on_pubrel(self, pid: int) -> None:
@@ -399,7 +401,7 @@ class Session:
         self.awaiting_rel.discard(pid)
         st = self.pstate
         if known and st is not None:
-            self._spawn(self.broker.qos2_mark(st, "i", pid, False))
+            self._spawn(qos2_mark(self.broker.processor, st, "i", pid, False))
         rc = 0 if known or self.version != MQTT_5 else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
         self._reply_now(encode_pubcomp(pid, rc, self.version))
 
@@ -457,7 +459,7 @@ class Session:
         st = self.pstate
         if e[2] and st is not None and pid in st.pubrel:  # PUBCOMP of a persistent session's QoS 2
             st.pubrel.discard(pid)
-            self._spawn(self.broker.qos2_mark(st, "o", pid, False))
+            self._spawn(qos2_mark(self.broker.processor, st, "o", pid, False))
         done = e[1]
         if done is not None and not done.done():
             done.set_result(True)
@@ -492,7 +494,7 @@ class Session:
             st = self.pstate
             if st is not None:
                 st.pubrel.add(p.packet_id)
-                self._spawn(self.broker.qos2_mark(st, "o", p.packet_id, True))
+                self._spawn(qos2_mark(self.broker.processor, st, "o", p.packet_id, True))
             done = e[1]
             if done is not None and not done.done():
                 done.set_result(True)
@@ -503,7 +505,7 @@ class Session:
     async def _unsubscribe(self, u: Unsubscribe) -> tuple[bytes, None]:
         codes = []
         for f in u.topic_filters:
-            codes.append(0 if await self.broker.unsubscribe(self, f) else 0x11)
+            codes.append(0 if await self.broker.subscriptions.unsubscribe(self, f) else 0x11)
         return encode_unsuback(u.packet_id, codes, self.version), None
 
     def _on_disconnect(self, d: Disconnect) -> None:
@@ -548,7 +550,11 @@ class Session:
         self.inflight.clear()
         self.queue.clear()
         self._replies.clear()
-        if was_connected or self.pstate is not None or self.broker.sessions.get(self.client_id) is self:
+        if (
+            was_connected
+            or self.pstate is not None
+            or self.broker.registry.sessions.get(self.client_id) is self
+        ):
             will = self.will if was_connected and not self._normal_disconnect else None
-            self.broker.session_closed(self, will)
+            self.broker.registry.session_closed(self, will)
         self.closed_event.set()

@@ -5,22 +5,37 @@ Mosquitto and EMQX do. Members on other proxies compete through the store (pop),
 balanced both across proxies and across the members of one proxy.
 
 A message whose member goes away before acknowledging it is given back at once (REQUEUE) and goes
-to another member."""
+to another member. `Shares` keeps this proxy's ShareGroups and handles `$share/...` SUBSCRIBEs: a new
+share group (consumer group `mqtt.share.<name>`) starts at the current end of its store topic."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from messaging_processor import MessagingProcessor
-from messaging_processor.delivery import DeliveryLoop, Outcome
-from store import Filter
+from messaging_processor import (
+    ClientContext,
+    DeliveryLoop,
+    Filter,
+    MessagingProcessor,
+    Outcome,
+    ProcessorError,
+)
 
+from .codec import ReasonCode
 from .codec.topics import topic_matches
-from .mapping import expired, path_of, qos_of, v5_properties, with_sub_ids
+from .fanout import position_at_end
+from .mapping import expired, path_of, qos_of, store_topic_of_level, v5_properties, with_sub_ids
 from .session import CONNECTED, MQTT_5, Session
+from .subscription import Sub
+
+if TYPE_CHECKING:
+    from .persistence import SessionState
+
+log = logging.getLogger("adapters.mqtt")
 
 MAX_INFLIGHT_PER_MEMBER = 64
 
@@ -134,3 +149,60 @@ class ShareGroup:
         done = asyncio.get_running_loop().create_future()
         s.deliver(path_of(msg), msg.body, q, False, props, done)
         return Outcome.ACK if await done else Outcome.REQUEUE
+
+
+def share_group_name(name: str) -> str:
+    """The consumer group of share name `name` (sanitized like store topics)."""
+    return "mqtt.share." + "".join(c if c.isalnum() or c in "_.-" else "_" for c in name)
+
+
+class Shares:
+    """This proxy's ShareGroups, by (consumer group, store topic, filter)."""
+
+    def __init__(self, processor: MessagingProcessor, ctx: ClientContext) -> None:
+        self.processor = processor
+        self.ctx = ctx  # the proxy's own, for routes and offsets
+        self.groups: dict[tuple[str, str, str], ShareGroup] = {}
+
+    async def subscribe(
+        self, s: Session, holder: dict[str, Sub], filt: str, name: str, inner: str, qos: int, sub_id: int
+    ) -> int:
+        """Subscribe `s` to `$share/<name>/<inner>` (`filt`), replacing a membership of the same
+        filter in `holder`; the SUBACK reason code."""
+        old = holder.pop(filt, None)
+        if old is not None and old.loop is not None:
+            await old.loop.stop(drain_timeout=0)
+        topic = store_topic_of_level(inner.split("/", 1)[0])
+        group = share_group_name(name)
+        p = self.processor
+        try:
+            route = await p.query_route(self.ctx, topic, auto_create=True)
+            fresh = True
+            for q in route.queues:
+                if await p.committed_offset(group, topic, q.queue_id) >= 0:
+                    fresh = False
+            if fresh:  # a new share group starts at the current end, not at the oldest message
+                await position_at_end(p, self.ctx, group, topic)
+        except ProcessorError as e:
+            log.warning("mqtt shared subscription %s: %s", filt, e)
+            return ReasonCode.UNSPECIFIED_ERROR
+        sub = Sub(s if s.pstate is None else None, inner, qos, False, name, sub_id=sub_id)
+        sub.loop = self.join(sub, s, group, topic)
+        holder[filt] = sub
+        return qos
+
+    def rejoin(self, st: SessionState, s: Session) -> None:
+        """Make the resumed connection `s` the member of its persistent session's shares."""
+        for sub in st.subs.values():
+            if sub.share is not None and sub.loop is None:
+                sub.loop = self.join(sub, s, share_group_name(sub.share), store_topic_of_level(sub.first))
+
+    def join(self, sub: Sub, s: Session, group: str, topic: str) -> ShareMember:
+        """Join `s` to this proxy's ShareGroup for (group, topic, filter)."""
+        key = (group, topic, sub.filter)
+        sg = self.groups.get(key)
+        if sg is None:
+            sg = self.groups[key] = ShareGroup(
+                self.processor, group, topic, sub.filter, lambda g: self.groups.pop(key, None)
+            )
+        return sg.join(s, sub.qos, sub.sub_id)

@@ -1,0 +1,404 @@
+"""Fan-out: delivery of stored messages to this proxy's subscribers.
+
+Clean sessions: one `TopicLoop` per store topic that has local subscribers pops with the
+proxy-unique consumer group `%MQTT_FANOUT_<uuid>` (positioned at the current max offsets, so no
+history is replayed), acks at once and hands each message to `Fanout.dispatch`, which finds the
+matching subscriptions by full path in the subscription index (TopicTrie). A subscription whose
+first level is a wildcard covers every store topic: while one exists the topic list is re-read
+every `scan_interval` seconds (and at once when an MQTT publish goes to a store topic without a
+loop, see publish.py); topics found after the first scan are read from their start.
+
+Persistent sessions (persistence.py) do not use the shared loops: each has its own consumer group
+and, while connected, one DeliveryLoop per store topic its subscriptions cover (`sync`); a message
+is acked in the store when the client has it (PUBACK, or PUBREC for QoS 2) and given back at once
+when the connection drops first, so it comes again on the next connection, after a restart too.
+The same scan re-syncs attached persistent sessions that have root-wildcard subscriptions.
+
+Shared subscriptions have their own loops (shared.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from messaging_processor import (
+    ClientContext,
+    DeliveryLoop,
+    ErrorKind,
+    Filter,
+    Message,
+    MessagingProcessor,
+    Outcome,
+    ProcessorError,
+)
+
+from .codec import MQTT_5, TopicTrie, topic_matches
+from .mapping import (
+    P_CLIENT,
+    P_EXPIRY_AT,
+    P_RETAIN,
+    expired,
+    path_of,
+    qos_of,
+    store_topic_of_level,
+    v5_properties,
+    with_sub_ids,
+)
+from .session import CONNECTED
+
+if TYPE_CHECKING:
+    from .persistence import SessionState
+    from .session import Session
+    from .subscription import Sub
+
+log = logging.getLogger("adapters.mqtt")
+
+
+async def position_at_end(processor: MessagingProcessor, ctx: ClientContext, group: str, topic: str) -> None:
+    """Commit `group`'s offsets on `topic` at the current end (creating the topic if needed)."""
+    route = await processor.query_route(ctx, topic, auto_create=True)
+    for q in route.queues:
+        _, hi = await processor.queue_offsets(topic, q.queue_id)
+        await processor.commit_offset(ctx, group, topic, q.queue_id, hi)
+
+
+class TopicLoop:
+    """The pop loop of one store topic for this proxy's clean-session subscribers."""
+
+    def __init__(
+        self,
+        processor: MessagingProcessor,
+        ctx: ClientContext,
+        group: str,
+        topic: str,
+        dispatch: Callable[[Message], None],
+        on_deleted: Callable[[TopicLoop], None],
+    ) -> None:
+        self.processor = processor
+        self.ctx = ctx
+        self.group = group
+        self.topic = topic
+        self.dispatch = dispatch
+        self.on_deleted = on_deleted
+        self.ready = asyncio.Event()
+        self.task: asyncio.Task | None = None
+
+    async def start(self, from_now: bool) -> None:
+        p = self.processor
+        try:
+            route = await p.query_route(self.ctx, self.topic, auto_create=True)
+            if from_now:
+                for q in route.queues:
+                    _, hi = await p.queue_offsets(self.topic, q.queue_id)
+                    await p.commit_offset(self.ctx, self.group, self.topic, q.queue_id, hi)
+        finally:
+            self.ready.set()
+        self.task = asyncio.get_running_loop().create_task(self._run(), name=f"mqtt fanout {self.topic}")
+
+    async def _run(self) -> None:
+        p = self.processor
+        ctx = self.ctx
+        group = self.group
+        backoff = 0.1
+        while True:
+            try:
+                ds = await p.pop(
+                    ctx, group, self.topic, max_messages=128, invisible_time_ms=60_000, long_poll_ms=20_000
+                )
+                backoff = 0.1
+            except ProcessorError as e:
+                if e.kind is ErrorKind.TOPIC_NOT_FOUND:
+                    log.info("mqtt fan-out of %s ends: topic deleted", self.topic)
+                    self.on_deleted(self)
+                    return
+                log.warning("mqtt fan-out pop of %s failed: %s", self.topic, e)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            dispatch = self.dispatch
+            for d in ds:
+                try:
+                    dispatch(d.message)
+                except Exception:  # noqa: BLE001
+                    log.exception("mqtt dispatch of %s failed", d.message.message_id)
+            for d in ds:
+                with contextlib.suppress(ProcessorError):
+                    await p.ack(ctx, d.receipt_handle)
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.task
+
+
+class Fanout:
+    """The subscription index of clean sessions with its TopicLoops, and the delivery loops of
+    attached persistent sessions."""
+
+    def __init__(
+        self, processor: MessagingProcessor, ctx: ClientContext, group: str, scan_interval: float
+    ) -> None:
+        self.processor = processor
+        self.ctx = ctx  # the proxy's own (PROXY_IDENTITY)
+        self.group = group
+        self.scan_interval = scan_interval
+        self.trie: TopicTrie[Sub] = TopicTrie()
+        self.loops: dict[str, TopicLoop] = {}  # store topic -> its TopicLoop
+        self.topic_refs: dict[str, int] = {}  # clean subscriptions per literal first level
+        self.wild_refs = 0  # clean subscriptions whose first level is a wildcard
+        self.wild_states: set[SessionState] = set()  # attached persistent sessions with root wildcards
+        self._scanner: asyncio.Task | None = None
+        self._scanned = asyncio.Event()  # set once the first scan for root wildcards is done
+
+    # ------------------------------------------------------------------ clean sessions
+    def dispatch(self, msg: Message) -> None:
+        """Hand a popped message to every matching clean-session subscription of this proxy."""
+        path = path_of(msg)
+        subs = self.trie.match(path)
+        if not subs:
+            return
+        sp = msg.properties
+        now = 0
+        if P_EXPIRY_AT in sp:
+            now = int(time.time() * 1000)
+            if expired(sp, now):
+                return
+        pub_qos = qos_of(msg)
+        retained = sp.get(P_RETAIN) == "1"
+        publisher = sp.get(P_CLIENT)
+        best: dict[Session, Sub] = {}
+        ids: dict[Session, list[int]] | None = None
+        for sub in subs:
+            s = sub.session
+            if publisher is not None and sub.nl and s.client_id == publisher:
+                continue
+            cur = best.get(s)
+            if cur is None or sub.qos > cur.qos:
+                best[s] = sub
+            if sub.sub_id:
+                if ids is None:
+                    ids = {}
+                ids.setdefault(s, []).append(sub.sub_id)
+        props: Any = False
+        body = msg.body
+        for s, sub in best.items():
+            if s.version == MQTT_5 and props is False:
+                props = v5_properties(sp, now or None)
+            pp = with_sub_ids(props or None, ids.get(s)) if ids is not None else props or None
+            q = sub.qos if sub.qos < pub_qos else pub_qos
+            s.deliver(path, body, q, retained and sub.rap, pp)
+
+    def add(self, sub: Sub) -> None:
+        """Index an acquired clean-session subscription: dispatch now reaches it."""
+        self.trie.add(sub.filter, sub)
+
+    async def remove(self, sub: Sub) -> None:
+        """Unindex a clean-session subscription and release what it acquired."""
+        self.trie.discard(sub.filter, sub)
+        await self.release(sub)
+
+    async def acquire(self, sub: Sub) -> None:
+        """Make sure the TopicLoops `sub` needs run (every store topic for a root wildcard)."""
+        if sub.wild:
+            self.wild_refs += 1
+            if self.wild_refs == 1:
+                self._scanned.clear()
+                try:
+                    await self._scan(from_now=True)
+                finally:
+                    self._scanned.set()
+                self._ensure_scanner()
+            else:
+                await self._scanned.wait()
+            return
+        t = store_topic_of_level(sub.first)
+        self.topic_refs[t] = self.topic_refs.get(t, 0) + 1
+        await self.ensure(t, from_now=True)
+
+    async def release(self, sub: Sub) -> None:
+        """Undo `acquire`: stop the TopicLoops no clean subscription needs any more."""
+        if sub.wild:
+            self.wild_refs -= 1
+            if self.wild_refs == 0:
+                for t in [t for t in self.loops if not self.topic_refs.get(t)]:
+                    await self._stop_loop(t)
+            return
+        t = store_topic_of_level(sub.first)
+        n = self.topic_refs.get(t, 0) - 1
+        if n > 0:
+            self.topic_refs[t] = n
+            return
+        self.topic_refs.pop(t, None)
+        if not self.wild_refs:
+            await self._stop_loop(t)
+
+    async def ensure(self, topic: str, from_now: bool) -> None:
+        """Start the TopicLoop of `topic` unless it runs (then wait until it is positioned)."""
+        f = self.loops.get(topic)
+        if f is None:
+            f = self.loops[topic] = TopicLoop(
+                self.processor, self.ctx, self.group, topic, self.dispatch, self._deleted
+            )
+            try:
+                await f.start(from_now)
+            except ProcessorError as e:
+                log.warning("mqtt fan-out of %s cannot start: %s", topic, e)
+                if self.loops.get(topic) is f:
+                    del self.loops[topic]
+        else:
+            await f.ready.wait()
+
+    def _deleted(self, f: TopicLoop) -> None:
+        self.loops.pop(f.topic, None)
+
+    async def _stop_loop(self, topic: str) -> None:
+        f = self.loops.pop(topic, None)
+        if f is not None:
+            await f.stop()
+
+    async def _scan(self, from_now: bool) -> None:
+        for t in await self.processor.list_topics():
+            if not t.name.startswith("%") and t.name not in self.loops:
+                await self.ensure(t.name, from_now)
+
+    def _ensure_scanner(self) -> None:
+        if self._scanner is None or self._scanner.done():
+            self._scanner = asyncio.get_running_loop().create_task(self._scan_loop())
+
+    async def _scan_loop(self) -> None:
+        """While root-wildcard subscriptions exist, look for new store topics periodically."""
+        while self.wild_refs or self.wild_states:
+            await asyncio.sleep(self.scan_interval)
+            try:
+                if self.wild_refs:
+                    await self._scan(from_now=False)
+                for st in list(self.wild_states):
+                    await self.sync(st)
+            except Exception:  # noqa: BLE001
+                log.exception("mqtt topic scan failed")
+        self._scanner = None
+
+    # ------------------------------------------------------------------ persistent sessions
+    async def sync(self, st: SessionState) -> None:
+        """Run one delivery loop per store topic the attached session's subscriptions cover."""
+        s = st.attached
+        if s is None:
+            return
+        names = (
+            [t.name for t in await self.processor.list_topics() if not t.name.startswith("%")]
+            if st.wild
+            else []
+        )
+        if st.attached is not s:
+            return
+        want = st.topics(names)
+        stop = [st.feeds.pop(t) for t in list(st.feeds) if t not in want]
+        for t in want:
+            if t not in st.feeds:
+                st.feeds[t] = self._feed(st, s, t)
+        if st.wild:
+            self.wild_states.add(st)
+            self._ensure_scanner()
+        else:
+            self.wild_states.discard(st)
+        for lp in stop:
+            await lp.stop(drain_timeout=0)
+
+    def detach(self, st: SessionState) -> list[DeliveryLoop]:
+        """Take the session's delivery loops (for the caller to stop) and stop rescanning for it."""
+        loops = list(st.feeds.values())
+        st.feeds.clear()
+        self.wild_states.discard(st)
+        return loops
+
+    def _feed(self, st: SessionState, s: Session, topic: str) -> DeliveryLoop:
+        loop = asyncio.get_running_loop()
+
+        def wants(m: Message) -> bool:
+            return _best_persistent(st, m)[0] is not None
+
+        async def handler(d: Any) -> Outcome:
+            conn = st.attached
+            if conn is None or conn.state != CONNECTED:
+                return Outcome.REQUEUE
+            m = d.message
+            sub, ids = _best_persistent(st, m)
+            if sub is None:
+                return Outcome.ACK
+            sp = m.properties
+            now = int(time.time() * 1000)
+            if expired(sp, now):
+                return Outcome.ACK
+            q = min(sub.qos, qos_of(m))
+            props = with_sub_ids(v5_properties(sp, now), ids) if conn.version == MQTT_5 else None
+            retain = sub.rap and sp.get(P_RETAIN) == "1"
+            if q == 0:
+                conn.deliver(path_of(m), m.body, 0, retain, props)
+                return Outcome.ACK
+            done = loop.create_future()
+            conn.deliver(path_of(m), m.body, q, retain, props, done)
+            return Outcome.ACK if await done else Outcome.REQUEUE
+
+        def ended(e: ProcessorError) -> None:
+            if st.feeds.get(topic) is lp:
+                del st.feeds[topic]
+
+        lp = DeliveryLoop(
+            self.processor,
+            s.ctx,
+            st.group,
+            topic,
+            handler,
+            filter=Filter(predicate=wants),
+            max_inflight=max(1, min(s.send_quota, 64)),
+            long_poll_ms=20_000,
+            on_error=ended,
+        )
+        return lp.start()
+
+    async def cover(self, st: SessionState, sub: Sub) -> None:
+        """Position the session's group at the end of each store topic a new subscription covers
+        that none of its subscriptions covered: no history is replayed (topics created later are
+        read from their start)."""
+        covered = st.topics([]) if not st.wild else None
+        if sub.wild:
+            if covered is not None:
+                for t in await self.processor.list_topics():
+                    if not t.name.startswith("%") and t.name not in covered:
+                        await position_at_end(self.processor, self.ctx, st.group, t.name)
+        elif covered is not None:
+            t = store_topic_of_level(sub.first)
+            if t not in covered:
+                await position_at_end(self.processor, self.ctx, st.group, t)
+
+    # ------------------------------------------------------------------ shutdown
+    async def close(self) -> None:
+        """Stop the topic scan and every TopicLoop."""
+        if self._scanner is not None:
+            self._scanner.cancel()
+        for t in list(self.loops):
+            await self._stop_loop(t)
+
+
+def _best_persistent(st: SessionState, m: Message) -> tuple[Sub | None, list[int]]:
+    """The matching subscription with the highest QoS of a persistent session and all matching
+    subscription identifiers (no-local subscriptions skip the session's own messages)."""
+    path = path_of(m)
+    publisher = m.properties.get(P_CLIENT)
+    best: Sub | None = None
+    ids: list[int] = []
+    for sub in st.subs.values():
+        if sub.share is not None or (sub.nl and publisher == st.client_id):
+            continue
+        if topic_matches(sub.filter, path):
+            if best is None or sub.qos > best.qos:
+                best = sub
+            if sub.sub_id:
+                ids.append(sub.sub_id)
+    return best, ids

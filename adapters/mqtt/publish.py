@@ -1,0 +1,98 @@
+"""Storing PUBLISHes (and wills): `processor.send` with the message's queue chosen by its full
+path (CRC32 modulo the store topic's queue count, so one path's messages keep their order), the
+retained value written before the answer, a store refusal mapped to an MQTT reason code.
+
+Consecutive plain QoS 0/1 PUBLISHes of one read go out as one send (`publish_many`, the hot path).
+While a root-wildcard subscription exists, a publish to a store topic without a fan-out loop starts
+one first (reading from the topic's start), so the subscription sees the new topic at once."""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from typing import TYPE_CHECKING
+
+from messaging_processor import ClientContext, ErrorKind, Message, MessagingProcessor, ProcessorError
+
+from .codec import ReasonCode
+from .mapping import P_TOPIC
+
+if TYPE_CHECKING:
+    from .fanout import Fanout
+    from .retained import Retained
+
+log = logging.getLogger("adapters.mqtt")
+
+_ERROR_REASON = {
+    ErrorKind.FORBIDDEN: ReasonCode.NOT_AUTHORIZED,
+    ErrorKind.UNAUTHORIZED: ReasonCode.NOT_AUTHORIZED,
+    ErrorKind.ILLEGAL_TOPIC: ReasonCode.TOPIC_NAME_INVALID,
+    ErrorKind.BODY_TOO_LARGE: ReasonCode.PACKET_TOO_LARGE,
+    ErrorKind.PROPERTIES_TOO_LARGE: ReasonCode.PACKET_TOO_LARGE,
+    ErrorKind.STORE_FULL: ReasonCode.QUOTA_EXCEEDED,
+    ErrorKind.TOO_MANY_REQUESTS: ReasonCode.QUOTA_EXCEEDED,
+}
+
+
+class Publisher:
+    """Stores MQTT messages through the processor; answers are MQTT reason codes (0 = stored)."""
+
+    def __init__(self, processor: MessagingProcessor, fanout: Fanout, retained: Retained) -> None:
+        self.processor = processor
+        self.fanout = fanout
+        self.retained = retained
+        self._queues: dict[str, int] = {}  # store topic -> queue count (per-path queue choice)
+
+    async def publish(self, ctx: ClientContext, msg: Message, retain: bool) -> int:
+        """Store one message (and the retained value); the MQTT reason code (0 = stored)."""
+        topic = msg.topic
+        fanout = self.fanout
+        if fanout.wild_refs and topic not in fanout.loops:
+            await fanout.ensure(topic, from_now=False)
+        try:
+            await self._place(ctx, msg)
+            await self.processor.send(ctx, [msg], auto_create=True, receipts=False)
+            if retain:
+                await self.retained.keep(msg)
+        except ProcessorError as e:
+            self._queues.pop(topic, None)
+            log.info("mqtt %s: publish to %s refused: %s", ctx.client_id, topic, e)
+            return _ERROR_REASON.get(e.kind, ReasonCode.UNSPECIFIED_ERROR)
+        except Exception:  # noqa: BLE001
+            log.exception("mqtt %s: publish to %s failed", ctx.client_id, topic)
+            return ReasonCode.UNSPECIFIED_ERROR
+        return 0
+
+    async def _place(self, ctx: ClientContext, msg: Message) -> None:
+        """Choose the message's queue: one queue per path, so a path's messages stay in publish
+        order in the store and on delivery."""
+        topic = msg.topic
+        n = self._queues.get(topic)
+        if n is None:
+            route = await self.processor.query_route(ctx, topic, auto_create=True)
+            n = self._queues[topic] = len(route.queues)
+        msg.queue_id = zlib.crc32(msg.properties[P_TOPIC].encode()) % n
+
+    async def publish_many(self, ctx: ClientContext, msgs: list[Message]) -> list[int]:
+        """Store non-retained messages with as few processor sends as possible; a reason code per
+        message (a refused batch is retried one by one to find which message was refused)."""
+        p = self.processor
+        queues = self._queues
+        fanout = self.fanout
+        crc32 = zlib.crc32
+        try:
+            for m in msgs:
+                topic = m.topic
+                if fanout.wild_refs and topic not in fanout.loops:
+                    await fanout.ensure(topic, from_now=False)
+                n = queues.get(topic)
+                if n is None:
+                    await self._place(ctx, m)
+                else:  # _place without a coroutine per message (hot path)
+                    m.queue_id = crc32(m.properties[P_TOPIC].encode()) % n
+            step = p.limits.max_batch
+            for i in range(0, len(msgs), step):
+                await p.send(ctx, msgs[i : i + step], auto_create=True, receipts=False)
+        except Exception:  # noqa: BLE001 - answered per message below
+            return [await self.publish(ctx, m, False) for m in msgs]
+        return [0] * len(msgs)
