@@ -22,14 +22,7 @@ from .commitlog import CommitLog, StoreFullError
 from .config import GroupConfig, Metadata, RetryPolicy, StoreConfig, TopicConfig
 from .consumequeue import ConsumeQueue
 from .consumer import ConsumerProgress
-from .errors import (
-    GroupNotFound,
-    InvalidReceiptHandle,
-    MessageTooLarge,
-    StoreError,
-    TopicNotFound,
-    TransactionNotFound,
-)
+from .errors import StoreError
 from .filters import ALL, Filter
 from .index import MessageIndex
 from .kv import KeyValueStore
@@ -41,18 +34,7 @@ from .retention import Retention, SegmentStats
 from .scheduling import DelayedMessages, Transactions
 from .writer import GroupCommitWriter
 
-# (the errors and Filter were defined here once: still importable from here)
-__all__ = [
-    "ALL",
-    "Filter",
-    "GroupNotFound",
-    "InvalidReceiptHandle",
-    "MessageTooLarge",
-    "Store",
-    "StoreError",
-    "TopicNotFound",
-    "TransactionNotFound",
-]
+__all__ = ["Store"]
 
 log = logging.getLogger("store")
 

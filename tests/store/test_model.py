@@ -1,7 +1,7 @@
 """Stateful model test: random sequences of append / read / pop / ack / change_invisible_time /
 commit_offset / clock advance / close+reopen, checked against a small in-memory model.
 
-The store's clock (`store.store.now_ms`) is replaced by a fake one, so invisible-time expiry and
+The store's clock (`now_ms` in the modules of `storetestlib.CLOCKED_MODULES`) is replaced by a fake one, so
 the DLQ are deterministic; each example runs in its own event loop and temporary directory.
 """
 
