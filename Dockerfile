@@ -19,8 +19,11 @@ RUN uv sync --locked --no-dev --no-install-project
 
 COPY gateway/ gateway/
 COPY adapters/ adapters/
+COPY cluster/ cluster/
 COPY messaging_processor/ messaging_processor/
 COPY namesrv/ namesrv/
+COPY remoting/ remoting/
+COPY runtime/ runtime/
 COPY store/ store/
 COPY analytics/ analytics/
 COPY conformance/ conformance/

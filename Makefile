@@ -93,7 +93,9 @@ conformance: install install-system install-conformance
 run: install
 	$(VENV)/bin/gateway start --data-dir ./data
 
+# Lint first: a broken layer contract or unformatted file fails the run before the tests start.
 test: install install-system install-conformance install-remoting-clients
+	$(MAKE) --no-print-directory lint
 	$(VENV)/bin/pytest -q tests
 
 bench: install install-bench-system
@@ -107,9 +109,11 @@ bench: install install-bench-system
 	$(VENV)/bin/python bench/analytics_bench.py
 	$(VENV)/bin/python bench/cluster_bench.py
 
+# ruff (style) and import-linter (the layer contracts of pyproject.toml, docs/architecture.md).
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf $(VENV) $(UV_HOME) $(CONF_VENV) $(CONF_NODE_DIR)/node_modules $(REM_VENV) $(REM_NODE_DIR)/node_modules .pytest_cache .ruff_cache .hypothesis build dist *.egg-info

@@ -16,16 +16,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gateway.config import (
-    EVENT_LOOPS,
-    FLUSH_POLICIES,
-    LOG_LEVELS,
-    MODES,
-    ConfigError,
-    Settings,
-    load,
-    parse_protocols,
-)
+from gateway.config import FLUSH_POLICIES, MODES, Settings, load, parse_protocols
+from runtime import EVENT_LOOPS, LOG_LEVELS, ConfigError, loop_factory, setup_logging
 
 log = logging.getLogger("gateway")
 
@@ -197,33 +189,20 @@ def settings_from_args(args: argparse.Namespace, env: dict[str, str] | None = No
     return load(overrides, dict(os.environ) if env is None else env, args.config)
 
 
-def _loop_factory(settings: Settings) -> Callable[[], asyncio.AbstractEventLoop] | None:
-    # grpc.aio runs on uvloop (checked with grpcio 1.85: unary, bidi streaming, graceful stop);
-    # `--event-loop asyncio` is the fallback should an adapter misbehave on it.
-    if settings.event_loop == "uvloop":
-        try:
-            import uvloop
-        except ImportError:
-            log.warning("uvloop is not installed; using the default asyncio event loop")
-            return None
-        return uvloop.new_event_loop
-    return None
-
-
 def _start(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_args(args)
     except ConfigError as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    setup_logging(settings.log_level)
     if settings.log_level != "debug":
         logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
     from gateway.server import run  # imported late: `gateway --help` must work even if a module is broken
 
-    with asyncio.Runner(loop_factory=_loop_factory(settings)) as runner:
+    # grpc.aio runs on uvloop (checked with grpcio 1.85: unary, bidi streaming, graceful stop);
+    # `--event-loop asyncio` is the fallback should an adapter misbehave on it.
+    with asyncio.Runner(loop_factory=loop_factory(settings.event_loop, log)) as runner:
         return runner.run(run(settings))
 
 
@@ -233,12 +212,10 @@ def _store(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    from gateway.storenode import serve
+    setup_logging(settings.log_level)
+    from gateway.store_process import serve
 
-    with asyncio.Runner(loop_factory=_loop_factory(settings)) as runner:
+    with asyncio.Runner(loop_factory=loop_factory(settings.event_loop, log)) as runner:
         return runner.run(serve(settings))
 
 

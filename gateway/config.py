@@ -13,16 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runtime import EVENT_LOOPS, LOG_LEVELS, ConfigError
+
 FLUSH_POLICIES = ("sync", "async")
-EVENT_LOOPS = ("uvloop", "asyncio")
 MODES = ("local", "cluster")
-LOG_LEVELS = ("debug", "info", "warning", "error")
 ENV_PREFIX = "GATEWAY_"
 
-# Listener names, in start order. IMPLEMENTED are those this build can serve.
+# Listener names, in start order; all are enabled by default.
 PROTOCOLS = ("grpc", "remoting", "mqtt", "amqp", "http")
-IMPLEMENTED_PROTOCOLS = ("grpc", "remoting", "mqtt", "amqp", "http")
-DEFAULT_PROTOCOLS = ("grpc", "remoting", "mqtt", "amqp", "http")
 
 PORT_FIELDS = (
     "grpc_port",
@@ -41,12 +39,8 @@ _NODE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _FALSE = ("false", "0", "no", "off")
 
 
-class ConfigError(ValueError):
-    """Raised for an unreadable config file, an unknown key or an invalid value."""
-
-
 def parse_protocols(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
-    """A comma list (or list) of listener names -> normalized tuple; rejects unknown and unbuilt ones."""
+    """A comma list (or list) of listener names -> normalized tuple; rejects unknown ones."""
     items = value.split(",") if isinstance(value, str) else list(value)
     out: list[str] = []
     for item in items:
@@ -57,11 +51,6 @@ def parse_protocols(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...]
             continue
         if name not in PROTOCOLS:
             raise ConfigError(f"unknown protocol {name!r} in protocols (known: {', '.join(PROTOCOLS)})")
-        if name not in IMPLEMENTED_PROTOCOLS:
-            raise ConfigError(
-                f"protocol {name!r} is not available yet in this build "
-                f"(available: {', '.join(IMPLEMENTED_PROTOCOLS)})"
-            )
         if name not in out:
             out.append(name)
     if not out:
@@ -79,7 +68,7 @@ class Settings:
     http_port: int = 8082
     mqtt_port: int = 1883
     amqp_port: int = 5672
-    protocols: tuple[str, ...] = DEFAULT_PROTOCOLS
+    protocols: tuple[str, ...] = PROTOCOLS
     advertise_host: str | None = None
     auto_create_topics: bool = False
     max_body_size: int = 4 * MIB

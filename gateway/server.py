@@ -1,6 +1,6 @@
 """The gateway process: one MessagingProcessor and one listener per enabled protocol, all in one
 event loop, over an embedded store (LOCAL mode) or over store nodes found through the name server
-(CLUSTER mode, `--mode cluster`, see gateway/cluster.py and docs/cluster.md).
+(CLUSTER mode, `--mode cluster`: the cluster package, docs/cluster.md).
 
 Start: open the store, start the processor, start each listener (one log line each), log
 ``gateway ready``. Stop (SIGTERM/SIGINT): every listener stops accepting at once and drains
@@ -25,6 +25,7 @@ from gateway import collector as gc_collector
 from gateway.config import PROTOCOLS, Settings
 
 if TYPE_CHECKING:
+    from cluster.proxy import ProxyConfig
     from messaging_processor import LocalStoreClient
 
 log = logging.getLogger("gateway")
@@ -52,6 +53,21 @@ def shutdown_signals_blocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+def proxy_config(s: Settings) -> ProxyConfig:
+    """CLUSTER mode: how this proxy finds its stores and registers itself."""
+    from cluster.proxy import ProxyConfig
+
+    assert s.namesrv
+    return ProxyConfig(
+        namesrv=s.namesrv,
+        cluster_name=s.cluster_name,
+        route_refresh_s=s.route_refresh_s,
+        lease_period_s=s.lease_period_s,
+        lease_expiry_s=s.lease_expiry_s,
+        proxy_name=s.proxy_name,
+    )
+
+
 class StartupError(Exception):
     """The gateway could not start (store unavailable, port busy, adapter missing); one-line reason."""
 
@@ -77,10 +93,10 @@ class Gateway:
 
         s = self.settings
         if s.mode == "cluster":
-            from gateway.cluster import open_cluster_store
+            from cluster.proxy import open_cluster_store
 
             try:
-                self.cluster_store = await open_cluster_store(s)
+                self.cluster_store = await open_cluster_store(proxy_config(s))
             except (OSError, ValueError) as e:
                 raise StartupError(f"cannot reach the name server {s.namesrv}: {e}") from e
             store_client = self.cluster_store
@@ -94,9 +110,11 @@ class Gateway:
         await self.processor.start()
         await self._start_listeners()
         if s.mode == "cluster":
-            from gateway.cluster import ProxyRegistration
+            from cluster.proxy import ProxyRegistration
 
-            self.registration = ProxyRegistration(s, self.adapters)
+            host = s.advertise_host or s.host
+            endpoints = {a.name: f"{host}:{a.address.rsplit(':', 1)[1]}" for a in self.adapters}
+            self.registration = ProxyRegistration(proxy_config(s), endpoints)
             self.registration.start()
 
     async def _open_local_store(self) -> LocalStoreClient:

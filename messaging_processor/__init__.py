@@ -1,7 +1,11 @@
 """The protocol-neutral MessagingProcessor every adapter calls (send, pop, ack, change invisible
-time, DLQ, transactions, routes, admin, client registry, authorization) and its delivery loop."""
+time, DLQ, transactions, routes, admin, client registry, authorization) and its delivery loop.
+
+Adapters import from here, never from `store`: the message types (Message, MessageType, Filter,
+ALL, RetryPolicy) and `now_ms` are re-exported for them."""
 
 from store import ALL, Filter, Message, MessageType, RetryPolicy
+from store.message import now_ms
 
 from .delivery import DeliveryLoop, Handler, Outcome
 from .errors import ErrorKind, ProcessorError
@@ -60,5 +64,6 @@ __all__ = [
     "StoreClient",
     "TopicInfo",
     "allow_all",
+    "now_ms",
     "store_error",
 ]

@@ -29,6 +29,7 @@ from store import (
     TransactionNotFound,
 )
 from store.message import now_ms
+from store.raw_range import RawRange
 
 from .errors import ErrorKind, ProcessorError
 from .metrics import Metrics
@@ -495,6 +496,23 @@ class MessagingProcessor:
         if msgs:
             self.metrics.messages_out[(ctx.protocol, topic)] += len(msgs)
         return msgs
+
+    async def read_raw(
+        self,
+        ctx: ClientContext,
+        topic: str,
+        queue_id: int,
+        start: int,
+        end: int,
+        max_records: int,
+        max_bytes: int,
+    ) -> RawRange | None:
+        """As `read`, the records' bytes undecoded (store/raw_range.py); None when the store
+        client has no raw reads (then use `read`). Counting delivered messages is the caller's."""
+        if self.authorizer is not None:
+            await self.authorize(ctx.identity, Action.SUBSCRIBE, Resource("topic", topic))
+        with _StoreCall(None, "", ""):
+            return await self.store.read_raw(topic, queue_id, start, end, max_records, max_bytes)
 
     async def queue_offsets(self, topic: str, queue_id: int) -> tuple[int, int]:
         """(min, max) offsets of a queue: [min, max) are readable."""

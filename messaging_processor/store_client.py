@@ -1,5 +1,6 @@
-"""The processor's only view of storage: the `StoreClient` interface and its in-process
-implementation over `store.Store` (a network implementation comes with CLUSTER mode)."""
+"""The processor's only view of storage: the `StoreClient` port and its in-process implementation
+over `store.Store` (LOCAL mode). CLUSTER mode's network implementation is cluster/remote_store.py:
+the processor and the adapters above it do not know which one they run on."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from store import (
     Store,
     TopicConfig,
 )
+from store.raw_range import RawRange, read_range
 
 
 class StoreClient(Protocol):
@@ -53,6 +55,9 @@ class StoreClient(Protocol):
     async def read(
         self, topic: str, queue_id: int, start: int, end: int | None, max_messages: int, filter: Filter
     ) -> list[Message]: ...
+    async def read_raw(
+        self, topic: str, queue_id: int, start: int, end: int, max_records: int, max_bytes: int
+    ) -> RawRange | None: ...  # None: no raw reads here (use read)
     async def search_offset(self, topic: str, queue_id: int, timestamp_ms: int) -> int: ...
     async def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None: ...
     async def committed_offset(self, group: str, topic: str, queue_id: int) -> int: ...
@@ -161,6 +166,11 @@ class LocalStoreClient:
         filter: Filter = ALL,
     ) -> list[Message]:
         return self.store.read(topic, queue_id, start, end, max_messages, filter)
+
+    async def read_raw(
+        self, topic: str, queue_id: int, start: int, end: int, max_records: int, max_bytes: int
+    ) -> RawRange:
+        return read_range(self.store, topic, queue_id, start, end, max_records, max_bytes)
 
     async def search_offset(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         return self.store.search_offset(topic, queue_id, timestamp_ms)

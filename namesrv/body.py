@@ -15,8 +15,8 @@ import struct
 import zlib
 from typing import Any
 
-from adapters.remoting.codec import jsonx
-from adapters.remoting.codec.codes import PERM_READ_WRITE
+from remoting import jsonx
+from remoting.codes import PERM_READ_WRITE
 
 from .routeinfo import TopicQueues
 

@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Any
 
-from gateway.config import EVENT_LOOPS, LOG_LEVELS, ConfigError
+from runtime import EVENT_LOOPS, LOG_LEVELS, ConfigError, loop_factory, setup_logging
 
 from .config import load
 
@@ -46,18 +46,9 @@ def run(args: argparse.Namespace, env: dict[str, str] | None = None) -> int:
     except ConfigError as e:
         print(f"gateway: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    setup_logging(settings.log_level)
     from .server import serve
 
-    factory = None
-    if settings.event_loop == "uvloop":
-        try:
-            import uvloop
-
-            factory = uvloop.new_event_loop
-        except ImportError:
-            logging.getLogger("namesrv").warning("uvloop is not installed; using the default event loop")
+    factory = loop_factory(settings.event_loop, logging.getLogger("namesrv"))
     with asyncio.Runner(loop_factory=factory) as runner:
         return runner.run(serve(settings))

@@ -17,9 +17,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from adapters.remoting.client import RemotingClient, RemotingClientError
-from adapters.remoting.codec import RemotingCommand, RequestCode, ResponseCode, loads, parse_host_port
-from adapters.remoting.codec import routes as rd
+from remoting import RemotingCommand, RequestCode, ResponseCode, loads, parse_host_port
+from remoting import routes as rd
+from remoting.client import RemotingClient, RemotingClientError
 
 from .body import body_crc32, encode_register_body
 from .routeinfo import TopicQueues

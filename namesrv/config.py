@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.config import EVENT_LOOPS, LOG_LEVELS, ConfigError
+from runtime import EVENT_LOOPS, LOG_LEVELS, ConfigError
 
 ENV_PREFIX = "GATEWAY_NAMESRV_"
 

@@ -12,8 +12,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters.remoting.codec.codes import MASTER_ID, PERM_READ_WRITE
-from adapters.remoting.codec.routes import BrokerData, QueueData
+from remoting.codes import MASTER_ID, PERM_READ_WRITE
+from remoting.routes import BrokerData, QueueData
 
 log = logging.getLogger("namesrv")
 

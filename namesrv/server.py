@@ -14,11 +14,9 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from adapters.remoting.codec import (
-    Decoder,
+from remoting import (
     Ext,
     HeaderError,
-    RemotingCodecError,
     RemotingCommand,
     RequestCode,
     ResponseCode,
@@ -26,7 +24,8 @@ from adapters.remoting.codec import (
     loads,
     wants_standard_json,
 )
-from adapters.remoting.codec import routes as rd
+from remoting import routes as rd
+from remoting.server import FrameConnection, FrameServer, close_tcp, serve_tcp
 
 from .body import BodyError, body_crc32, decode_register_body
 from .config import NamesrvSettings
@@ -37,46 +36,7 @@ QUERY_DATA_VERSION = 322
 BROKER_HEARTBEAT = 904
 R = ResponseCode
 
-Handler = Callable[["NameServer", "NamesrvConnection", RemotingCommand], Awaitable[RemotingCommand]]
-
-
-class NamesrvConnection(asyncio.Protocol):
-    def __init__(self, server: NameServer) -> None:
-        self.server = server
-        self.decoder = Decoder()
-        self.transport: asyncio.Transport | None = None
-        self.remote = ""
-        self.closed = False
-        self.tasks: set[asyncio.Task] = set()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        peer = transport.get_extra_info("peername")
-        self.remote = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "")
-        self.server.connections.add(self)
-
-    def data_received(self, data: bytes) -> None:
-        self.decoder.feed(data)
-        try:
-            for cmd in self.decoder:
-                if not cmd.is_response:
-                    t = asyncio.get_running_loop().create_task(self._serve(cmd))
-                    self.tasks.add(t)
-                    t.add_done_callback(self.tasks.discard)
-        except RemotingCodecError as e:
-            log.info("name server connection %s: %s; closing it", self.remote, e)
-            if self.transport is not None:
-                self.transport.close()
-
-    async def _serve(self, cmd: RemotingCommand) -> None:
-        resp = await self.server.dispatch(self, cmd)
-        if resp is not None and not self.closed and self.transport is not None:
-            self.transport.write(resp.encode())
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self.server.connections.discard(self)
-        self.server.routes.connection_closed(self)
+Handler = Callable[["NameServer", FrameConnection, RemotingCommand], Awaitable[RemotingCommand]]
 
 
 class NameServer:
@@ -88,7 +48,7 @@ class NameServer:
         self.settings = settings or NamesrvSettings()
         self.clock = clock
         self.routes = RouteInfo(self.settings.lease_expiry_s)
-        self.connections: set[NamesrvConnection] = set()
+        self.frames = FrameServer(self, name="name server", log=log)
         self._server: asyncio.Server | None = None
         self._scanner: asyncio.Task | None = None
         self._address = f"{self.settings.host}:{self.settings.port}"
@@ -115,12 +75,8 @@ class NameServer:
         return int(self._address.rsplit(":", 1)[1])
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        s = self.settings
-        self._server = await loop.create_server(lambda: NamesrvConnection(self), s.host, s.port)
-        sock = self._server.sockets[0].getsockname()
-        self._address = f"{sock[0]}:{sock[1]}"
-        self._scanner = loop.create_task(self._scan(), name="namesrv lease scan")
+        self._server, self._address = await serve_tcp(self.frames, self.settings.host, self.settings.port)
+        self._scanner = asyncio.get_running_loop().create_task(self._scan(), name="namesrv lease scan")
 
     async def _scan(self) -> None:
         while True:
@@ -134,15 +90,18 @@ class NameServer:
             self._scanner.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._scanner
-        for c in list(self.connections):
-            if c.transport is not None:
-                c.transport.abort()
-        if self._server is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._server.wait_closed(), 2.0)
-            self._server = None
+        self.frames.abort()
+        await close_tcp(self._server)
+        self._server = None
 
-    async def dispatch(self, conn: NamesrvConnection, cmd: RemotingCommand) -> RemotingCommand | None:
+    # ------------------------------------------------------------------ FrameHandler
+    def opened(self, conn: FrameConnection) -> None:
+        pass
+
+    def closed(self, conn: FrameConnection) -> None:
+        self.routes.connection_closed(conn)
+
+    async def dispatch(self, conn: FrameConnection, cmd: RemotingCommand) -> RemotingCommand | None:
         handler = self.handlers.get(cmd.code)
         try:
             if handler is None:
@@ -178,7 +137,7 @@ def _lease_ext(ns: NameServer, timeout_s: float | None) -> dict[str, str]:
     }
 
 
-async def _register_broker(ns: NameServer, conn: NamesrvConnection, cmd: RemotingCommand) -> RemotingCommand:
+async def _register_broker(ns: NameServer, conn: FrameConnection, cmd: RemotingCommand) -> RemotingCommand:
     e = Ext(cmd.ext_fields)
     crc = e.int("bodyCrc32", 0)
     if crc and body_crc32(cmd.body) != crc:
@@ -201,17 +160,13 @@ async def _register_broker(ns: NameServer, conn: NamesrvConnection, cmd: Remotin
     return cmd.response(R.SUCCESS, None, ext, dumps_bytes({"table": {}}))
 
 
-async def _unregister_broker(
-    ns: NameServer, conn: NamesrvConnection, cmd: RemotingCommand
-) -> RemotingCommand:
+async def _unregister_broker(ns: NameServer, conn: FrameConnection, cmd: RemotingCommand) -> RemotingCommand:
     e = Ext(cmd.ext_fields)
     ns.routes.unregister_broker(e.str("brokerAddr"), e.str("brokerName", ""), e.opt_int("brokerId"))
     return cmd.response(R.SUCCESS)
 
 
-async def _query_data_version(
-    ns: NameServer, conn: NamesrvConnection, cmd: RemotingCommand
-) -> RemotingCommand:
+async def _query_data_version(ns: NameServer, conn: FrameConnection, cmd: RemotingCommand) -> RemotingCommand:
     """A broker asks whether its topic configs changed since it last registered (and renews)."""
     addr = Ext(cmd.ext_fields).str("brokerAddr")
     have = ns.routes.data_version(addr)
@@ -225,12 +180,12 @@ async def _query_data_version(
     return cmd.response(R.SUCCESS, None, {"changed": "true" if changed else "false"}, body)
 
 
-async def _broker_heartbeat(ns: NameServer, conn: NamesrvConnection, cmd: RemotingCommand) -> RemotingCommand:
+async def _broker_heartbeat(ns: NameServer, conn: FrameConnection, cmd: RemotingCommand) -> RemotingCommand:
     ns.routes.touch_broker(Ext(cmd.ext_fields).str("brokerAddr"), ns.clock())
     return cmd.response(R.SUCCESS)
 
 
-async def _get_route(ns: NameServer, conn: NamesrvConnection, cmd: RemotingCommand) -> RemotingCommand:
+async def _get_route(ns: NameServer, conn: FrameConnection, cmd: RemotingCommand) -> RemotingCommand:
     topic = Ext(cmd.ext_fields).str("topic")
     found = ns.routes.route(topic)
     if found is None:
@@ -240,25 +195,25 @@ async def _get_route(ns: NameServer, conn: NamesrvConnection, cmd: RemotingComma
     return cmd.response(R.SUCCESS, None, None, body)
 
 
-async def _cluster_info(ns: NameServer, conn: NamesrvConnection, cmd: RemotingCommand) -> RemotingCommand:
+async def _cluster_info(ns: NameServer, conn: FrameConnection, cmd: RemotingCommand) -> RemotingCommand:
     data = rd.cluster_info(ns.routes.broker_list())
     return cmd.response(
         R.SUCCESS, None, None, rd.encode(data, wants_standard_json(cmd.version, cmd.ext_fields))
     )
 
 
-async def _topic_list(ns: NameServer, conn: NamesrvConnection, cmd: RemotingCommand) -> RemotingCommand:
+async def _topic_list(ns: NameServer, conn: FrameConnection, cmd: RemotingCommand) -> RemotingCommand:
     return cmd.response(R.SUCCESS, None, None, dumps_bytes({"topicList": ns.routes.topic_list()}))
 
 
-async def _get_kv_config(ns: NameServer, conn: NamesrvConnection, cmd: RemotingCommand) -> RemotingCommand:
+async def _get_kv_config(ns: NameServer, conn: FrameConnection, cmd: RemotingCommand) -> RemotingCommand:
     e = Ext(cmd.ext_fields)
     return cmd.response(
         R.QUERY_NOT_FOUND, f"No config item, Namespace: {e.str('namespace', '')} Key: {e.str('key', '')}"
     )
 
 
-async def _register_proxy(ns: NameServer, conn: NamesrvConnection, cmd: RemotingCommand) -> RemotingCommand:
+async def _register_proxy(ns: NameServer, conn: FrameConnection, cmd: RemotingCommand) -> RemotingCommand:
     """REGISTER_PROXY (7001): extFields proxyName*, clusterName, heartbeatTimeoutMillis; body
     `{"endpoints":{"grpc":"host:port",...},"attributes":{...}}`. Renew by sending it again."""
     e = Ext(cmd.ext_fields)
@@ -283,12 +238,12 @@ async def _register_proxy(ns: NameServer, conn: NamesrvConnection, cmd: Remoting
     return cmd.response(R.SUCCESS, None, _lease_ext(ns, timeout))
 
 
-async def _unregister_proxy(ns: NameServer, conn: NamesrvConnection, cmd: RemotingCommand) -> RemotingCommand:
+async def _unregister_proxy(ns: NameServer, conn: FrameConnection, cmd: RemotingCommand) -> RemotingCommand:
     ns.routes.unregister_proxy(Ext(cmd.ext_fields).str("proxyName"))
     return cmd.response(R.SUCCESS)
 
 
-async def _proxy_list(ns: NameServer, conn: NamesrvConnection, cmd: RemotingCommand) -> RemotingCommand:
+async def _proxy_list(ns: NameServer, conn: FrameConnection, cmd: RemotingCommand) -> RemotingCommand:
     """GET_PROXY_LIST (7003): optional extFields protocol, clusterName -> `{"proxies":[...]}`."""
     e = Ext(cmd.ext_fields)
     now = ns.clock()

@@ -45,8 +45,8 @@ from messaging_processor import (
     Permission,
     ProcessorError,
     RetryPolicy,
+    now_ms,
 )
-from store.message import now_ms
 
 log = logging.getLogger("adapters.grpc")
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from adapters.remoting.codec import ResponseCode
 from messaging_processor import ErrorKind, ProcessorError
+from remoting import ResponseCode
 
 R = ResponseCode
 

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import time
 
-from adapters.remoting.codec import MessageExt
-from adapters.remoting.codec import message as wm
-from adapters.remoting.codec.codes import SYSFLAG_TRANSACTION_MASK, SYSFLAG_TRANSACTION_PREPARED
+from adapters.remoting import message_codec as wm
+from adapters.remoting.message_codec import MessageExt
 from messaging_processor import Message, MessageType
+from remoting import parse_host_port
+from remoting.codes import SYSFLAG_TRANSACTION_MASK, SYSFLAG_TRANSACTION_PREPARED
 
 # The broker's messageDelayLevel default, in ms: levels 1..18.
 DELAY_LEVELS_MS = (
@@ -171,7 +172,7 @@ def to_wire(
         commitlog_offset=max(msg.commitlog_offset, 0),
         sys_flag=sys_flag,
         born_timestamp=msg.born_timestamp,
-        born_host=wm.parse_host_port(msg.born_host),
+        born_host=parse_host_port(msg.born_host),
         store_timestamp=msg.store_timestamp,
         store_host=store_host,
         reconsume_times=reconsume_times,

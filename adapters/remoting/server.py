@@ -1,105 +1,57 @@
-"""The remoting listener: thin asyncio glue (one `RemotingConnection` per TCP connection) around
-the sans-IO codec and `RemotingService`. See docs/remoting.md."""
+"""The remoting listener: remoting.server's frame server (decode, one task per request, replies)
+with `RemotingService` as its dispatch, and what a 4.x client connection holds
+(`ClientConnection`). See docs/remoting.md."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
+from collections.abc import Awaitable
 
 from adapters.listener import TcpListeners
-from adapters.remoting.codec import (
-    FLAG_ONEWAY,
-    Decoder,
-    RemotingCodecError,
-    RemotingCommand,
-    RequestCode,
-    ResponseCode,
-    encode_message,
-    offset_msg_id,
-)
-from adapters.remoting.codec import message as wm
-from adapters.remoting.codec.codes import SYSFLAG_TRANSACTION_PREPARED
+from adapters.remoting import message_codec as wm
 from adapters.remoting.mapping import to_wire
+from adapters.remoting.message_codec import encode_message, offset_msg_id
 from adapters.remoting.service import RemotingService
 from messaging_processor import ClientContext, Identity, Message, MessagingProcessor
 from messaging_processor.model import TransactionCheck
+from remoting import RemotingCommand, RequestCode
+from remoting.codes import SYSFLAG_TRANSACTION_PREPARED
+from remoting.server import FrameConnection, FrameServer
 
 log = logging.getLogger("adapters.remoting")
 PROTOCOL = "remoting"
-MAX_INFLIGHT = 4096  # requests one connection may have running; more get SYSTEM_BUSY
-_opaque = itertools.count(1)
 
 
-class RemotingConnection(asyncio.Protocol):
-    """One client connection: decode frames, run each request as a task, write the replies."""
+class ClientConnection:
+    """What the request handlers know of one 4.x client connection: its addresses, client id and
+    ClientContext, and the requests the broker sends it (consumer ids changed, transaction checks).
+    The frames themselves are remoting.server's `FrameConnection`."""
 
-    def __init__(self, adapter: RemotingAdapter) -> None:
-        self.adapter = adapter
-        self.service = adapter.service
-        self.decoder = Decoder(adapter.max_frame_size)
-        self.transport: asyncio.Transport | None = None
-        self.remote = ""
-        self.local_host = "127.0.0.1"
+    __slots__ = ("frame", "service", "client_id", "_ctx", "_access_key")
+
+    def __init__(self, frame: FrameConnection, service: RemotingService) -> None:
+        self.frame = frame
+        self.service = service
         self.client_id = ""
-        self.closed = False
-        self.tasks: set[asyncio.Task] = set()
         self._ctx: ClientContext | None = None
         self._access_key = ""
 
-    # ------------------------------------------------------------------ asyncio.Protocol
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        peer = transport.get_extra_info("peername")
-        self.remote = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "")
-        sock = transport.get_extra_info("sockname")
-        if isinstance(sock, tuple):
-            self.local_host = str(sock[0])
-        self.adapter.connections.add(self)
+    @property
+    def remote(self) -> str:
+        return self.frame.remote
 
-    def data_received(self, data: bytes) -> None:
-        self.decoder.feed(data)
-        try:
-            for cmd in self.decoder:
-                if cmd.is_response:
-                    continue  # replies to our oneway notifications: nothing waits for them
-                self._start(cmd)
-        except RemotingCodecError as e:
-            log.info("remoting connection %s: %s; closing it", self.remote, e)
-            self.close()
+    @property
+    def local_host(self) -> str:
+        return self.frame.local_host
 
-    def pause_writing(self) -> None:
-        """The client does not read its replies fast enough: stop reading its requests."""
-        if self.transport is not None:
-            self.transport.pause_reading()
+    @property
+    def closed(self) -> bool:
+        return self.frame.closed
 
-    def resume_writing(self) -> None:
-        if self.transport is not None and not self.closed:
-            self.transport.resume_reading()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self.adapter.connections.discard(self)
-        self.service.clients.connection_closed(self)
-        for t in list(self.tasks):
-            t.cancel()
-
-    # ------------------------------------------------------------------ requests
-    def _start(self, cmd: RemotingCommand) -> None:
-        if len(self.tasks) >= MAX_INFLIGHT or not self.adapter.accepting:
-            if not cmd.is_oneway:
-                why = "too many requests in flight" if self.adapter.accepting else "shutting down"
-                self.write(cmd.response(ResponseCode.SYSTEM_BUSY, f"[OVERLOAD] {why}"))
-            return
-        t = asyncio.get_running_loop().create_task(self._serve(cmd))
-        self.tasks.add(t)
-        t.add_done_callback(self.tasks.discard)
-
-    async def _serve(self, cmd: RemotingCommand) -> None:
-        resp = await self.service.dispatch(self, cmd)
-        if resp is not None:
-            self.write(resp)
+    def write(self, cmd: RemotingCommand) -> None:
+        self.frame.write(cmd)
 
     def context(self, cmd: RemotingCommand) -> ClientContext:
         """The ClientContext of this connection (AccessKey as the identity; not verified)."""
@@ -122,20 +74,9 @@ class RemotingConnection(asyncio.Protocol):
             self._ctx = ClientContext(PROTOCOL, self.client_id or self.remote, ident, self.remote)
         return self._ctx
 
-    def write(self, cmd: RemotingCommand) -> None:
-        if not self.closed and self.transport is not None:
-            self.transport.write(cmd.encode())
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-
     # ------------------------------------------------------------------ broker -> client
-    def _oneway(self, code: int, ext: dict[str, str], body: bytes = b"") -> None:
-        self.write(RemotingCommand(code, next(_opaque) & 0x7FFFFFFF, FLAG_ONEWAY, ext_fields=ext, body=body))
-
     def notify_consumer_ids_changed(self, group: str) -> None:
-        self._oneway(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": group})
+        self.frame.oneway(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": group})
 
     def transaction_checker(self, group: str) -> TransactionCheck:
         """The hook the processor calls for an unresolved half message of producer group `group`:
@@ -162,7 +103,7 @@ class RemotingConnection(asyncio.Protocol):
                 "transactionId": tx_id,
                 "offsetMsgId": offset_msg_id(svc.store_host[0], svc.store_host[1], clo),
             }
-            self._oneway(RequestCode.CHECK_TRANSACTION_STATE, ext, encode_message(wire))
+            self.frame.oneway(RequestCode.CHECK_TRANSACTION_STATE, ext, encode_message(wire))
 
         return check
 
@@ -201,18 +142,30 @@ class RemotingAdapter:
             client_expiry_s=client_expiry_s,
             hold_interval=hold_interval,
         )
-        self.connections: set[RemotingConnection] = set()
-        self.accepting = False
+        self.frames = FrameServer(
+            self, name="remoting", log=log, max_frame_size=max_frame_size, accepting=False
+        )
         self.net = TcpListeners(host, port)
         self._housekeeping: asyncio.Task | None = None
 
+    # ------------------------------------------------------------------ FrameHandler
+    def opened(self, conn: FrameConnection) -> None:
+        conn.state = ClientConnection(conn, self.service)
+
+    def closed(self, conn: FrameConnection) -> None:
+        self.service.clients.connection_closed(conn.state)
+
+    def dispatch(self, conn: FrameConnection, cmd: RemotingCommand) -> Awaitable[RemotingCommand | None]:
+        return self.service.dispatch(conn.state, cmd)
+
+    # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        await self.net.start(lambda: RemotingConnection(self))
+        await self.net.start(self.frames.protocol)
         self.service.bound(self.net.bound_port)
         self.service.hold.start()
         self._housekeeping = loop.create_task(self._expire_clients(), name="remoting client expiry")
-        self.accepting = True
+        self.frames.accepting = True
 
     async def _expire_clients(self) -> None:
         while True:
@@ -234,18 +187,14 @@ class RemotingAdapter:
     async def stop(self, grace: float) -> None:
         """Stop accepting; let running requests finish for up to `grace` s (held pulls are answered
         at once), then close every connection."""
-        self.accepting = False
+        self.frames.accepting = False
         self.net.close()
         await self.service.hold.stop()  # held pulls answer now (PULL_NOT_FOUND)
-        tasks = [t for c in self.connections for t in c.tasks]
-        if tasks and grace > 0:
-            await asyncio.wait(tasks, timeout=grace)
+        await self.frames.drain(grace)
         await self.service.batcher.drain()
         if self._housekeeping is not None:
             self._housekeeping.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._housekeeping
-        for c in list(self.connections):
-            if c.transport is not None:
-                c.transport.abort()
+        self.frames.abort()
         await self.net.wait_closed()

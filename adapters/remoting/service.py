@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING
 
 from adapters.remoting.batcher import SendBatcher
 from adapters.remoting.clients import ClientTable
-from adapters.remoting.codec import Ext, HeaderError, RemotingCommand, ResponseCode, request_name
 from adapters.remoting.errors import RemotingError, code_of
 from adapters.remoting.handlers import HANDLERS
 from adapters.remoting.handlers.pop import PopHandles
 from adapters.remoting.hold import PullHold
 from messaging_processor import ClientContext, MessagingProcessor, ProcessorError, RetryPolicy
+from remoting import Ext, HeaderError, RemotingCommand, ResponseCode, request_name
 
 if TYPE_CHECKING:
-    from adapters.remoting.server import RemotingConnection
+    from adapters.remoting.server import ClientConnection
 
 log = logging.getLogger("adapters.remoting")
 _WILDCARD = ("", "0.0.0.0", "::", "[::]")
@@ -32,7 +32,7 @@ _WILDCARD = ("", "0.0.0.0", "::", "[::]")
 
 @dataclass(slots=True)
 class Request:
-    conn: RemotingConnection
+    conn: ClientConnection
     cmd: RemotingCommand
     ctx: ClientContext
 
@@ -104,7 +104,7 @@ class RemotingService:
         h = self.advertise_host or ("127.0.0.1" if self.host in _WILDCARD else self.host)
         self.store_host = (_resolve_ipv4(h.strip("[]")), port)
 
-    def broker_address(self, conn: RemotingConnection | None = None) -> str:
+    def broker_address(self, conn: ClientConnection | None = None) -> str:
         """host:port clients are told to use: --advertise-host, else the bound host, else (bound to a
         wildcard) the local address the client reached."""
         host = self.advertise_host
@@ -132,7 +132,7 @@ class RemotingService:
         self._queue_counts.pop(topic, None)
 
     # ------------------------------------------------------------------ dispatch
-    async def dispatch(self, conn: RemotingConnection, cmd: RemotingCommand) -> RemotingCommand | None:
+    async def dispatch(self, conn: ClientConnection, cmd: RemotingCommand) -> RemotingCommand | None:
         req = Request(conn, cmd, conn.context(cmd))
         handler = self.handlers.get(cmd.code)
         try:

@@ -1,4 +1,5 @@
-"""The gateway's HTTP port: health, Prometheus metrics, the admin REST API (and, later, CloudEvents)."""
+"""The gateway's HTTP port: health, Prometheus metrics, the admin REST API, the read API for Spark,
+and CloudEvents (adapters/cloudevents, mounted as extra routers)."""
 
 from .adapter import HttpAdapter
 from .app import create_app

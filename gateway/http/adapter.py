@@ -57,7 +57,7 @@ def format_address(sockname: tuple) -> str:
 
 
 class HttpAdapter:
-    """The HTTP listener (health, metrics, admin API; later CloudEvents). Implements adapters.base.Adapter."""
+    """The HTTP listener (health, metrics, admin and read API, CloudEvents): an adapters.base.Adapter."""
 
     name = "http"
 

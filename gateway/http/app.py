@@ -1,4 +1,5 @@
-"""The FastAPI app of the HTTP port. Later protocol routes (CloudEvents) are mounted as extra routers."""
+"""The FastAPI app of the HTTP port: health, metrics, admin and read API routes here; protocol routes
+(CloudEvents, adapters/cloudevents) are mounted as extra routers."""
 
 from __future__ import annotations
 

@@ -6,13 +6,14 @@ endpoint sends as an Arrow IPC stream or renders as JSON lines.
 
 Two ways to get the rows:
 
-- **In-process store (LOCAL mode), the fast path.** The consume queue gives each entry's commit log
-  position and size; records lying close together are read with one `pread` per span, then
-  decoded column-wise with numpy and pyarrow (the record layout of `store/codec.py`,
-  docs/store.md) instead of one `Message` object per record, which is what makes the Spark source
-  keep up with Spark's own file readers. Every record is checked as `Store.read` checks it (length,
-  magic, queue id and offset, CRC32); a record that does not check out is skipped and logged.
-- **Any other `StoreClient`**: `processor.read` (Message objects), converted row by row.
+- **Raw range reads (LOCAL mode), the fast path.** `processor.read_raw` gives the records' bytes
+  (store/raw_range.py: one `pread` per span of neighbouring records), decoded here column-wise
+  with numpy and pyarrow (the record layout of `store/codec.py`, docs/store.md) instead of one
+  `Message` object per record, which is what makes the Spark source keep up with Spark's own file
+  readers. Every record is checked as `Store.read` checks it (length, magic, queue id and offset,
+  CRC32); a record that does not check out is skipped and logged.
+- **A StoreClient without raw reads** (CLUSTER mode: `read_raw` answers None): `processor.read`
+  (Message objects), converted row by row.
 
 Both give the same rows (`tests/analytics/test_read_api.py` compares them). Decoding runs in a
 worker thread; consume queue and commit log reads stay on the event loop, like `Store.read`'s.
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import itertools
 import json
 import logging
 import zlib
@@ -41,13 +41,12 @@ if TYPE_CHECKING:  # pyarrow and numpy are imported on first use: the gateway st
     import numpy as np
     import pyarrow as pa
 
-    from store import Message, Store
+    from store import Message
 
 log = logging.getLogger("gateway.read")
 
 CHUNK_ROWS = 4096  # rows per record batch
 CHUNK_BYTES = 16 * 1024 * 1024  # about this many record bytes per batch (at least one record)
-MAX_GAP = 16 * 1024  # records of other queues up to this size between two records are read over
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 NDJSON = "application/x-ndjson"
 # Store-internal properties of redirected (delayed / half) messages, never shown to readers.
@@ -382,70 +381,6 @@ def decode_records(
 
 
 # ----------------------------------------------------------------------------- reading a range
-def local_store(processor: MessagingProcessor) -> Store | None:
-    """The in-process Store behind the processor, or None (then the generic path is used).
-
-    The fast path uses the store's raw range reads (`queue_entries`, `read_log`): record bytes
-    decoded column-wise, instead of one Message object per record."""
-    from store import Store
-
-    st = getattr(processor.store, "store", None)
-    return st if isinstance(st, Store) else None
-
-
-def _plan(clos: np.ndarray, sizes: np.ndarray, seg_size: int) -> tuple[int, list[tuple[int, int]]]:
-    """How many of the entries to read now (about CHUNK_BYTES of commit log) and how: groups
-    (first, last) of entry indices read with one pread each. Neighbours at most MAX_GAP apart in
-    one segment share a group (the bytes between them are read over)."""
-    import numpy as np
-
-    n = len(clos)
-    if n > 1 and bool((clos[1:] > clos[:-1]).all()):
-        gaps = clos[1:] - (clos[:-1] + sizes[:-1])
-        join = (gaps >= 0) & (gaps <= MAX_GAP) & (clos[1:] // seg_size == clos[:-1] // seg_size)
-        cost = sizes.copy()
-        cost[1:] += np.where(join, gaps, 0)
-        take = min(n, max(1, int(np.searchsorted(np.cumsum(cost), CHUNK_BYTES, side="right"))))
-        join = join[: take - 1]
-    else:  # one entry, or not in commit log order: one pread per record
-        take = min(n, max(1, int(np.searchsorted(np.cumsum(sizes), CHUNK_BYTES, side="right"))))
-        join = np.zeros(max(take - 1, 0), dtype=bool)
-    cuts = np.flatnonzero(~join) + 1  # entry indices where a new group starts
-    first = np.concatenate(([0], cuts)).tolist()
-    last = (np.concatenate((cuts, [take])) - 1).tolist()
-    return take, list(zip(first, last, strict=True))
-
-
-def _read_groups(
-    st: Store, clos: np.ndarray, sizes: np.ndarray, groups: list[tuple[int, int]]
-) -> tuple[bytes, np.ndarray]:
-    """The bytes of each group's span, concatenated, and each entry's start in them (-1: the
-    record is no longer stored)."""
-    import numpy as np
-
-    parts: list[bytes] = []
-    starts = np.full(len(clos), -1, dtype=np.int64)
-    at = 0
-    for a, b in groups:
-        lo = int(clos[a])
-        try:
-            data = st.read_log(lo, int(clos[b] + sizes[b]) - lo)
-        except KeyError:  # removed by retention meanwhile: what is left, one record at a time
-            for k in range(a, b + 1):
-                try:
-                    data = st.read_log(int(clos[k]), int(sizes[k]))
-                except KeyError:
-                    continue
-                parts.append(data)
-                starts[k] = at
-                at += len(data)
-        else:
-            parts.append(data)
-            starts[a : b + 1] = clos[a : b + 1] - lo + at
-            at += len(data)
-    return b"".join(parts), starts
-
-
 async def iter_batches(
     processor: MessagingProcessor,
     ctx: ClientContext,
@@ -458,41 +393,36 @@ async def iter_batches(
     """Record batches of the queue's messages with offsets in [start, end) that are still stored."""
     import numpy as np
 
-    st = local_store(processor)
     off = start
+    raw_reads = True  # until the StoreClient says it has none (CLUSTER mode)
     while off < end:
-        if st is None:
+        raw = None
+        if raw_reads:
+            raw = await processor.read_raw(ctx, topic, queue_id, off, end, CHUNK_ROWS, CHUNK_BYTES)
+            raw_reads = raw is not None
+            if raw is not None and not len(raw):
+                return
+        if raw is None:
             msgs = await processor.read(ctx, topic, queue_id, off, end, min(CHUNK_ROWS, end - off))
             if not msgs:
                 return
             off = msgs[-1].queue_offset + 1
             batch = messages_to_batch(msgs)
         else:
-            try:
-                first, entries_it = st.queue_entries(topic, queue_id, off, end, CHUNK_ROWS)
-            except Exception as e:  # noqa: BLE001 - the topic was deleted meanwhile
-                from messaging_processor import store_error
-
-                raise store_error(e) from e
-            # (commit log offset, size, tag hash, store time) per entry, without keeping a tuple per
-            # entry alive (thousands of live tuples per chunk set off the cyclic GC over the heap)
-            flat = np.fromiter(itertools.chain.from_iterable(entries_it), dtype=np.int64)
-            if not len(flat):
-                return
-            entries = flat.reshape(-1, 4)
-            clos, sizes = entries[:, 0].copy(), entries[:, 1].copy()
-            take, groups = _plan(clos, sizes, st.segment_size)
-            clos, sizes = clos[:take], sizes[:take]
-            raw, starts = _read_groups(st, clos, sizes, groups)
-            offsets = np.arange(first, first + take, dtype=np.int64)
-            off = first + take
-            readable = starts >= 0
+            offsets = np.arange(raw.first, raw.first + len(raw), dtype=np.int64)
+            off = raw.first + len(raw)
+            readable = raw.starts >= 0
             if not readable.all():
                 log.error(
                     "skipping %d record(s) of %s/%d no longer stored", int((~readable).sum()), topic, queue_id
                 )
             batch = await asyncio.to_thread(
-                decode_records, raw, starts[readable], sizes[readable], queue_id, offsets[readable]
+                decode_records,
+                raw.data,
+                raw.starts[readable],
+                raw.sizes[readable],
+                queue_id,
+                offsets[readable],
             )
             processor.metrics.messages_out[(ctx.protocol, topic)] += batch.num_rows
         if path_filter is not None and batch.num_rows:

@@ -15,7 +15,7 @@ import pytest
 
 from gateway.http import read_records as rr
 from messaging_processor import ClientContext
-from store import Message
+from store import Message, raw_range
 from tests.analytics.support import T
 
 CTX = ClientContext("test")
@@ -177,7 +177,7 @@ def test_chunks_spans_and_interleaved_topics(gateway, monkeypatch):
     """Many chunks and read spans (small limits), queues interleaved with another topic's records."""
     monkeypatch.setattr(rr, "CHUNK_ROWS", 37)
     monkeypatch.setattr(rr, "CHUNK_BYTES", 4096)
-    monkeypatch.setattr(rr, "MAX_GAP", 300)
+    monkeypatch.setattr(raw_range, "MAX_GAP", 300)
     topic, other = topic_name(), topic_name()
     create(gateway, topic, 3)
     create(gateway, other, 1)
@@ -293,7 +293,7 @@ def test_records_from_before_json_properties_read_the_same(gateway, monkeypatch)
         write_legacy_records(m)
         old = send(gateway, msgs[:30])
     new = send(gateway, msgs[30:])
-    st = rr.local_store(gateway.processor)
+    st = gateway.gw.store
     json_flag = [
         codec.HEAD.unpack_from(st.commitlog.read(r.commitlog_offset, victim_size(st, r)), 8)[2]
         & codec.FLAG_JSON_PROPERTIES
@@ -311,7 +311,7 @@ def test_a_corrupt_record_is_skipped_like_the_store_does(gateway):
     create(gateway, topic, 1)
     receipts = send(gateway, [Message(topic, b"payload-%03d" % i, queue_id=0) for i in range(20)])
     victim = receipts[7]
-    st = rr.local_store(gateway.processor)
+    st = gateway.gw.store
     seg = st.commitlog.segment_for(victim.commitlog_offset)
     pos = victim.commitlog_offset - seg.base + victim_size(st, victim) - 3  # inside the body
     fd = os.open(seg.path, os.O_RDWR)
@@ -335,7 +335,7 @@ def victim_size(st, receipt) -> int:
 
 
 def test_generic_store_client_path_gives_the_same_rows(gateway, monkeypatch):
-    """With a StoreClient that is not the in-process store, rows come from processor.read."""
+    """With a StoreClient that has no raw range reads, rows come from processor.read."""
     topic = topic_name()
     create(gateway, topic, 2)
     send(gateway, varied(topic, 120, 2))
@@ -348,7 +348,10 @@ def test_generic_store_client_path_gives_the_same_rows(gateway, monkeypatch):
         calls.append(args)
         return await real_read(*args, **kw)
 
-    monkeypatch.setattr(rr, "local_store", lambda processor: None)
+    async def no_raw_reads(*args, **kw):  # a StoreClient without raw range reads (CLUSTER mode's)
+        return None
+
+    monkeypatch.setattr(gateway.processor.store, "read_raw", no_raw_reads)
     monkeypatch.setattr(gateway.processor, "read", counting_read)
     for q in (0, 1):
         table, headers = arrow(gateway, topic, q, start=3, end=50, max=40)

@@ -31,9 +31,9 @@ import pytest
 
 from adapters.grpc.generated import definition_pb2 as d
 from adapters.grpc.generated import service_pb2_grpc
+from conformance.gateway_proc import GATEWAY
 from namesrv.client import NameServerClient
 from tests.cluster.support import Cluster, wait_for
-from tests.gatewayproc import GATEWAY
 from tests.grpc import grpctestlib as g
 from tests.remoting.realclients import needs_alions, needs_cpp, received, run
 

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import Settings
-from gateway.storenode import StoreNode
+from cluster import store_wire as w
+from cluster.ids import CLO_SHIFT, node_tag
+from cluster.nodes import NodeUnavailable
+from cluster.remote_store import ClusterStoreClient
+from cluster.store_node import StoreNode, StoreNodeConfig
 from messaging_processor import ClientContext, MessagingProcessor
-from messaging_processor import store_wire as w
-from messaging_processor.remote_store import CLO_SHIFT, ClusterStoreClient, NodeUnavailable, node_tag
 from namesrv.config import NamesrvSettings
 from namesrv.server import NameServer
 from store import (
@@ -38,24 +39,18 @@ class Env:
     root: Path
 
     async def add_node(self, name: str) -> StoreNode:
-        settings = Settings(
-            data_dir=str(self.root / name),
-            store_port=0,
-            store_name=name,
-            namesrv=self.ns.address,
-            lease_period_s=0.2,
-            lease_expiry_s=5.0,
-            flush="async",
+        node_config = StoreNodeConfig(
+            name=name, port=0, namesrv=self.ns.address, lease_period_s=0.2, lease_expiry_s=5.0
         )
         config = StoreConfig(
-            data_dir=settings.data_dir,
+            data_dir=str(self.root / name),
             flush="async",
             auto_create_topics=False,
             transaction_timeout_ms=200,
             transaction_check_interval_ms=100,
         )
         store = await Store.open(config)
-        node = StoreNode(settings, store)
+        node = StoreNode(node_config, store)
         await node.start()
         self.nodes[name] = node
         return node
@@ -188,7 +183,7 @@ async def test_long_poll_wakes_for_a_message_on_any_node(env):
         assert time.monotonic() - t0 < 2.0
         await c.ack(got[0].receipt_handle)
     # The other node's cancelled long poll handed nothing out: nothing is in flight.
-    await until(lambda: all(n.inflight == 0 for n in env.nodes.values()))
+    await until(lambda: not any(n.frames.running() for n in env.nodes.values()))
     assert await c.inflight_count("g", "lp") == 0
 
 
@@ -256,7 +251,7 @@ async def test_node_loss_fails_over_sends_and_rejoin_serves_its_messages(env):
     before = [await c.append(Message("fo", f"b{i}".encode())) for i in range(6)]
     on_b = [r for r in before if node_of(r.commitlog_offset) == node_tag("store-b")]
     assert on_b
-    data_b = env.nodes["store-b"].settings.data_dir
+    data_b = env.nodes["store-b"].store.config.data_dir
     await env.stop_node("store-b")
     await until(lambda: [n.name for n in c.live()] == ["store-a"])
     after = [await c.append(Message("fo", f"a{i}".encode())) for i in range(6)]
@@ -300,9 +295,9 @@ async def test_concurrent_sends_are_coalesced_per_node(env):
     codes: list[int] = []
     for n in env.nodes.values():
 
-        async def counting(cmd, orig=n.dispatch):
+        async def counting(conn, cmd, orig=n.dispatch):
             codes.append(cmd.code)
-            return await orig(cmd)
+            return await orig(conn, cmd)
 
         n.dispatch = counting
     rs = await asyncio.gather(*(c.append(Message("burst", str(i).encode())) for i in range(200)))

@@ -99,7 +99,7 @@ def test_new_defaults():
         1883,
         5672,
     )
-    assert s.protocols == config.DEFAULT_PROTOCOLS
+    assert s.protocols == config.PROTOCOLS
     assert {"grpc", "mqtt", "amqp", "http"} <= set(s.protocols)
     assert s.advertise_host is None
     assert s.auto_create_topics is False
@@ -172,19 +172,7 @@ def test_bad_env_values_name_the_variable(env, match):
         load(env=env)
 
 
-@pytest.fixture
-def only_grpc_and_http_built(monkeypatch):
-    """Whatever this tree builds, pretend only grpc and http are (the refusal path stays tested)."""
-    monkeypatch.setattr(config, "IMPLEMENTED_PROTOCOLS", ("grpc", "http"))
-
-
-@pytest.mark.parametrize("name", ["amqp", "remoting"])
-def test_unbuilt_protocols_are_reported_as_not_available_yet(name, only_grpc_and_http_built):
-    with pytest.raises(ConfigError, match=f"protocol '{name}' is not available yet"):
-        load({"protocols": f"http,{name}"})
-
-
-def test_toml_protocols_as_string_or_list_and_type_errors(tmp_path, only_grpc_and_http_built):
+def test_toml_protocols_as_string_or_list_and_type_errors(tmp_path):
     assert load(toml_path=write_toml(tmp_path, 'protocols = "grpc"\n')).protocols == ("grpc",)
     assert load(toml_path=write_toml(tmp_path, "protocols = ['http', 'grpc']\n")).protocols == (
         "http",
@@ -194,8 +182,8 @@ def test_toml_protocols_as_string_or_list_and_type_errors(tmp_path, only_grpc_an
         load(toml_path=write_toml(tmp_path, 'grpc_port = "8081"\n'))
     with pytest.raises(ConfigError, match="auto_create_topics must be true or false"):
         load(toml_path=write_toml(tmp_path, 'auto_create_topics = "yes"\n'))
-    with pytest.raises(ConfigError, match="not available yet"):
-        load(toml_path=write_toml(tmp_path, "protocols = ['amqp']\n"))
+    with pytest.raises(ConfigError, match="unknown protocol 'smtp'"):
+        load(toml_path=write_toml(tmp_path, "protocols = ['smtp']\n"))
 
 
 NON_DEFAULT = {
@@ -290,11 +278,11 @@ def test_cli_start_flags_for_all_new_settings():
     assert settings_from_args(unset, {"GATEWAY_AUTO_CREATE_TOPICS": "1"}).auto_create_topics is True
 
 
-def test_cli_rejects_bad_protocols_as_usage_error(capsys, only_grpc_and_http_built):
+def test_cli_rejects_bad_protocols_as_usage_error(capsys):
     with pytest.raises(SystemExit) as exc:
-        build_parser().parse_args(["start", "--protocols", "amqp"])
+        build_parser().parse_args(["start", "--protocols", "amqp,smtp"])
     assert exc.value.code == 2
-    assert "not available yet" in capsys.readouterr().err
+    assert "unknown protocol 'smtp'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -8,9 +8,10 @@ import json
 from dataclasses import dataclass, field
 
 from adapters.remoting import RemotingAdapter
-from adapters.remoting.client import RemotingClient
-from adapters.remoting.codec import RemotingCommand, RequestCode, ResponseCode, encode_properties
+from adapters.remoting.message_codec import encode_properties
 from messaging_processor import ClientContext, LocalStoreClient, MessagingProcessor
+from remoting import RemotingCommand, RequestCode, ResponseCode
+from remoting.client import RemotingClient
 from store import Store, StoreConfig
 
 CTX = ClientContext("test", client_id="other-protocol")

@@ -8,19 +8,9 @@ import json
 import struct
 import zlib
 
-from adapters.remoting.codec import (
-    ROCKETMQ,
-    BatchItem,
-    RemotingCommand,
-    RequestCode,
-    ResponseCode,
-    decode_frame,
-    decode_offset_msg_id,
-    encode_batch,
-    encode_properties,
-    loads,
-)
+from adapters.remoting.message_codec import BatchItem, decode_offset_msg_id, encode_batch, encode_properties
 from messaging_processor import ClientKind, Message
+from remoting import ROCKETMQ, RemotingCommand, RequestCode, ResponseCode, decode_frame, loads
 from tests.remoting.support import CTX, close_env, open_env, raw_request, send, wait_until
 
 R = ResponseCode

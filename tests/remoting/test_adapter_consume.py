@@ -8,15 +8,10 @@ import asyncio
 import json
 import time
 
-from adapters.remoting.codec import (
-    RequestCode,
-    ResponseCode,
-    decode_messages,
-    decode_offset_msg_id,
-    encode_message,
-)
-from adapters.remoting.codec import message as wm
+from adapters.remoting import message_codec as wm
+from adapters.remoting.message_codec import decode_messages, decode_offset_msg_id, encode_message
 from messaging_processor import Message, RetryPolicy
+from remoting import RequestCode, ResponseCode
 from tests.remoting.support import CTX, close_env, open_env, send, wait_until
 
 R = ResponseCode

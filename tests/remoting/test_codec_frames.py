@@ -7,7 +7,8 @@ import struct
 
 import pytest
 
-from adapters.remoting.codec import (
+from adapters.remoting.message_codec import decode_batch, decode_properties
+from remoting import (
     JSON,
     ROCKETMQ,
     Decoder,
@@ -18,16 +19,14 @@ from adapters.remoting.codec import (
     RemotingCommand,
     RequestCode,
     ResponseCode,
-    decode_batch,
     decode_command,
-    decode_properties,
     dumps,
     loads,
     send_header,
     wants_standard_json,
 )
-from adapters.remoting.codec import routes as rd
-from adapters.remoting.codec.codes import request_name, response_name
+from remoting import routes as rd
+from remoting.codes import request_name, response_name
 from tests.remoting.frames import FRAMES
 
 

@@ -8,7 +8,10 @@ import zlib
 
 import pytest
 
-from adapters.remoting.codec import (
+from adapters.remoting.mapping import delay_level_ms, to_store, to_wire
+from adapters.remoting.message_codec import (
+    MAGIC_V1,
+    MAGIC_V2,
     BatchItem,
     MessageCodecError,
     MessageExt,
@@ -21,11 +24,9 @@ from adapters.remoting.codec import (
     encode_message,
     encode_properties,
     offset_msg_id,
-    parse_host_port,
 )
-from adapters.remoting.codec.message import MAGIC_V1, MAGIC_V2
-from adapters.remoting.mapping import delay_level_ms, to_store, to_wire
 from messaging_processor import Message, MessageType
+from remoting import parse_host_port
 
 
 def stored_fixture(topic: bytes, body: bytes, props: bytes, *, v6: bool = False) -> bytes:
@@ -230,7 +231,7 @@ def test_outbound_mapping():
 
 
 def test_uniq_keys():
-    from adapters.remoting.codec.message import UniqKeyFactory, uniq_key_ip
+    from adapters.remoting.message_codec import UniqKeyFactory, uniq_key_ip
 
     f = UniqKeyFactory("10.1.2.3", pid=77)
     month_start = 1_698_796_800_000  # 2023-11-01T00:00:00Z

@@ -4,27 +4,23 @@ settings, serving 4.x requests, stopping cleanly on SIGTERM."""
 from __future__ import annotations
 
 import asyncio
-import os
-import re
-import signal
-import subprocess
-import sys
 
-from adapters.remoting.client import RemotingClient
-from adapters.remoting.codec import RequestCode, ResponseCode, decode_messages, encode_properties
-from gateway.config import DEFAULT_PROTOCOLS, IMPLEMENTED_PROTOCOLS, load
+from adapters.remoting.message_codec import decode_messages, encode_properties
+from conformance.gateway_proc import GatewayProc
+from gateway.config import PROTOCOLS, load
+from remoting import RequestCode, ResponseCode
+from remoting.client import RemotingClient
 
 
 def test_remoting_is_built_and_on_by_default():
-    assert "remoting" in IMPLEMENTED_PROTOCOLS and "remoting" in DEFAULT_PROTOCOLS
+    assert "remoting" in PROTOCOLS
     assert load({"protocols": "remoting"}).protocols == ("remoting",)
     assert load().remoting_port == 8080
 
 
 def test_gateway_process_serves_remoting(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
-    cmd = [sys.executable, "-m", "gateway.cli", "start", "--data-dir", str(tmp_path / "data")]
-    cmd += [
+    args = ["start", "--data-dir", str(tmp_path / "data")]
+    args += [
         "--protocols",
         "remoting",
         "--remoting-port",
@@ -33,18 +29,9 @@ def test_gateway_process_serves_remoting(tmp_path):
         "--event-loop",
         "asyncio",
     ]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    lines: list[str] = []
+    p = GatewayProc(args)  # without the GATEWAY_* variables of the test environment
     try:
-        addr = None
-        for line in p.stdout:  # type: ignore[union-attr]
-            lines.append(line)
-            m = re.search(r"remoting listening on (\S+)", line)
-            if m:
-                addr = m.group(1)
-            if "gateway ready" in line or "ERROR" in line:
-                break
-        assert addr, "".join(lines)
+        addr = p.wait_ready(60)["remoting"]
         host, port = addr.rsplit(":", 1)
 
         async def talk():
@@ -67,12 +54,9 @@ def test_gateway_process_serves_remoting(tmp_path):
                 await c.close()
 
         asyncio.run(talk())
-        p.send_signal(signal.SIGTERM)
-        out, _ = p.communicate(timeout=20)
-        lines.append(out)
-        assert p.returncode == 0, "".join(lines)
+        rc = p.stop(20)  # SIGTERM
+        out = p.drain()
+        assert rc == 0, out
         assert "gateway stopped" in out and "Traceback" not in out
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        p.kill()

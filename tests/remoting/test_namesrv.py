@@ -6,21 +6,20 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import struct
 import subprocess
-import sys
 import zlib
 
 import pytest
 
-from adapters.remoting.client import RemotingClient
-from adapters.remoting.codec import RequestCode, ResponseCode, loads
+from conformance.gateway_proc import GATEWAY, GatewayProc
 from namesrv.body import body_crc32, decode_register_body, encode_register_body
 from namesrv.client import NameServerClient, NameServerError
 from namesrv.config import NamesrvSettings, load
 from namesrv.routeinfo import RouteInfo, TopicQueues
 from namesrv.server import NameServer
+from remoting import RequestCode, ResponseCode, loads
+from remoting.client import RemotingClient
 from tests.remoting.support import wait_until
 
 R = ResponseCode
@@ -263,19 +262,9 @@ def test_settings_layers(tmp_path):
 
 def test_gateway_namesrv_process(tmp_path):
     """`gateway namesrv --port 0`: serves, logs its address, exits 0 on SIGTERM; bad settings exit 2."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
-    cmd = [sys.executable, "-m", "gateway.cli", "namesrv", "--port", "0", "--scan-interval-s", "0.1"]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    p = GatewayProc(["namesrv", "--port", "0", "--scan-interval-s", "0.1"], "namesrv")
     try:
-        addr = None
-        lines = []
-        for line in p.stdout:  # type: ignore[union-attr]
-            lines.append(line)
-            if "namesrv listening on" in line:
-                addr = line.rsplit(" ", 1)[1].strip()
-            if "name server ready" in line:
-                break
-        assert addr, "".join(lines)
+        addr = p.wait_ready(60)["namesrv"]
         host, port = addr.rsplit(":", 1)
 
         async def talk():
@@ -287,15 +276,14 @@ def test_gateway_namesrv_process(tmp_path):
                 await c.close()
 
         asyncio.run(talk())
-        p.send_signal(signal.SIGTERM)
-        out, _ = p.communicate(timeout=10)
-        assert p.returncode == 0, "".join(lines) + out
-        assert "broker h:1 (s id 0, cluster c) registered" in "".join(lines) + out
+        rc = p.stop(10)  # SIGTERM
+        out = p.drain()
+        assert rc == 0, out
+        assert "broker h:1 (s id 0, cluster c) registered" in out
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        p.kill()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
     r = subprocess.run(
-        [*cmd[:4], "--lease-expiry-s", "1"], capture_output=True, text=True, env=env, timeout=30
+        [*GATEWAY, "namesrv", "--lease-expiry-s", "1"], capture_output=True, text=True, env=env, timeout=30
     )
     assert r.returncode == 2 and "lease_expiry_s" in r.stderr

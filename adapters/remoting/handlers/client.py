@@ -7,8 +7,8 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from adapters.remoting.codec import RemotingCommand, RequestCode, ResponseCode, dumps_bytes, loads
 from adapters.remoting.errors import RemotingError
+from remoting import RemotingCommand, RequestCode, ResponseCode, dumps_bytes, loads
 
 if TYPE_CHECKING:
     from adapters.remoting.service import RemotingService, Request

@@ -15,11 +15,12 @@ import binascii
 import time
 from typing import TYPE_CHECKING
 
+from adapters.remoting import message_codec as wm
 from adapters.remoting.clients import tag_filter
-from adapters.remoting.codec import RemotingCommand, RequestCode, ResponseCode, encode_message
-from adapters.remoting.codec import message as wm
 from adapters.remoting.errors import RemotingError
 from adapters.remoting.mapping import to_wire
+from adapters.remoting.message_codec import encode_message
+from remoting import RemotingCommand, RequestCode, ResponseCode
 
 if TYPE_CHECKING:
     from adapters.remoting.service import RemotingService, Request

@@ -15,11 +15,12 @@ import time
 from typing import TYPE_CHECKING
 
 from adapters.remoting.clients import tag_filter
-from adapters.remoting.codec import RemotingCommand, RequestCode, ResponseCode, encode_message
-from adapters.remoting.codec.codes import PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND
 from adapters.remoting.errors import RemotingError
 from adapters.remoting.mapping import to_wire
+from adapters.remoting.message_codec import encode_message
 from messaging_processor import ALL, ErrorKind, Filter, ProcessorError
+from remoting import RemotingCommand, RequestCode, ResponseCode
+from remoting.codes import PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND
 
 if TYPE_CHECKING:
     from adapters.remoting.service import RemotingService, Request

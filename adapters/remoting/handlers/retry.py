@@ -19,11 +19,11 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from adapters.remoting.codec import DLQ_PREFIX, RETRY_PREFIX, Ext, RemotingCommand, RequestCode, ResponseCode
-from adapters.remoting.codec import message as wm
+from adapters.remoting import message_codec as wm
 from adapters.remoting.errors import RemotingError
 from adapters.remoting.mapping import delay_level_ms, to_store
 from messaging_processor import ErrorKind, Message, MessageType, ProcessorError, RetryPolicy, SendReceipt
+from remoting import DLQ_PREFIX, RETRY_PREFIX, Ext, RemotingCommand, RequestCode, ResponseCode
 
 if TYPE_CHECKING:
     from adapters.remoting.service import RemotingService, Request

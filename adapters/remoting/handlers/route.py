@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from adapters.remoting.codec import (
+from adapters.remoting.errors import RemotingError
+from messaging_processor import ErrorKind, ProcessorError
+from remoting import (
     DEFAULT_TOPIC,
     RETRY_PREFIX,
     RemotingCommand,
@@ -15,9 +17,7 @@ from adapters.remoting.codec import (
     dumps_bytes,
     wants_standard_json,
 )
-from adapters.remoting.codec import routes as rd
-from adapters.remoting.errors import RemotingError
-from messaging_processor import ErrorKind, ProcessorError
+from remoting import routes as rd
 
 if TYPE_CHECKING:
     from adapters.remoting.service import RemotingService, Request

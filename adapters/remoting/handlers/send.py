@@ -13,30 +13,20 @@ from __future__ import annotations
 import zlib
 from typing import TYPE_CHECKING
 
-from adapters.remoting.codec import (
-    RETRY_PREFIX,
-    HeaderError,
-    MessageCodecError,
-    RemotingCommand,
-    RequestCode,
-    ResponseCode,
-    decode_batch,
-    decode_properties,
-    offset_msg_id,
-    send_header,
-)
-from adapters.remoting.codec import message as wm
-from adapters.remoting.codec.codes import (
+from adapters.remoting import message_codec as wm
+from adapters.remoting.errors import RemotingError
+from adapters.remoting.handlers import retry
+from adapters.remoting.mapping import to_store
+from adapters.remoting.message_codec import MessageCodecError, decode_batch, decode_properties, offset_msg_id
+from messaging_processor import ErrorKind, Message, MessageType, ProcessorError, SendReceipt
+from remoting import RETRY_PREFIX, HeaderError, RemotingCommand, RequestCode, ResponseCode, send_header
+from remoting.codes import (
     COMPRESSION_ZLIB,
     SYSFLAG_COMPRESSED,
     SYSFLAG_COMPRESSION_TYPE_MASK,
     SYSFLAG_TRANSACTION_COMMIT,
     SYSFLAG_TRANSACTION_ROLLBACK,
 )
-from adapters.remoting.errors import RemotingError
-from adapters.remoting.handlers import retry
-from adapters.remoting.mapping import to_store
-from messaging_processor import ErrorKind, Message, MessageType, ProcessorError, SendReceipt
 
 if TYPE_CHECKING:
     from adapters.remoting.service import RemotingService, Request

@@ -1,12 +1,16 @@
-"""Sans-IO wire format of the store node protocol (CLUSTER mode): the `StoreClient` operations
-carried in RocketMQ remoting frames (adapters/remoting/codec) between proxies and store nodes.
+"""The store node protocol of CLUSTER mode, both sides: the `StoreClient` operations carried in
+RocketMQ remoting frames (the `remoting` package) between proxies and store nodes.
 
-Requests use internal codes (`OPS`, 9100-9199). Arguments travel as a JSON object in the body,
-except APPEND (body = encoded messages). Replies: SUCCESS with a JSON body (`{"r": value}`) or
-encoded messages; failures are SYSTEM_ERROR with extField `error` = the exception class name
-(TopicNotFound, InvalidReceiptHandle, ...) and the message as remark, so the proxy re-raises the
-same store exception the processor already maps. Store node -> proxy: TXN_CHECK (oneway, body =
-one encoded message) asks a proxy to run a transaction check.
+Requests use internal codes (`OPS`, 9100-9199). Arguments travel as a JSON object in extField
+`a` (named as the `StoreClient` method's parameters, shortened: `max`, `invisible_ms`, `tags`,
+...); the body carries messages (APPEND) or a key-value value (KV_PUT, KV_PUT_IF_ABSENT).
+`SERVE` is the node side: how each operation's arguments become a call on the node's store and
+its result a reply. Replies: SUCCESS with a JSON body (`{"r": value}`) or encoded messages
+(`MESSAGE_REPLIES`); failures are SYSTEM_ERROR with extField `error` = the exception class name
+(TopicNotFound, InvalidReceiptHandle, ...) and the message as remark (`error_fields`), so the
+proxy re-raises the same store exception (`make_error`) the processor already maps. CANCEL
+abandons a pending request of the same connection (a losing long poll). Store node -> proxy:
+TXN_CHECK (oneway, body = one encoded message) asks a proxy to run a transaction check.
 
 Encoded messages: `u32 count`, then per message `u16 len + receipt handle, i64 invisible_until,
 i64 commitlog_offset, i32 reconsume_times, u32 len + record` where the record is the commit log
@@ -17,10 +21,11 @@ from __future__ import annotations
 import base64
 import json
 import struct
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import asdict
 from typing import Any
 
+from messaging_processor import StoreClient
 from store import (
     AppendResult,
     Filter,
@@ -246,3 +251,97 @@ def decode_popped(body: bytes) -> list[PoppedMessage]:
 
 def decode_messages(body: bytes) -> list[Message]:
     return [p.message for p in decode_popped(body)]
+
+
+# ----------------------------------------------------------------------------- the node side
+Op = Callable[[StoreClient, dict[str, Any], bytes], Awaitable[Any]]
+
+
+def _filter(a: dict[str, Any]) -> Filter:
+    return filter_from_json(a.get("tags"))
+
+
+async def _append(c: StoreClient, a: dict[str, Any], body: bytes) -> Any:
+    msgs = decode_messages(body)
+    for m in msgs:  # the node assigns what a fresh message must not carry
+        m.commitlog_offset, m.queue_offset, m.store_timestamp, m.size = -1, -1, 0, 0
+    if len(msgs) == 1:
+        return [result_json(await c.append(msgs[0]))]
+    return [result_json(r) for r in await c.append_many(msgs)]
+
+
+async def _kv_put_many(c: StoreClient, a: dict[str, Any], body: bytes) -> Any:
+    items = {k: (None if v is None else unb64(v)) for k, v in a["items"].items()}
+    await c.kv_put_many(a["ns"], items)
+
+
+async def _kv_get(c: StoreClient, a: dict[str, Any], body: bytes) -> Any:
+    v = await c.kv_get(a["ns"], a["key"])
+    return None if v is None else b64(v)
+
+
+async def _kv_put_if_absent(c: StoreClient, a: dict[str, Any], body: bytes) -> Any:
+    v = await c.kv_put_if_absent(a["ns"], a["key"], body)
+    return None if v is None else b64(v)
+
+
+async def _kv_scan(c: StoreClient, a: dict[str, Any], body: bytes) -> Any:
+    return [[k, b64(v)] for k, v in await c.kv_scan(a["ns"], a["prefix"])]
+
+
+SERVE: dict[str, Op] = {
+    "append": _append,
+    "pop": lambda c, a, b: c.pop(
+        a["group"], a["topic"], a["max"], a["invisible_ms"], _filter(a), a["wait_ms"]
+    ),
+    "ack": lambda c, a, b: c.ack(a["handle"]),
+    "change_invisible_time": lambda c, a, b: c.change_invisible_time(a["handle"], a["invisible_ms"]),
+    "nack": lambda c, a, b: c.nack(a["handle"]),
+    "forward_to_dlq": lambda c, a, b: _then(c.forward_to_dlq(a["handle"], a["reason"]), result_json),
+    "end_transaction": lambda c, a, b: _then(c.end_transaction(a["tid"], a["commit"]), result_json),
+    "get_topic": lambda c, a, b: _then(c.get_topic(a["name"]), topic_json),
+    "create_topic": lambda c, a, b: _then(
+        c.create_topic(a["name"], a["queues"], a["retention_ms"], a["retention_bytes"]), topic_json
+    ),
+    "delete_topic": lambda c, a, b: c.delete_topic(a["name"]),
+    "list_topics": lambda c, a, b: _then(c.list_topics(), lambda ts: [topic_json(t) for t in ts]),
+    "get_group": lambda c, a, b: _then(c.get_group(a["name"]), group_json),
+    "create_group": lambda c, a, b: _then(
+        c.create_group(a["name"], a["max_attempts"], _retry(a)),
+        group_json,
+    ),
+    "delete_group": lambda c, a, b: c.delete_group(a["name"]),
+    "list_groups": lambda c, a, b: _then(c.list_groups(), lambda gs: [group_json(g) for g in gs]),
+    "subscriptions": lambda c, a, b: _then(c.subscriptions(), lambda s: [list(x) for x in s]),
+    "min_offset": lambda c, a, b: c.min_offset(a["topic"], a["queue_id"]),
+    "max_offset": lambda c, a, b: c.max_offset(a["topic"], a["queue_id"]),
+    "read": lambda c, a, b: c.read(a["topic"], a["queue_id"], a["start"], a["end"], a["max"], _filter(a)),
+    "search_offset": lambda c, a, b: c.search_offset(a["topic"], a["queue_id"], a["timestamp_ms"]),
+    "commit_offset": lambda c, a, b: c.commit_offset(a["group"], a["topic"], a["queue_id"], a["offset"]),
+    "committed_offset": lambda c, a, b: c.committed_offset(a["group"], a["topic"], a["queue_id"]),
+    "backlog": lambda c, a, b: c.backlog(a["group"], a["topic"]),
+    "inflight_count": lambda c, a, b: c.inflight_count(a["group"], a["topic"]),
+    "get_by_id": lambda c, a, b: c.get_by_id(a["id"]),
+    "get_message": lambda c, a, b: _then(c.get_message(a["offset"]), lambda m: [m]),
+    "kv_put": lambda c, a, b: c.kv_put(a["ns"], a["key"], b),
+    "kv_put_many": _kv_put_many,
+    "kv_put_if_absent": _kv_put_if_absent,
+    "kv_get": _kv_get,
+    "kv_delete": lambda c, a, b: c.kv_delete(a["ns"], a["key"]),
+    "kv_scan": _kv_scan,
+    "stats": lambda c, a, b: _now({k: v for k, v in c.stats().items() if k != "flush_latency_ms"}),
+    "ping": lambda c, a, b: _now(True),
+}
+
+
+def _retry(a: dict[str, Any]) -> Any:
+    r = a.get("retry")
+    return None if r is None else RetryPolicy(**r)
+
+
+async def _then(aw: Awaitable[Any], fn: Callable[[Any], Any]) -> Any:
+    return fn(await aw)
+
+
+async def _now(v: Any) -> Any:
+    return v

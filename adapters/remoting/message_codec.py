@@ -23,7 +23,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from .codes import SYSFLAG_BORNHOST_V6, SYSFLAG_STOREHOST_V6
+from remoting.codes import SYSFLAG_BORNHOST_V6, SYSFLAG_STOREHOST_V6
 
 NAME_VALUE_SEPARATOR = "\x01"
 PROPERTY_SEPARATOR = "\x02"
@@ -166,24 +166,6 @@ def _unpack_host(buf: bytes, pos: int, v6: bool) -> tuple[tuple[str, int], int]:
     ip = str(ipaddress.ip_address(buf[pos : pos + n]))
     (port,) = _I.unpack_from(buf, pos + n)
     return (ip, port), pos + n + 4
-
-
-def parse_host_port(text: str, default_port: int = 0) -> tuple[str, int]:
-    """`"1.2.3.4:5"` / `"[::1]:5"` / `"host"` -> (host, port)."""
-    text = (text or "").strip()
-    if not text:
-        return "127.0.0.1", default_port
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        port = rest[1:] if rest.startswith(":") else ""
-    elif text.count(":") == 1:
-        host, _, port = text.partition(":")
-    else:
-        host, port = text, ""
-    try:
-        return host or "127.0.0.1", int(port) if port else default_port
-    except ValueError:
-        return host, default_port
 
 
 def offset_msg_id(host: str, port: int, commitlog_offset: int) -> str:

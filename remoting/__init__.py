@@ -1,6 +1,9 @@
-"""Sans-IO codec of the RocketMQ 4.x remoting protocol (no sockets, no asyncio).
+"""The RocketMQ remoting wire, shared by the 4.x adapter, the name server and CLUSTER mode's
+store protocol. This package imports nothing from the project.
 
-    from adapters.remoting.codec import Decoder, RemotingCommand, RequestCode, ResponseCode
+The frame codec is sans-IO (no sockets, no asyncio) and is what `import remoting` gives:
+
+    from remoting import Decoder, RemotingCommand, RequestCode, ResponseCode
 
     dec = Decoder()                                  # max frame 16 MiB, as Netty's decoder
     dec.feed(data)
@@ -9,11 +12,15 @@
         transport.write(reply.encode())              # always JSON, string extFields
 
 Modules: codes (request/response/language/version constants, flags), command (frames, headers,
-Decoder), headers (lenient extFields access, SEND_MESSAGE_V2 short names), message (stored-message
-layout, batch bodies, properties strings, offset message ids), jsonx (fastjson's JSON: sorted
-keys, bare numeric keys for clients below 4.9.4). Wire facts: ../shared/protocols/rocketmq-remoting.md.
+Decoder), headers (lenient extFields access, SEND_MESSAGE_V2 short names), jsonx (fastjson's JSON:
+sorted keys, bare numeric keys for clients below 4.9.4), routes (route and cluster data bodies),
+address (`host:port` parsing). The asyncio parts are imported on their own: `remoting.client` (a
+request/response client) and `remoting.server` (the frame server every remoting listener runs,
+each supplying only its dispatch). The 4.x message encodings are the adapter's
+(adapters/remoting/message_codec.py). Wire facts: ../shared/protocols/rocketmq-remoting.md.
 """
 
+from .address import parse_host_port
 from .codes import (
     DEFAULT_TOPIC,
     DLQ_PREFIX,
@@ -45,25 +52,8 @@ from .command import (
 )
 from .headers import Ext, HeaderError, send_header
 from .jsonx import dumps, dumps_bytes, loads, wants_standard_json
-from .message import (
-    BatchItem,
-    MessageCodecError,
-    MessageExt,
-    UniqKeyFactory,
-    decode_batch,
-    decode_message,
-    decode_messages,
-    decode_offset_msg_id,
-    decode_properties,
-    encode_batch,
-    encode_message,
-    encode_properties,
-    offset_msg_id,
-    parse_host_port,
-)
 
 __all__ = [
-    "BatchItem",
     "DEFAULT_TOPIC",
     "DLQ_PREFIX",
     "Decoder",
@@ -75,8 +65,6 @@ __all__ = [
     "JSON",
     "LANGUAGES",
     "MAX_FRAME_SIZE",
-    "MessageCodecError",
-    "MessageExt",
     "PERM_READ",
     "PERM_READ_WRITE",
     "PERM_WRITE",
@@ -87,23 +75,13 @@ __all__ = [
     "RequestCode",
     "ResponseCode",
     "SERVER_VERSION",
-    "UniqKeyFactory",
     "V4_9_4",
-    "decode_batch",
     "decode_command",
     "decode_frame",
-    "decode_message",
-    "decode_messages",
-    "decode_offset_msg_id",
-    "decode_properties",
     "dumps",
     "dumps_bytes",
-    "encode_batch",
     "encode_command",
-    "encode_message",
-    "encode_properties",
     "loads",
-    "offset_msg_id",
     "parse_host_port",
     "request_name",
     "response_name",

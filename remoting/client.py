@@ -11,12 +11,7 @@ import contextlib
 import itertools
 from collections.abc import Awaitable, Callable
 
-from adapters.remoting.codec import (
-    FLAG_ONEWAY,
-    Decoder,
-    RemotingCodecError,
-    RemotingCommand,
-)
+from remoting import FLAG_ONEWAY, Decoder, RemotingCodecError, RemotingCommand
 
 ServerRequestHandler = Callable[[RemotingCommand], Awaitable[RemotingCommand | None] | None]
 

@@ -1,0 +1,121 @@
+"""Ids that stay valid across proxies in CLUSTER mode, whichever store node a message is on:
+
+- receipt handles are `<node name>@<node's handle>`;
+- commit log offsets carry the node's 14-bit tag (crc32 of its name) in bits 48-61
+  (`tag << 48 | offset`), so transaction ids and 4.x send-back find their node;
+- queue ids are global: `ordinal * queues + local`, where `ordinal` is the node's rank by name
+  among the nodes seen and `queues` the topic's queue count on each node (its "stride").
+
+`IdMap` translates between a node's local ids and these global ones."""
+
+from __future__ import annotations
+
+import zlib
+from typing import TYPE_CHECKING
+
+from store import AppendResult, InvalidReceiptHandle, Message, TopicNotFound
+
+from .nodes import NodeClient, NodeUnavailable
+
+if TYPE_CHECKING:
+    from .membership import Membership
+
+CLO_SHIFT = 48
+CLO_MASK = (1 << CLO_SHIFT) - 1
+TAG_BITS = 14
+HANDLE_SEP = "@"
+
+
+def node_tag(name: str) -> int:
+    """A node's commit log offset tag: stable across proxies, derived from its name alone."""
+    return zlib.crc32(name.encode()) & ((1 << TAG_BITS) - 1)
+
+
+class IdMap:
+    """Local <-> global ids over the nodes of `members`, with each topic's stride cached."""
+
+    def __init__(self, members: Membership) -> None:
+        self.members = members
+        self._stride: dict[str, int] = {}  # topic -> queues per node
+
+    # ------------------------------------------------------------------ strides
+    def remember(self, topic: str, queues_per_node: int) -> None:
+        self._stride[topic] = queues_per_node
+
+    def forget(self, topic: str) -> None:
+        self._stride.pop(topic, None)
+
+    async def stride(self, topic: str, node: NodeClient | None = None) -> int | None:
+        """Queues per node of `topic` (None when no live node has it)."""
+        q = self._stride.get(topic)
+        if q is not None:
+            return q
+        for n in [node] if node is not None else self.members.live():
+            try:
+                t = await n.value("get_topic", {"name": topic})
+            except NodeUnavailable:
+                continue
+            if t is not None:
+                self._stride[topic] = t["queues"]
+                return t["queues"]
+        return None
+
+    # ------------------------------------------------------------------ commit log offsets
+    @staticmethod
+    def global_clo(node: NodeClient, clo: int) -> int:
+        return (node.tag << CLO_SHIFT) | clo if clo >= 0 else clo
+
+    def node_of_clo(self, clo: int) -> tuple[NodeClient, int]:
+        node = self.members.by_tag.get(clo >> CLO_SHIFT)
+        if node is None:
+            raise KeyError(f"no store node has commit log offset {clo}")
+        return node, clo & CLO_MASK
+
+    # ------------------------------------------------------------------ messages and results
+    async def globalize(self, node: NodeClient, m: Message) -> Message:
+        """`m`, read from `node`, with global commit log offset and queue id (in place)."""
+        m.commitlog_offset = self.global_clo(node, m.commitlog_offset)
+        if m.queue_id >= 0:
+            q = await self.stride(m.topic, node)
+            if q:
+                m.queue_id += self.members.ordinal[node.name] * q
+        return m
+
+    async def result(self, node: NodeClient, r: AppendResult | None) -> AppendResult | None:
+        """An append result of `node` with global queue id and commit log offset."""
+        if r is None:
+            return None
+        q = await self.stride(r.topic, node) if r.queue_id >= 0 else None
+        qid = r.queue_id + self.members.ordinal[node.name] * q if q else r.queue_id
+        return r._replace(queue_id=qid, commitlog_offset=self.global_clo(node, r.commitlog_offset))
+
+    # ------------------------------------------------------------------ queues and handles
+    async def locate(self, topic: str, queue_id: int) -> tuple[NodeClient, int]:
+        """(node, local queue id) of a global queue id; NodeUnavailable when its node is down."""
+        q = await self.stride(topic)
+        if q is None:
+            raise TopicNotFound(topic)
+        ordinal, local = divmod(queue_id, q)
+        for name, o in self.members.ordinal.items():
+            if o == ordinal:
+                node = self.members.nodes[name]
+                if not node.alive:
+                    raise NodeUnavailable(
+                        f"queue {queue_id} of {topic} is on store node {name}, which is down"
+                    )
+                return node, local
+        raise ValueError(f"topic {topic} has no queue {queue_id}")
+
+    @staticmethod
+    def handle(node: NodeClient, local: str) -> str:
+        return f"{node.name}{HANDLE_SEP}{local}"
+
+    def node_of_handle(self, handle: str) -> tuple[NodeClient, str]:
+        """(node, the node's own handle); InvalidReceiptHandle or NodeUnavailable."""
+        name, sep, local = handle.partition(HANDLE_SEP)
+        node = self.members.nodes.get(name) if sep else None
+        if node is None:
+            raise InvalidReceiptHandle(f"malformed receipt handle {handle!r}")
+        if not node.alive:
+            raise NodeUnavailable(f"store node {name} of this receipt handle is down")
+        return node, local

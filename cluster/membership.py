@@ -1,0 +1,203 @@
+"""Which store nodes a proxy uses: the name server's view of the cluster, refreshed every
+`refresh_s` (GET_BROKER_CLUSTER_INFO), one `NodeClient` per node, and each node's ordinal (its rank
+by name among the nodes seen) and offset tag.
+
+A node whose lease expired (no longer listed) or whose connection broke is skipped until the name
+server lists it again and it reconnects; a (re)joining node gets the topics and groups the other
+live nodes have. A listing without any node of the cluster is not believed for `namesrv_grace_s`
+(most likely a restarted name server not refilled yet)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from namesrv.client import NameServerClient
+from store import Message
+
+from .ids import node_tag
+from .nodes import NodeClient, NodeUnavailable
+
+log = logging.getLogger("messaging_processor.cluster")
+
+
+class Membership:
+    """The store nodes of `cluster` listed by the name server(s) `namesrv`. `await start()`, then
+    `live()`; `await close()` closes every connection. `on_txn_check(node, msg)` receives the
+    transaction checks nodes send."""
+
+    def __init__(
+        self,
+        namesrv: str | list[str],
+        cluster: str,
+        on_txn_check: Callable[[NodeClient, Message], None],
+        *,
+        refresh_s: float = 5.0,
+        connect_timeout_s: float = 2.0,
+        namesrv_grace_s: float = 30.0,
+    ) -> None:
+        self.ns = NameServerClient(namesrv)
+        self.cluster = cluster
+        self.refresh_s = refresh_s
+        self.connect_timeout_s = connect_timeout_s
+        self.namesrv_grace_s = namesrv_grace_s  # how long an empty cluster listing is not believed
+        self.on_txn_check = on_txn_check
+        self.refreshes = 0  # route refreshes so far
+        self.nodes: dict[str, NodeClient] = {}  # every node seen, by name
+        self.ordinal: dict[str, int] = {}  # rank by name among the nodes seen
+        self.by_tag: dict[int, NodeClient] = {}
+        self.stats: dict[str, object] = {}  # counters summed over live nodes at the last refresh
+        self._absent_since: float | None = None
+        self._refresher: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._refresh_lock = asyncio.Lock()
+
+    async def start(self, wait_s: float = 0.0) -> None:
+        """First refresh (retried for up to `wait_s` until a node is live), then refresh every
+        `refresh_s` in the background."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            await self.refresh()
+            if self.live() or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(min(0.2, self.refresh_s))
+        self._refresher = asyncio.get_running_loop().create_task(self._refresh_loop(), name="store routes")
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.refresh_s)
+            try:
+                await self.refresh()
+            except Exception:  # noqa: BLE001 - a bad answer must not end the refreshes
+                log.exception("store route refresh failed")
+
+    async def refresh(self) -> None:
+        """Ask the name server which store nodes are alive; connect new or returning ones and drop
+        those it no longer lists."""
+        async with self._refresh_lock:
+            self.refreshes += 1
+            try:
+                info = await self.ns.cluster_info()
+            except Exception as e:  # noqa: BLE001 - keep the current view until it answers
+                log.warning("cannot refresh store routes: %s", e)
+                return
+            clusters = info.get("clusterAddrTable") or {}
+            if self.cluster in clusters:
+                self._absent_since = None
+            elif any(n.alive for n in self.nodes.values()):
+                # No store of the cluster listed at all: most likely a restarted name server not
+                # refilled yet (soft state). Keep the current stores for one lease period.
+                now = time.monotonic()
+                if self._absent_since is None:
+                    self._absent_since = now
+                    log.warning(
+                        "the name server lists no store of %s: keeping the current ones", self.cluster
+                    )
+                if now - self._absent_since < self.namesrv_grace_s:
+                    return
+            names = set(clusters.get(self.cluster, ()))
+            listed: dict[str, str] = {}
+            for name, bd in (info.get("brokerAddrTable") or {}).items():
+                addrs = {int(k): v for k, v in (bd.get("brokerAddrs") or {}).items()}
+                if name in names and 0 in addrs:
+                    listed[name] = addrs[0]
+            for name, addr in sorted(listed.items()):
+                node = self.nodes.get(name)
+                if node is None:
+                    node = self._add(name, addr)
+                elif node.addr != addr:
+                    await node.close()
+                    node.addr = addr
+                was_alive = node.alive
+                node.listed = True
+                if not node.alive:
+                    try:
+                        await node.connect(self.connect_timeout_s)
+                    except (OSError, TimeoutError) as e:
+                        log.warning("store node %s at %s is listed but unreachable: %s", name, addr, e)
+                        continue
+                if not was_alive:
+                    log.info("store node %s (%s) is live", name, addr)
+                    self.spawn(self._sync_node(node))
+            for name, node in self.nodes.items():
+                if name not in listed and node.listed:
+                    node.listed = False
+                    log.warning(
+                        "store node %s (%s) dropped: no longer listed by the name server", name, node.addr
+                    )
+                    await node.close()
+            self.spawn(self._refresh_stats())
+
+    def _add(self, name: str, addr: str) -> NodeClient:
+        node = NodeClient(name, addr, node_tag(name), self.on_txn_check)
+        other = self.by_tag.get(node.tag)
+        if other is not None:
+            log.error("store nodes %s and %s share offset tag %d: rename one", name, other.name, node.tag)
+        self.nodes[name] = node
+        self.by_tag[node.tag] = node
+        self.ordinal = {n: i for i, n in enumerate(sorted(self.nodes))}
+        return node
+
+    def live(self) -> list[NodeClient]:
+        """The nodes in use now, by name."""
+        return [self.nodes[n] for n in sorted(self.nodes) if self.nodes[n].alive]
+
+    def need_live(self) -> list[NodeClient]:
+        """As `live()`; NodeUnavailable when there is none."""
+        nodes = self.live()
+        if not nodes:
+            raise NodeUnavailable("no store node is available")
+        return nodes
+
+    def spawn(self, coro: Awaitable[Any]) -> None:
+        """Run `coro` in the background until it ends or `close()`."""
+        t = asyncio.ensure_future(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    async def _sync_node(self, node: NodeClient) -> None:
+        """Give a (re)joining node the topics and groups the other live nodes have."""
+        others = [n for n in self.live() if n is not node]
+        if not others:
+            return
+        try:
+            mine = {t["name"] for t in await node.value("list_topics")}
+            theirs = await others[0].value("list_topics")
+            for t in theirs:
+                if t["name"] not in mine and not t["name"].startswith("%"):
+                    await node.value(
+                        "create_topic",
+                        {k: t[k] for k in ("name", "queues", "retention_ms", "retention_bytes")},
+                    )
+            my_groups = {g["name"] for g in await node.value("list_groups")}
+            for g in await others[0].value("list_groups"):
+                if g["name"] not in my_groups and not g["name"].startswith("%"):
+                    await node.value("create_group", g)
+        except Exception as e:  # noqa: BLE001 - best effort; admin calls fix the rest
+            log.warning("syncing topics and groups to store node %s failed: %s", node.name, e)
+
+    async def _refresh_stats(self) -> None:
+        total: dict[str, float] = {}
+        for node in self.live():
+            try:
+                for k, v in (await node.value("stats")).items():
+                    if isinstance(v, int | float):
+                        total[k] = total.get(k, 0) + v
+            except Exception:  # noqa: BLE001, S112 - stats are best effort
+                continue
+        self.stats = {**total, "store_nodes_live": len(self.live()), "store_nodes_known": len(self.nodes)}
+
+    async def close(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresher
+        for t in list(self._tasks):
+            t.cancel()
+        for node in self.nodes.values():
+            await node.close()
+        await self.ns.close()

@@ -1,0 +1,151 @@
+"""Pop in CLUSTER mode: every live node is read. First without waiting, in rotation, until
+`max_messages`; then, if nothing came and the caller long-polls, all nodes at once: the first
+non-empty answer wins, the other polls are cancelled (CANCEL) and whatever they still hand out is
+made visible again at once. Long polls are re-issued every LONG_POLL_SLICE_S so that a node that
+(re)joined is polled too.
+
+Filter predicates (Python callables) cannot travel: nodes filter by tags and the proxy applies the
+predicate, acking popped messages it does not match (what the store does for non-matching ones)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from typing import Any
+
+from store import ALL, Filter, PoppedMessage, TopicNotFound
+
+from . import store_wire as w
+from .ids import IdMap
+from .membership import Membership
+from .nodes import NodeClient, NodeUnavailable
+
+LONG_POLL_SLICE_S = 5.0  # a long poll is re-issued this often, so (re)joined nodes are polled too
+
+
+class Pops:
+    """`pop` of the cluster's StoreClient."""
+
+    def __init__(self, members: Membership, ids: IdMap, request_timeout_s: float) -> None:
+        self.members = members
+        self.ids = ids
+        self.request_timeout_s = request_timeout_s
+        self._rr = itertools.count()
+
+    async def _pop_node(
+        self,
+        node: NodeClient,
+        args: dict[str, Any],
+        wait_ms: int,
+        opaques: dict[str, int] | None = None,
+    ) -> list[PoppedMessage]:
+        a = {**args, "wait_ms": wait_ms}
+        sent = None if opaques is None else (lambda o: opaques.__setitem__(node.name, o))
+        r = await node.call("pop", a, timeout=wait_ms / 1000 + self.request_timeout_s, sent=sent)
+        out = w.decode_popped(r.body)
+        for p in out:
+            await self.ids.globalize(node, p.message)
+            p.receipt_handle = self.ids.handle(node, p.receipt_handle)
+        return out
+
+    async def _release(self, popped: list[PoppedMessage]) -> None:
+        """Make what a losing poll handed out visible again at once."""
+        for p in popped:
+            with contextlib.suppress(Exception):
+                node, local = self.ids.node_of_handle(p.receipt_handle)
+                await node.call("change_invisible_time", {"handle": local, "invisible_ms": 0})
+
+    async def _pop_once(self, args: dict[str, Any], max_n: int, wait_ms: int) -> list[PoppedMessage]:
+        live = self.members.need_live()
+        start = next(self._rr)
+        out: list[PoppedMessage] = []
+        errors: list[BaseException] = []
+        for k in range(len(live)):
+            node = live[(start + k) % len(live)]
+            try:
+                out += await self._pop_node(node, {**args, "max": max_n - len(out)}, 0)
+            except (NodeUnavailable, TopicNotFound) as e:  # others may have it: a (re)joining node
+                errors.append(e)
+                continue
+            if len(out) >= max_n:
+                break
+        if len(errors) == len(live):
+            raise errors[0]
+        if out or wait_ms <= 0:
+            return out
+        return await self._long_poll(args, max_n, wait_ms)
+
+    async def _long_poll(self, args: dict[str, Any], max_n: int, wait_ms: int) -> list[PoppedMessage]:
+        """Long poll every live node at once; the first non-empty answer wins."""
+        deadline = time.monotonic() + wait_ms / 1000
+        a = {**args, "max": max_n}
+        while (left := deadline - time.monotonic()) > 0:
+            slice_ms = int(min(left, LONG_POLL_SLICE_S) * 1000)
+            live = self.members.need_live()
+            opaques: dict[str, int] = {}
+            tasks = {asyncio.ensure_future(self._pop_node(n, a, slice_ms, opaques)): n for n in live}
+            winner: list[PoppedMessage] = []
+            pending = set(tasks)
+            failed: list[BaseException] = []
+            try:
+                while pending and not winner:
+                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    for t in done:
+                        if t.exception() is not None:
+                            failed.append(t.exception())  # type: ignore[arg-type]
+                        elif t.result():
+                            if winner:
+                                self.members.spawn(self._release(t.result()))
+                            else:
+                                winner = t.result()
+                if not winner and len(failed) == len(tasks):
+                    raise failed[0]  # every node refused: do not spin until the deadline
+            finally:
+                for t in pending:
+                    node = tasks[t]
+                    if node.name in opaques:
+                        node.cancel(opaques[node.name])
+                    self.members.spawn(self._settle(t))
+            if winner:
+                return winner
+        return []
+
+    async def _settle(self, t: asyncio.Future) -> None:
+        """A cancelled long poll: release whatever it still hands out."""
+        try:
+            got = await t
+        except Exception:  # noqa: BLE001 - node gone: nothing to release
+            return
+        if got:
+            await self._release(got)
+
+    async def pop(
+        self,
+        group: str,
+        topic: str,
+        max_messages: int = 32,
+        invisible_time_ms: int = 30_000,
+        filter: Filter = ALL,
+        wait_ms: int = 0,
+    ) -> list[PoppedMessage]:
+        args = {
+            "group": group,
+            "topic": topic,
+            "invisible_ms": invisible_time_ms,
+            "tags": w.filter_json(filter),
+        }
+        if filter.predicate is None:
+            return await self._pop_once(args, max_messages, wait_ms)
+        deadline = time.monotonic() + wait_ms / 1000
+        while True:
+            left = int(max(deadline - time.monotonic(), 0) * 1000)
+            got = await self._pop_once(args, max_messages, left)
+            keep = [p for p in got if filter.predicate(p.message)]
+            for p in got:
+                if p not in keep:  # what the store does with non-matching ones
+                    node, local = self.ids.node_of_handle(p.receipt_handle)
+                    await node.call("ack", {"handle": local})
+            if keep or left <= 0:
+                return keep

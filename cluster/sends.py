@@ -1,0 +1,97 @@
+"""Where a proxy's sends go in CLUSTER mode: round robin over live nodes; a message with a FIFO
+message group to the node its group hashes to (the next live one while that node is down); a
+message for a given queue to the node owning that queue. A send that fails because its node went
+away is retried on another node. Concurrent single sends to one node and topic leave together
+(`AppendBatcher`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import zlib
+
+from store import AppendResult, Message
+
+from . import store_wire as w
+from .ids import IdMap
+from .membership import Membership
+from .nodes import AppendBatcher, NodeClient, NodeUnavailable
+
+log = logging.getLogger("cluster")
+
+
+class Sends:
+    """`append` / `append_many` of the cluster's StoreClient."""
+
+    def __init__(self, members: Membership, ids: IdMap, request_timeout_s: float) -> None:
+        self.members = members
+        self.ids = ids
+        self.request_timeout_s = request_timeout_s
+        self._batchers: dict[tuple[str, str], AppendBatcher] = {}  # (node, topic) -> send batcher
+        self._rr = itertools.count()
+
+    def _target(self, msg: Message, stride: int | None, exclude: set[str]) -> tuple[NodeClient, int]:
+        """(node, local queue id or -1) for one message."""
+        live = [n for n in self.members.need_live() if n.name not in exclude]
+        if not live:
+            raise NodeUnavailable("no store node is available")
+        if msg.queue_id >= 0 and stride:
+            ordinal, local = divmod(msg.queue_id, stride)
+            for n in live:
+                if self.members.ordinal[n.name] == ordinal:
+                    return n, local
+        if msg.message_group:
+            nodes = self.members.nodes
+            names = sorted(nodes)
+            start = zlib.crc32(msg.message_group.encode()) % len(names)
+            for k in range(len(names)):
+                n = nodes[names[(start + k) % len(names)]]
+                if n in live:
+                    return n, -1
+        return live[next(self._rr) % len(live)], -1
+
+    async def _append_on(self, msgs: list[Message], exclude: set[str] | None = None) -> list[AppendResult]:
+        """Append `msgs` (all bound for one node) with failover to other nodes when it is down."""
+        exclude = set() if exclude is None else exclude
+        stride = await self.ids.stride(msgs[0].topic) if any(m.queue_id >= 0 for m in msgs) else None
+        while True:
+            node, local = self._target(msgs[0], stride, exclude)
+            wire = [m if m.queue_id == local else dataclasses.replace(m, queue_id=local) for m in msgs]
+            try:
+                if len(wire) == 1 and local < 0:
+                    raw = [await self._batcher(node, wire[0].topic).submit(wire[0])]
+                else:
+                    r = await node.call(
+                        "append", None, w.encode_messages(wire), timeout=self.request_timeout_s
+                    )
+                    raw = w.reply_value(r.body)
+            except NodeUnavailable as e:
+                log.warning("send failed on %s, trying another store node: %s", node.name, e)
+                exclude.add(node.name)
+                continue
+            return [await self.ids.result(node, w.result_from_json(v)) for v in raw]  # type: ignore[misc]
+
+    def _batcher(self, node: NodeClient, topic: str) -> AppendBatcher:
+        b = self._batchers.get((node.name, topic))
+        if b is None:
+            b = self._batchers[(node.name, topic)] = AppendBatcher(node, self.request_timeout_s)
+        return b
+
+    async def append(self, msg: Message) -> AppendResult:
+        return (await self._append_on([msg]))[0]
+
+    async def append_many(self, msgs: list[Message]) -> list[AppendResult]:
+        if not any(m.queue_id >= 0 or m.message_group for m in msgs):
+            return await self._append_on(msgs)
+        # Messages bound for particular queues or groups: one sub-batch per target node.
+        stride = await self.ids.stride(msgs[0].topic)
+        parts: dict[str, list[int]] = {}
+        for i, m in enumerate(msgs):
+            node, _ = self._target(m, stride, set())
+            parts.setdefault(node.name, []).append(i)
+        out: list[AppendResult | None] = [None] * len(msgs)
+        for idxs in parts.values():
+            for i, r in zip(idxs, await self._append_on([msgs[i] for i in idxs]), strict=True):
+                out[i] = r
+        return out  # type: ignore[return-value]

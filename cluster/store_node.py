@@ -1,0 +1,196 @@
+"""A store node of CLUSTER mode (docs/cluster.md): one embedded `store.Store` served to stateless
+proxies over remoting frames with the internal codes of store_wire.py (the frame server of
+remoting/server.py, with `StoreNode.dispatch` as its handler).
+
+The node registers with the name server(s) as a broker (REGISTER_BROKER with its topics and queues)
+and renews that lease every `lease_period_s`; its lease expires after `lease_expiry_s`. Half
+messages whose transaction is unresolved are handed to a connected proxy (TXN_CHECK), which asks a
+producer. The process around it (`gateway store`: signals, opening the store) is
+gateway/store_process.py."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from dataclasses import dataclass
+
+from messaging_processor import LocalStoreClient
+from namesrv.client import NameServerClient
+from namesrv.routeinfo import TopicQueues
+from remoting import RemotingCommand, ResponseCode
+from remoting.server import FrameConnection, FrameServer, close_tcp, serve_tcp
+from store import Message, Store, StoreError
+
+from . import store_wire as w
+
+log = logging.getLogger("cluster.store_node")
+POP = w.OPS["pop"]
+
+
+@dataclass(frozen=True)
+class StoreNodeConfig:
+    """How a node is named, listens and registers (the `gateway store` settings it uses)."""
+
+    name: str
+    host: str = "127.0.0.1"
+    port: int = 10911
+    advertise_host: str | None = None  # the host proxies are told to connect to
+    namesrv: str | None = None  # name server address(es), "host:port;host:port"
+    cluster_name: str = "DefaultCluster"
+    lease_period_s: float = 30.0
+    lease_expiry_s: float = 120.0
+    max_body_size: int = 4 * 1024 * 1024
+
+
+def default_node_name(port: int) -> str:
+    return f"store-{socket.gethostname()}-{port}"
+
+
+class StoreNode:
+    """A store served to proxies; `await start()`, `address`, `await stop()`."""
+
+    def __init__(self, config: StoreNodeConfig, store: Store) -> None:
+        self.config = config
+        self.store = store
+        self.client = LocalStoreClient(store)
+        self.name = config.name
+        max_frame = max(16 * 1024 * 1024, 2 * config.max_body_size + 1024 * 1024)
+        self.frames = FrameServer(self, name="store", log=log, max_frame_size=max_frame)
+        self.polls: set[asyncio.Task] = set()  # pops under way (long polls end at once on stop)
+        self._server: asyncio.Server | None = None
+        self._address = f"{config.host}:{config.port}"
+        self._rr = 0
+        self.namesrv: NameServerClient | None = None
+        self._registration: asyncio.Task | None = None
+        store.transaction_checker = self._check_transaction
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    @property
+    def advertised(self) -> str:
+        """The address proxies are told (name server registration)."""
+        host = self.config.advertise_host or self.config.host
+        if host in ("0.0.0.0", "::", ""):
+            host = socket.gethostname()
+        return f"{host}:{self._address.rsplit(':', 1)[1]}"
+
+    async def start(self) -> None:
+        c = self.config
+        self._server, self._address = await serve_tcp(self.frames, c.host, c.port)
+        if c.namesrv:
+            self.namesrv = NameServerClient(c.namesrv)
+            try:  # registered before it says ready (a name server that is down is retried)
+                await asyncio.wait_for(self.register(), 5.0)
+                log.info("store node %s registered with the name server %s", self.name, c.namesrv)
+            except Exception as e:  # noqa: BLE001 - keep trying in the background
+                log.warning("cannot register with the name server %s yet: %s", c.namesrv, e)
+            self._registration = asyncio.get_running_loop().create_task(
+                self._keep_registered(), name="store registration"
+            )
+
+    async def _keep_registered(self) -> None:
+        """Renew the lease every `lease_period_s` (failures are logged and retried)."""
+        while True:
+            await asyncio.sleep(self.config.lease_period_s)
+            try:
+                await self.register()
+            except Exception as e:  # noqa: BLE001 - name servers come and go
+                log.warning("registration with the name server failed: %s", e)
+
+    async def register(self) -> None:
+        """REGISTER_BROKER with every (non-system) topic and its queues; renews the lease."""
+        assert self.namesrv is not None
+        topics = {
+            t.name: TopicQueues(t.queues, t.queues)
+            for t in self.store.topics()
+            if not t.name.startswith("%") or t.name.startswith(("%RETRY%", "%DLQ%"))
+        }
+        await self.namesrv.register_broker(
+            cluster=self.config.cluster_name,
+            name=self.name,
+            addr=self.advertised,
+            topics=topics,
+            timeout_ms=int(self.config.lease_expiry_s * 1000),
+        )
+
+    # ------------------------------------------------------------------ FrameHandler
+    def opened(self, conn: FrameConnection) -> None:
+        pass
+
+    def closed(self, conn: FrameConnection) -> None:
+        pass
+
+    async def dispatch(self, conn: FrameConnection, cmd: RemotingCommand) -> RemotingCommand | None:
+        if cmd.code == w.CANCEL:  # a proxy abandons one of its pending requests (a losing poll)
+            conn.cancel(int(cmd.ext_fields.get("opaque", "-1")))
+            return None
+        name = w.OP_NAMES.get(cmd.code)
+        if name is None:
+            return cmd.response(
+                ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"request type {cmd.code} not supported"
+            )
+        if cmd.code == POP:
+            task = asyncio.current_task()
+            assert task is not None
+            self.polls.add(task)
+            task.add_done_callback(self.polls.discard)
+        try:
+            args = w.loads(cmd.ext_fields["a"]) if "a" in cmd.ext_fields else {}
+            result = await w.SERVE[name](self.client, args, cmd.body)
+        except asyncio.CancelledError:  # cancelled by the proxy or at stop: no messages
+            return cmd.response(ResponseCode.SUCCESS, None, {"cancelled": "true"}, w.encode_messages(()))
+        except (StoreError, ValueError, KeyError, OSError) as e:
+            kind, msg = w.error_fields(e)
+            return cmd.response(ResponseCode.SYSTEM_ERROR, msg, {"error": kind})
+        except Exception as e:  # noqa: BLE001 - answer, keep serving
+            log.exception("store request %s failed", name)
+            return cmd.response(
+                ResponseCode.SYSTEM_ERROR, f"{type(e).__name__}: {e}", {"error": "StoreError"}
+            )
+        if name in w.MESSAGE_REPLIES:
+            return cmd.response(ResponseCode.SUCCESS, None, None, w.encode_messages(result))
+        return cmd.response(ResponseCode.SUCCESS, None, None, w.reply_body(result))
+
+    async def _check_transaction(self, msg: Message) -> None:
+        """Hand an unresolved half message to one connected proxy (round robin)."""
+        conns = [c for c in self.frames.connections if not c.closed]
+        if not conns:
+            return
+        self._rr += 1
+        conns[self._rr % len(conns)].oneway(w.TXN_CHECK, None, w.encode_messages([msg]))
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Unregister, stop accepting, answer long polls at once (no messages), let other
+        requests finish for up to `grace` s, close every connection."""
+        if self._registration is not None:
+            self._registration.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._registration
+        if self.namesrv is not None:
+            c = self.config
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(
+                    self.namesrv.unregister_broker(
+                        cluster=c.cluster_name, name=self.name, addr=self.advertised
+                    ),
+                    2.0,
+                )
+            await self.namesrv.close()
+        if self._server is not None:
+            self._server.close()
+        for t in list(self.polls):
+            t.cancel()  # answered with no messages
+        deadline = time.monotonic() + grace
+        while self.frames.running() and time.monotonic() < deadline:
+            await self.frames.drain(max(deadline - time.monotonic(), 0))
+        self.frames.abort()
+        await close_tcp(self._server, 0.5)
+        self.store.transaction_checker = None
+
+
+__all__ = ["StoreNode", "StoreNodeConfig", "default_node_name"]

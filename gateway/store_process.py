@@ -1,0 +1,84 @@
+"""`gateway store`: the process around a CLUSTER mode store node (cluster/store_node.py). Opens
+the store on `data_dir`, serves it until SIGTERM/SIGINT, then unregisters, stops accepting,
+lets in-flight requests finish (up to `drain_timeout_s`), closes (flushes) the store and exits 0;
+exits 1 when the store cannot be opened or the port bound."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from cluster.store_node import StoreNode, StoreNodeConfig, default_node_name
+from gateway import collector as gc_collector
+from gateway.config import Settings
+from gateway.server import SHUTDOWN_SIGNALS, shutdown_signals_blocked
+from store import Store, StoreConfig, StoreError
+
+log = logging.getLogger("gateway.store")
+
+
+def node_config(settings: Settings) -> StoreNodeConfig:
+    """The store node's own settings, taken from the gateway's."""
+    s = settings
+    return StoreNodeConfig(
+        name=s.store_name or default_node_name(s.store_port),
+        host=s.host,
+        port=s.store_port,
+        advertise_host=s.advertise_host,
+        namesrv=s.namesrv,
+        cluster_name=s.cluster_name,
+        lease_period_s=s.lease_period_s,
+        lease_expiry_s=s.lease_expiry_s,
+        max_body_size=s.max_body_size,
+    )
+
+
+def store_config(settings: Settings) -> StoreConfig:
+    s = settings
+    return StoreConfig(
+        data_dir=s.data_dir,
+        flush=s.flush,
+        default_queues=s.default_queues,
+        auto_create_topics=False,
+        max_message_size=max(s.max_body_size, StoreConfig().max_message_size),
+        transaction_timeout_ms=s.transaction_timeout_ms,
+        transaction_check_interval_ms=s.transaction_check_interval_ms,
+    )
+
+
+async def serve(settings: Settings) -> int:
+    """Run a store node until SIGTERM/SIGINT; the exit code (0 clean, 1 cannot start)."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in SHUTDOWN_SIGNALS:
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        with shutdown_signals_blocked():
+            store = await Store.open(store_config(settings))
+    except (StoreError, OSError) as e:
+        log.error("cannot open the store at %s: %s", settings.data_dir, e)
+        return 1
+    store.preallocate()  # a fresh store's first append need not wait for its segment
+    node = StoreNode(node_config(settings), store)
+    try:
+        await node.start()
+    except OSError as e:
+        log.error("store node cannot listen on %s: %s", node.address, e.strerror or e)
+        await store.close()
+        return 1
+    log.info("store node %s listening on %s (data %s)", node.name, node.address, settings.data_dir)
+    collector = gc_collector.take_over()
+    log.info("store node ready")
+    await stop.wait()
+    log.info("store node stopping")
+    t0 = time.monotonic()
+    collector.stop()
+    await node.stop(settings.drain_timeout_s)
+    await store.close()
+    log.info("store closed; store node stopped in %.2f s", time.monotonic() - t0)
+    for sig in SHUTDOWN_SIGNALS:
+        with contextlib.suppress(Exception):
+            loop.remove_signal_handler(sig)
+    return 0

@@ -1,0 +1,194 @@
+"""The frame server every remoting listener runs (the 4.x adapter, the name server, CLUSTER mode's
+store node): thin asyncio glue around the sans-IO `Decoder`. Each listener supplies only a
+`FrameHandler` (its dispatch and what it keeps per connection); this module does the rest:
+
+- decode frames as bytes arrive; replies to our own oneway requests are dropped;
+- run every request as its own task (a long poll must not hold up the requests behind it), at
+  most `max_inflight` per connection: beyond that, and while the server is not `accepting`, a
+  request is answered SYSTEM_BUSY (`[OVERLOAD] ...`) and a oneway request dropped;
+- write the handler's reply (none for oneway requests), stop reading a client that does not read
+  its replies (transport flow control), and close the connection on a codec error;
+- `drain(grace)` lets running requests finish on shutdown, `abort()` closes every connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import Awaitable
+from typing import Any, Protocol
+
+from .codes import FLAG_ONEWAY, ResponseCode
+from .command import MAX_FRAME_SIZE, Decoder, RemotingCodecError, RemotingCommand
+
+MAX_INFLIGHT = 4096  # requests one connection may have running; more get SYSTEM_BUSY
+_opaque = itertools.count(1)
+
+
+class FrameHandler(Protocol):
+    """What a listener supplies. `dispatch` answers one request (None: no reply); `opened` and
+    `closed` see each connection come and go (`opened` may set `conn.state`)."""
+
+    def dispatch(self, conn: FrameConnection, cmd: RemotingCommand) -> Awaitable[RemotingCommand | None]: ...
+
+    def opened(self, conn: FrameConnection) -> None: ...
+
+    def closed(self, conn: FrameConnection) -> None: ...
+
+
+class FrameConnection(asyncio.Protocol):
+    """One client connection of a `FrameServer`. `tasks` maps the opaque of each running request
+    to its task (`cancel(opaque)` abandons one); `state` is the listener's per-connection object."""
+
+    def __init__(self, server: FrameServer) -> None:
+        self.server = server
+        self.handler = server.handler
+        self.decoder = Decoder(server.max_frame_size)
+        self.transport: asyncio.Transport | None = None
+        self.remote = ""
+        self.local_host = "127.0.0.1"
+        self.closed = False
+        self.tasks: dict[int, asyncio.Task] = {}
+        self.state: Any = None
+
+    # ------------------------------------------------------------------ asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.remote = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "")
+        sock = transport.get_extra_info("sockname")
+        if isinstance(sock, tuple):
+            self.local_host = str(sock[0])
+        self.server.connections.add(self)
+        self.handler.opened(self)
+
+    def data_received(self, data: bytes) -> None:
+        self.decoder.feed(data)
+        try:
+            for cmd in self.decoder:
+                if not cmd.is_response:  # replies to our oneway requests: nothing waits for them
+                    self._start(cmd)
+        except RemotingCodecError as e:
+            self.server.log.info("%s connection %s: %s; closing it", self.server.name, self.remote, e)
+            self.close()
+
+    def pause_writing(self) -> None:
+        """The client does not read its replies fast enough: stop reading its requests."""
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.server.connections.discard(self)
+        self.handler.closed(self)
+        for t in list(self.tasks.values()):
+            t.cancel()
+
+    # ------------------------------------------------------------------ requests
+    def _start(self, cmd: RemotingCommand) -> None:
+        server = self.server
+        if len(self.tasks) >= server.max_inflight or not server.accepting:
+            if not cmd.is_oneway:
+                why = "too many requests in flight" if server.accepting else "shutting down"
+                self.write(cmd.response(ResponseCode.SYSTEM_BUSY, f"[OVERLOAD] {why}"))
+            return
+        t = asyncio.get_running_loop().create_task(self._serve(cmd))
+        opaque = cmd.opaque
+        self.tasks[opaque] = t
+
+        def done(task: asyncio.Task) -> None:
+            if self.tasks.get(opaque) is task:  # not a later request that reused the opaque
+                del self.tasks[opaque]
+
+        t.add_done_callback(done)
+
+    async def _serve(self, cmd: RemotingCommand) -> None:
+        resp = await self.handler.dispatch(self, cmd)
+        if resp is not None and not cmd.is_oneway:
+            self.write(resp)
+
+    def cancel(self, opaque: int) -> None:
+        """Abandon the running request `opaque` of this connection (its dispatch sees
+        CancelledError and may still answer)."""
+        t = self.tasks.get(opaque)
+        if t is not None:
+            t.cancel()
+
+    # ------------------------------------------------------------------ writing
+    def write(self, cmd: RemotingCommand) -> None:
+        if not self.closed and self.transport is not None:
+            self.transport.write(cmd.encode())
+
+    def oneway(self, code: int, ext: dict[str, str] | None = None, body: bytes = b"") -> None:
+        """A server-initiated oneway request (no reply is awaited)."""
+        self.write(
+            RemotingCommand(code, next(_opaque) & 0x7FFFFFFF, FLAG_ONEWAY, ext_fields=ext or {}, body=body)
+        )
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+class FrameServer:
+    """The connections of one remoting listener. Pass `protocol` as the protocol factory to
+    `loop.create_server` (or adapters' TcpListeners); set `accepting` once serving."""
+
+    def __init__(
+        self,
+        handler: FrameHandler,
+        *,
+        name: str,
+        log: logging.Logger,
+        max_frame_size: int = MAX_FRAME_SIZE,
+        max_inflight: int = MAX_INFLIGHT,
+        accepting: bool = True,
+    ) -> None:
+        self.handler = handler
+        self.name = name
+        self.log = log
+        self.max_frame_size = max_frame_size
+        self.max_inflight = max_inflight
+        self.accepting = accepting
+        self.connections: set[FrameConnection] = set()
+
+    def protocol(self) -> FrameConnection:
+        return FrameConnection(self)
+
+    def running(self) -> list[asyncio.Task]:
+        """The requests running on every connection."""
+        return [t for c in self.connections for t in c.tasks.values()]
+
+    async def drain(self, grace: float) -> None:
+        """Wait up to `grace` s for the running requests to finish."""
+        tasks = self.running()
+        if tasks and grace > 0:
+            await asyncio.wait(tasks, timeout=grace)
+
+    def abort(self) -> None:
+        """Close every connection at once (running requests are cancelled)."""
+        for c in list(self.connections):
+            if c.transport is not None:
+                c.transport.abort()
+
+
+async def serve_tcp(server: FrameServer, host: str, port: int) -> tuple[asyncio.Server, str]:
+    """Listen on host:port for `server`; the asyncio server and the bound `host:port`."""
+    srv = await asyncio.get_running_loop().create_server(server.protocol, host, port)
+    sock = srv.sockets[0].getsockname()
+    return srv, f"{sock[0]}:{sock[1]}"
+
+
+async def close_tcp(srv: asyncio.Server | None, timeout: float = 2.0) -> None:
+    """Stop accepting and wait (up to `timeout`) for the listening socket to close."""
+    if srv is None:
+        return
+    srv.close()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(srv.wait_closed(), timeout)
