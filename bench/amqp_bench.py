@@ -49,7 +49,6 @@ import json
 import multiprocessing as mp
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -57,13 +56,22 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from amqp_loadgen import Job, Spec, worker_main  # noqa: E402
-from amqp_servers import AmqpServer, epmd_cpu_s, start_gateway, start_rabbitmq  # noqa: E402
-from mqtt_servers import ServerError, cpu_s, descendants, system_busy_s, tree_cpu_s, wait_idle, wait_quiet  # noqa: E402
-from mqtt_servers import pct_ms as _pct  # noqa: E402
-from mqtt_servers import sleep_until as _sleep_until  # noqa: E402
+from amqp_loadgen import Job, Spec, worker_main
+from amqp_servers import AmqpServer, amqp_ready, epmd_cpu_s, start_rabbitmq
+from common import (
+    ServerError,
+    cpu_s,
+    descendants,
+    fs_type,
+    log,
+    pct_ms,
+    sleep_until,
+    start_gateway,
+    system_busy_s,
+    tree_cpu_s,
+    wait_idle,
+    wait_quiet,
+)
 
 BROKERS = ("gateway", "rabbitmq")
 
@@ -76,10 +84,6 @@ FIGURES: list[tuple[str, str, bool]] = [
     ("cpu_us_per_msg", "server CPU µs/confirmed msg", False),
     ("cpu_us_per_consumed_msg", "server CPU µs/consumed msg", False),
 ]
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 class Generator:
@@ -179,10 +183,10 @@ class BrokerBench:
         t_start = time.monotonic() + 0.05
         t0, t1 = t_start + warm, t_start + warm + dur
         gen.start_run(t_start, t0, t1)
-        _sleep_until(t0)
+        sleep_until(t0)
         c0, ct0 = self._cpu()
         s0 = system_busy_s()
-        _sleep_until(t1)
+        sleep_until(t1)
         c1, ct1 = self._cpu()
         s1 = system_busy_s()
         res = gen.results(timeout=60)
@@ -278,8 +282,8 @@ class BrokerBench:
         return {
             "rate": a.latency_rate,
             "samples": len(lat),
-            "p50_ms": _pct(lat, 50),
-            "p99_ms": _pct(lat, 99),
+            "p50_ms": pct_ms(lat, 50),
+            "p99_ms": pct_ms(lat, 99),
             "max_ms": lat[-1] / 1e6 if lat else None,
             **_details(r),
         }
@@ -298,23 +302,25 @@ def _details(r: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def fs_of(path: Path) -> str:
-    with contextlib.suppress(Exception):
-        out = subprocess.run(["df", "-T", str(path)], capture_output=True, text=True, timeout=5).stdout
-        return out.splitlines()[1].split()[1]
-    return "?"
-
-
 def run_broker(name: str, args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix=f"amqpbench-{name}-", dir=args.dir))
     out: dict[str, Any] = {"figures": dict.fromkeys(k for k, _, _ in FIGURES), "phases": {}}
     server: AmqpServer | None = None
     try:
         if name == "gateway":
-            server = start_gateway(work, args.server_cpu, args.gateway_args, src=args.gateway_src)
+            server = start_gateway(
+                work,
+                "amqp",
+                args.gateway_args,
+                cpu=args.server_cpu,
+                src=args.gateway_src,
+                ready=amqp_ready,  # and the AMQP port sends connection.start
+                server_cls=AmqpServer,
+                info_src=False,
+            )
         else:
             server = start_rabbitmq(work, args.server_cpu)
-        out["info"] = {**server.info, "data_fs": fs_of(work)}
+        out["info"] = {**server.info, "data_fs": fs_type(work)}
         b = BrokerBench(server, args)
         for phase, fn in (("confirms", b.confirms), ("consume", b.consume), ("latency", b.latency)):
             if phase not in args.phase_list:

@@ -18,11 +18,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from adapters.amqp.codec import (  # noqa: E402
+from adapters.amqp.codec import (
     BasicProperties,
     Decoder,
     encode_basic_ack,

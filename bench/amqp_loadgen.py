@@ -27,15 +27,11 @@ import asyncio
 import contextlib
 import os
 import struct
-import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from adapters.amqp.codec import (  # noqa: E402
+from adapters.amqp.codec import (
     BasicConsume,
     BasicQos,
     ChannelOpen,
@@ -48,7 +44,7 @@ from adapters.amqp.codec import (  # noqa: E402
     encode_method,
     encode_publish,
 )
-from adapters.amqp.codec.properties import BasicProperties  # noqa: E402
+from adapters.amqp.codec.properties import BasicProperties
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 _HEAD = struct.Struct(">BHI")

@@ -1,9 +1,10 @@
-"""Brokers under test for bench/amqp_bench.py (process helpers shared with bench/mqtt_servers.py).
+"""Brokers under test for bench/amqp_bench.py (process helpers in bench/common.py).
 
-- `gateway`: `.venv/bin/gateway start --protocols amqp,http --amqp-port P --http-port Q --data-dir
-  <tmp>` (or `python -m gateway.cli` from `--gateway-src`), ready when it logged `gateway ready`,
-  `GET /healthz` answers 200 and the AMQP port sends `connection.start`. Defaults: flush `sync`
-  (a confirm waits for the group commit's fdatasync).
+- `gateway` (common.start_gateway(workdir, "amqp", ..., ready=amqp_ready, server_cls=AmqpServer)):
+  `.venv/bin/gateway start --data-dir <tmp> --protocols amqp,http --amqp-port P --http-port Q` (or
+  `python -m gateway.cli` from `--gateway-src`), ready when it logged `gateway ready`, `GET
+  /healthz` answers 200 and the AMQP port sends `connection.start`. Defaults: flush `sync` (a
+  confirm waits for the group commit's fdatasync).
 - `rabbitmq`: Debian's rabbitmq-server (deps/debian-packages.txt), run in the foreground as the
   current user from its own sbin script (not the Debian wrapper that switches to the rabbitmq user)
   with a private environment: RABBITMQ_NODENAME `amqpbench<pid>@localhost`, RABBITMQ_NODE_PORT P on
@@ -23,25 +24,10 @@ import glob
 import os
 import signal
 import socket
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import urllib.request  # noqa: E402
-
-from mqtt_servers import (  # noqa: E402
-    REPO,
-    Server,
-    ServerError,
-    _flag,
-    _spawn,
-    _wait,
-    cpu_s,
-    descendants,
-    free_port,
-)
+from common import Server, ServerError, cpu_s, descendants, free_port, spawn, wait_ready
 
 
 class AmqpServer(Server):
@@ -75,50 +61,6 @@ def amqp_ready(port: int) -> bool:
             return len(data) >= 11 and data[0] == 1 and data[7:11] == b"\x00\x0a\x00\x0a"
     except OSError:
         return False
-
-
-def start_gateway(
-    workdir: Path, cpu: int | None, extra_args: list[str], src: Path | None = None, timeout: float = 60.0
-) -> AmqpServer:
-    port, http_port = free_port(), free_port()
-    args = [
-        "start",
-        "--data-dir",
-        str(workdir / "data"),
-        "--protocols",
-        "amqp,http",
-        "--amqp-port",
-        str(port),
-        "--http-port",
-        str(http_port),
-        *extra_args,
-    ]
-    env = dict(os.environ)
-    cwd = None
-    script = Path(sys.executable).parent / "gateway"
-    if src is not None or not script.exists():
-        env["PYTHONPATH"] = str(src or REPO)
-        cwd = str(src or REPO)
-        cmd = [sys.executable, "-m", "gateway.cli", *args]
-    else:
-        cmd = [str(script), *args]
-    proc, log_path = _spawn("gateway", cmd, workdir, cpu, env, cwd)
-    server = AmqpServer("gateway", proc, port, workdir, log_path)
-    server.info = {"command": " ".join(cmd), "flush": _flag(extra_args, "--flush")}
-
-    def ready() -> bool:
-        if b"gateway ready" not in log_path.read_bytes():
-            return False
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/healthz", timeout=2) as r:
-                if r.status != 200:
-                    return False
-        except OSError:
-            return False
-        return amqp_ready(port)
-
-    _wait(server, ready, timeout)
-    return server
 
 
 def rabbitmq_script() -> str | None:
@@ -174,7 +116,7 @@ def start_rabbitmq(workdir: Path, cpu: int | None, timeout: float = 90.0) -> Amq
             "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "+sbwt none +sbwtdcpu none +sbwtdio none",
         }
     )
-    proc, log_path = _spawn("rabbitmq", [script], workdir, cpu, env, str(workdir))
+    proc, log_path = spawn("rabbitmq", [script], workdir, cpu, env, str(workdir))
     server = AmqpServer("rabbitmq", proc, port, workdir, log_path)
     server.info = {"command": script, "node_port": port, "epmd_port": epmd_port}
 
@@ -182,7 +124,7 @@ def start_rabbitmq(workdir: Path, cpu: int | None, timeout: float = 90.0) -> Amq
         return amqp_ready(port)
 
     try:
-        _wait(server, ready, timeout)
+        wait_ready(server, ready, timeout)
     finally:
         server.cleanup_pids = _epmd_pids(epmd_port)
     beam = [p for p in [proc.pid, *descendants(proc.pid)] if _comm(p) == "beam.smp"]

@@ -34,25 +34,21 @@ import glob
 import json
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
+from pathlib import Path
 from typing import Any
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO not in sys.path:
-    sys.path.insert(0, _REPO)
+from common import REPO, Server, log, start_gateway
 
 TOPIC = "bench"
 BODY_BYTES = 100
 
 
 def progress(msg: str) -> None:
-    print(f"[analytics_bench] {msg}", file=sys.stderr, flush=True)
+    log(f"[analytics_bench] {msg}")
 
 
 def body(i: int) -> bytes:
@@ -90,32 +86,6 @@ async def fill(data_dir: str, n: int, queues: int) -> float:
         await store.close()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_gateway(data_dir: str, port: int, log_path: str) -> subprocess.Popen:
-    exe = os.path.join(os.path.dirname(sys.executable), "gateway")
-    cmd = [exe] if os.path.exists(exe) else [sys.executable, "-m", "gateway.cli"]
-    cmd += ["start", "--data-dir", data_dir, "--protocols", "http", "--http-port", str(port)]
-    cmd += ["--flush", "async", "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log_path, "w"), cwd=_REPO)  # noqa: SIM115
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the gateway exited with {proc.returncode}: see {log_path}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("the gateway did not become healthy within 60 s")
-
-
 def timed(action: Any) -> float:
     t0 = time.perf_counter()
     action()
@@ -126,14 +96,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     n = args.messages
     root = tempfile.mkdtemp(prefix="analytics-bench-", dir=args.dir)
     data_dir = os.path.join(root, "data")
-    gw = None
+    gw: Server | None = None
     spark = None
     try:
         progress(f"filling {n} messages of {BODY_BYTES} B into {data_dir}")
         fill_rate = asyncio.run(fill(data_dir, n, args.queues))
-        port = free_port()
-        gw = start_gateway(data_dir, port, os.path.join(root, "gateway.log"))
-        url = f"http://127.0.0.1:{port}"
+        # `gateway start --data-dir <root>/data --protocols http --http-port P` (log in <root>/gateway.log);
+        # it logs only warnings, so it is ready when /healthz answers 200.
+        extra = ["--flush", "async", "--log-level", "warning"]
+        gw = start_gateway(Path(root), "http", extra, ready_line=False, cwd=REPO)
+        url = f"http://127.0.0.1:{gw.port}"
         progress(f"gateway on {url}; starting Spark ({args.master})")
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         from analytics.session import spark_session
@@ -194,11 +166,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if spark is not None:
             spark.stop()
         if gw is not None:
-            gw.terminate()
-            try:
-                gw.wait(15)
-            except subprocess.TimeoutExpired:
-                gw.kill()
+            gw.stop()
         if args.keep:
             progress(f"kept {root}")
         else:

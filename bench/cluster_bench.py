@@ -4,8 +4,9 @@ and every server process's CPU time per message.
 
 Processes: `gateway namesrv`, two `gateway store` nodes, `gateway start --mode cluster` proxies
 (gRPC + HTTP only) and, for the latency comparison, one LOCAL `gateway start`. Load generators are
-the ones of bench/grpc_bench.py (separate processes, grpc.aio stubs, `--producers` tasks per proxy,
-1 message per SendMessage; consumers loop ReceiveMessage(32) + AckMessage).
+those of bench/grpc_bench.py (bench/grpc_loadgen.py: separate processes, grpc.aio stubs,
+`--producers` tasks per proxy, 1 message per SendMessage; consumers loop ReceiveMessage(32) +
+AckMessage).
 
 Phases:
 1. latency: one producer, one message per SendMessage, sequential: p50/p99 against the LOCAL
@@ -13,7 +14,7 @@ Phases:
 2. 1 proxy: sends for `--seconds`, then receive+ack of that backlog;
 3. 2 proxies: the same load generators against each of the two proxies at once.
 `send_scaling_2_vs_1` / `pop_scaling_2_vs_1` are the throughput ratios of phase 3 to phase 2.
-CPU: utime+stime from /proc (bench/mqtt_servers.py) of each server process (stores with their
+CPU: utime+stime from /proc (bench/common.py) of each server process (stores with their
 fsync helpers) over each phase, as µs per message; on a 2-core machine the load generators share
 the CPUs, so flat CPU per message as proxies are added is the figure that shows scaling.
 
@@ -30,51 +31,18 @@ import shutil
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for _p in (_REPO, os.path.join(_REPO, "bench")):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+from common import REPO, Server, ServerError, descendants, free_port, log, spawn_gateway, tree_cpu_s
+from grpc_loadgen import TOPIC, Job, loop_policy, run_clients
 
-from grpc_bench import TOPIC, Job, _loop_policy, _run_clients, log  # noqa: E402
-from mqtt_servers import (  # noqa: E402
-    REPO,
-    Server,
-    ServerError,
-    _spawn,
-    _wait,
-    descendants,
-    free_port,
-    tree_cpu_s,
-)
-
-BIN = Path(sys.executable).parent
 LEASE = ["--lease-period-s", "2", "--lease-expiry-s", "10"]
 
 
-def _gateway_cmd() -> list[str]:
-    script = BIN / "gateway"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "gateway.cli"]
-
-
-def _start(name: str, args: list[str], workdir: Path, ready_line: str, port: int, http: int = 0) -> Server:
-    proc, log_path = _spawn(name, [*_gateway_cmd(), *args], workdir, None, dict(os.environ), str(REPO))
-    server = Server(name, proc, port, workdir, log_path)
-
-    def ready() -> bool:
-        if ready_line.encode() not in log_path.read_bytes():
-            return False
-        if not http:
-            return True
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{http}/healthz", timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    return _wait(server, ready, 60.0)
+def _start(name: str, args: list[str], workdir: Path, port: int, http: int = 0) -> Server:
+    """`gateway <args>` (namesrv, store or start) in the repository, ready on its ready line (and
+    /healthz on port `http`)."""
+    return spawn_gateway(name, args, workdir, port, cwd=REPO, http_port=http or None)
 
 
 class Topology:
@@ -92,14 +60,15 @@ class Topology:
         port = free_port()
         self.namesrv = f"127.0.0.1:{port}"
         args = ["namesrv", "--port", str(port), *LEASE]
-        self.servers["namesrv"] = _start("namesrv", args, self.workdir, "name server ready", port)
+        self.servers["namesrv"] = _start("namesrv", args, self.workdir, port)
         for name in ("store-a", "store-b"):
             port = free_port()
             args = ["store", "--data-dir", str(self.workdir / name), "--port", str(port), "--name", name]
             args += ["--namesrv", self.namesrv, "--flush", self.flush, *LEASE]
-            self.servers[name] = _start(name, args, self.workdir, "store node ready", port)
+            self.servers[name] = _start(name, args, self.workdir, port)
 
-    def start_gateway(self, name: str, cluster: bool) -> str:
+    def add_gateway(self, name: str, cluster: bool) -> str:
+        """A CLUSTER proxy (`cluster`) or a LOCAL gateway `name` (gRPC + HTTP); its gRPC address."""
         grpc_port, http_port = free_port(), free_port()
         args = [
             "start",
@@ -115,7 +84,7 @@ class Topology:
             args += ["--mode", "cluster", "--namesrv", self.namesrv, "--proxy-name", name, *LEASE]
         else:
             args += ["--data-dir", str(self.workdir / name), "--flush", self.flush]
-        self.servers[name] = _start(name, args, self.workdir, "gateway ready", grpc_port, http_port)
+        self.servers[name] = _start(name, args, self.workdir, grpc_port, http_port)
         self.grpc[name] = f"127.0.0.1:{grpc_port}"
         self.http[name] = http_port
         return self.grpc[name]
@@ -147,7 +116,7 @@ async def _load(top: Topology, kind: str, proxies: list[str], args: argparse.Nam
     warmup = args.warmup if kind == "send" else 0.0
     jobs = [Job(kind, top.grpc[p], tasks, seconds, warmup, 1, args.size, args.loop) for p in proxies]
     before = top.cpu()
-    results = await asyncio.gather(*(_run_clients(j, args.clients) for j in jobs))
+    results = await asyncio.gather(*(run_clients(j, args.clients) for j in jobs))
     after = top.cpu()
     count = sum(r["count"] for r in results)
     rate = sum(r["per_s"] for r in results)
@@ -169,8 +138,8 @@ async def _bench(args: argparse.Namespace, loop_name: str) -> dict:
     try:
         log("starting name server, 2 stores, proxy-1 and a LOCAL gateway")
         top.start_cluster()
-        top.start_gateway("proxy-1", cluster=True)
-        top.start_gateway("local", cluster=False)
+        top.add_gateway("proxy-1", cluster=True)
+        top.add_gateway("local", cluster=False)
         top.create_topic("proxy-1")
         top.create_topic("local", 8)
 
@@ -199,7 +168,7 @@ async def _bench(args: argparse.Namespace, loop_name: str) -> dict:
         phases = {}
         for n in (1, 2):
             if n == 2:
-                top.start_gateway("proxy-2", cluster=True)
+                top.add_gateway("proxy-2", cluster=True)
             proxies = [f"proxy-{i}" for i in range(1, n + 1)]
             log(f"{n} proxy(ies): sends, {args.producers} producers per proxy, {args.seconds} s")
             snd = await _load(top, "send", proxies, args, args.producers)
@@ -282,7 +251,7 @@ def main(argv: list[str] | None = None) -> None:
         args.warmup = min(args.warmup, 0.2)
         args.producers = min(args.producers, 4)
         args.consumers = min(args.consumers, 2)
-    loop_name = _loop_policy(args.loop)
+    loop_name = loop_policy(args.loop)
     t0 = time.monotonic()
     try:
         res = asyncio.run(_bench(args, loop_name))

@@ -51,229 +51,12 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import multiprocessing as mp
-import os
 import shutil
-import statistics
-import sys
 import tempfile
 import time
-from dataclasses import dataclass
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO not in sys.path:
-    sys.path.insert(0, _REPO)
-
-TOPIC = "bench"
-GROUP = "bench-consumers"
-RECEIVE_BATCH = 32
-CLIENT_ID = "bench@{pid}@{i}"
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def _loop_policy(name: str = "uvloop") -> str:
-    if name == "asyncio":
-        return "asyncio"
-    try:
-        import uvloop
-
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-        return "uvloop"
-    except ImportError:
-        return "asyncio"
-
-
-@dataclass(slots=True)
-class Job:
-    kind: str  # "send" | "receive"
-    address: str
-    tasks: int
-    seconds: float
-    warmup: float
-    batch: int = 1
-    size: int = 100
-    loop: str = "uvloop"
-    poller: str = "legacy"
-
-
-# GRPC_EXPERIMENTS entry that turns grpc's EventEngine off for client channels (`--client-poller legacy`).
-_NO_EVENT_ENGINE_CLIENT = "-event_engine_client"
-
-
-def _cpu_ticks() -> tuple[int, int]:
-    """(steal, all) CPU ticks of the whole machine so far, from /proc/stat; (0, 0) elsewhere."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:9]]
-    except OSError:
-        return 0, 0
-    return fields[7], sum(fields)
-
-
-def _steal_since(start: tuple[int, int]) -> float:
-    """Share of all CPU time since `start` that the hypervisor gave to other guests."""
-    steal, total = _cpu_ticks()
-    return round((steal - start[0]) / max(total - start[1], 1), 3)
-
-
-# ---------------------------------------------------------------------------- load generators
-
-
-def _worker(job: Job, out: mp.Queue) -> None:
-    if job.poller == "legacy":  # read by grpc when it starts in this process, i.e. at first use
-        os.environ["GRPC_EXPERIMENTS"] = ",".join(
-            x for x in (os.environ.get("GRPC_EXPERIMENTS"), _NO_EVENT_ENGINE_CLIENT) if x
-        )
-    _loop_policy(job.loop)
-    try:
-        out.put(asyncio.run(_run_job(job)))
-    except BaseException as e:  # noqa: BLE001 - reported to the parent
-        out.put({"error": f"{type(e).__name__}: {e}"})
-
-
-async def _run_job(job: Job) -> dict:
-    import grpc
-
-    from adapters.grpc.generated import definition_pb2 as d
-    from adapters.grpc.generated import service_pb2 as s
-    from adapters.grpc.generated import service_pb2_grpc
-
-    channel = grpc.aio.insecure_channel(job.address, options=[("grpc.max_receive_message_length", -1)])
-    stub = service_pb2_grpc.MessagingServiceStub(channel)
-    md = (("x-mq-client-id", CLIENT_ID.format(pid=os.getpid(), i=0)),)
-    # Connect and warm the channel before the clock starts (process start-up is not measured).
-    await channel.channel_ready()
-    await stub.QueryRoute(s.QueryRouteRequest(topic=d.Resource(name=TOPIC)), metadata=md)
-    lat: list[float] = []
-    count = 0
-    errors = 0
-    t0 = time.perf_counter()
-    start = t0 + job.warmup
-    end = start + job.seconds
-    stop = False
-
-    if job.kind == "send":
-        body = b"x" * job.size
-        req = s.SendMessageRequest(
-            messages=[
-                d.Message(
-                    topic=d.Resource(name=TOPIC),
-                    body=body,
-                    system_properties=d.SystemProperties(
-                        tag="bench", message_type=d.NORMAL, body_encoding=d.IDENTITY
-                    ),
-                )
-                for _ in range(job.batch)
-            ]
-        )
-        send = stub.SendMessage
-
-        async def producer() -> None:
-            nonlocal count, errors
-            pc = time.perf_counter
-            while True:
-                t = pc()
-                if t >= end:
-                    return
-                r = await send(req, metadata=md)
-                t2 = pc()
-                if r.status.code != d.Code.OK:
-                    errors += 1
-                elif t >= start:
-                    lat.append(t2 - t)
-                    count += job.batch
-
-        await asyncio.gather(*[producer() for _ in range(job.tasks)])
-    else:
-        rreq = s.ReceiveMessageRequest(
-            group=d.Resource(name=GROUP),
-            message_queue=d.MessageQueue(topic=d.Resource(name=TOPIC), id=-1),
-            filter_expression=d.FilterExpression(type=d.TAG, expression="*"),
-            batch_size=RECEIVE_BATCH,
-        )
-        rreq.invisible_duration.seconds = 60
-        rreq.long_polling_timeout.nanos = 200_000_000
-        group = d.Resource(name=GROUP)
-        topic = d.Resource(name=TOPIC)
-        empty = 0
-
-        async def consumer() -> None:
-            nonlocal count, errors, stop, empty
-            pc = time.perf_counter
-            while not stop:
-                t = pc()
-                if t >= end:
-                    return
-                entries = []
-                async for r in stub.ReceiveMessage(rreq, metadata=md):
-                    if r.HasField("message"):
-                        sp = r.message.system_properties
-                        entries.append(
-                            s.AckMessageEntry(message_id=sp.message_id, receipt_handle=sp.receipt_handle)
-                        )
-                if not entries:
-                    empty += 1
-                    if empty >= 2 * job.tasks and pc() >= start:
-                        stop = True  # drained
-                    continue
-                a = await stub.AckMessage(
-                    s.AckMessageRequest(group=group, topic=topic, entries=entries), metadata=md
-                )
-                t2 = pc()
-                if a.status.code != d.Code.OK:
-                    errors += 1
-                elif t >= start:
-                    lat.append(t2 - t)
-                    count += len(entries)
-
-        await asyncio.gather(*[consumer() for _ in range(job.tasks)])
-    elapsed = min(time.perf_counter(), end) - start
-    await channel.close()
-    return {"count": count, "errors": errors, "lat": lat, "elapsed": max(elapsed, 1e-9)}
-
-
-async def _run_clients(job: Job, clients: int) -> dict:
-    """Run `job` split over `clients` processes; returns total rate and latency percentiles (ms)."""
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    per = [job.tasks // clients + (1 if i < job.tasks % clients else 0) for i in range(clients)]
-    procs = []
-    for n in per:
-        if n == 0:
-            continue
-        j = dataclasses.replace(job, tasks=n)
-        p = ctx.Process(target=_worker, args=(j, q), daemon=True)
-        p.start()
-        procs.append(p)
-    loop = asyncio.get_running_loop()
-    results = [await loop.run_in_executor(None, q.get) for _ in procs]
-    for p in procs:
-        await loop.run_in_executor(None, p.join)
-    errs = [r["error"] for r in results if "error" in r]
-    if errs:
-        raise RuntimeError("; ".join(errs))
-    lat = sorted(x for r in results for x in r["lat"])
-    count = sum(r["count"] for r in results)
-    elapsed = max(r["elapsed"] for r in results)
-    return {
-        "per_s": count / elapsed,
-        "count": count,
-        "errors": sum(r["errors"] for r in results),
-        "p50_ms": _pct(lat, 50),
-        "p99_ms": _pct(lat, 99),
-    }
-
-
-def _pct(xs: list[float], p: float) -> float:
-    if not xs:
-        return 0.0
-    if len(xs) == 1:
-        return xs[0] * 1000
-    return statistics.quantiles(xs, n=100, method="inclusive")[int(p) - 1] * 1000
-
+from common import cpu_ticks, log, steal_since
+from grpc_loadgen import GROUP, RECEIVE_BATCH, TOPIC, Job, loop_policy, run_clients
 
 # ---------------------------------------------------------------------------- gateway
 
@@ -322,9 +105,9 @@ async def _bench(args: argparse.Namespace, loop_name: str) -> dict:
                     loop=args.loop,
                     poller=args.client_poller,
                 )
-                t0 = _cpu_ticks()
-                rr = await _run_clients(jr, args.clients)
-                steal = _steal_since(t0)
+                t0 = cpu_ticks()
+                rr = await run_clients(jr, args.clients)
+                steal = steal_since(t0)
                 log(f"  {rr['per_s']:.0f} msg/s, p50 {rr['p50_ms']:.2f} ms, p99 {rr['p99_ms']:.2f} ms")
                 res.update(
                     {
@@ -369,13 +152,13 @@ async def _send_phases(args: argparse.Namespace, address: str) -> dict:
         args.loop,
         args.client_poller,
     )
-    t0 = _cpu_ticks()
-    r1 = await _run_clients(base, args.clients)
+    t0 = cpu_ticks()
+    r1 = await run_clients(base, args.clients)
     log(f"  {r1['per_s']:.0f} msg/s, p50 {r1['p50_ms']:.2f} ms, p99 {r1['p99_ms']:.2f} ms")
     log(f"sends: batch {args.batch}")
     jb = dataclasses.replace(base, batch=args.batch)
-    rb = await _run_clients(jb, args.clients)
-    steal = _steal_since(t0)
+    rb = await run_clients(jb, args.clients)
+    steal = steal_since(t0)
     log(f"  {rb['per_s']:.0f} msg/s, p50 {rb['p50_ms']:.2f} ms, p99 {rb['p99_ms']:.2f} ms")
     return {
         "producers": args.producers,
@@ -452,9 +235,9 @@ async def _ceiling(args: argparse.Namespace) -> dict:
             loop=args.loop,
             poller=args.client_poller,
         )  # as ours
-        t0 = _cpu_ticks()
-        res = await _run_clients(job, args.clients)
-        res["steal"] = _steal_since(t0)
+        t0 = cpu_ticks()
+        res = await run_clients(job, args.clients)
+        res["steal"] = steal_since(t0)
         return res
     finally:
         await server.stop(0)
@@ -491,7 +274,7 @@ def main(argv: list[str] | None = None) -> None:
         args.warmup = min(args.warmup, 0.2)
         args.producers = min(args.producers, 8)
         args.consumers = min(args.consumers, 2)
-    loop_name = _loop_policy(args.loop)
+    loop_name = loop_policy(args.loop)
     res = asyncio.run(_bench(args, loop_name))
     if args.json:
         print(json.dumps(res))

@@ -58,7 +58,6 @@ import os
 import shlex
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -68,24 +67,25 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from http_loadgen import GenJob, gen_main, http_request, raise_nofile, receiver_main  # noqa: E402
-from http_servers import call, create_topic, start_bare, start_gateway  # noqa: E402
-from mqtt_servers import (  # noqa: E402
+from common import (
     Server,
     ServerError,
     cpu_s,
     descendants,
+    fmt,
     free_port,
+    fs_type,
+    log,
+    pct_ms,
+    sleep_until,
+    start_gateway,
     system_busy_s,
     tree_cpu_s,
     wait_idle,
     wait_quiet,
 )
-from mqtt_servers import fmt as _fmt  # noqa: E402
-from mqtt_servers import pct_ms as _pct  # noqa: E402
-from mqtt_servers import sleep_until as _sleep_until  # noqa: E402
+from http_loadgen import GenJob, gen_main, http_request, raise_nofile, receiver_main
+from http_servers import call, create_topic, start_bare
 
 TOPIC = "bench"
 PUSH_TOPIC = "push"
@@ -97,10 +97,6 @@ TARGETS = [
     ("batched_events_per_s", "batched ingest >= 50,000 events/s", ">=", 50_000.0),
     ("push_events_per_s", "push delivery >= 2,000 events/s", ">=", 2_000.0),
 ]
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------- requests
@@ -291,8 +287,8 @@ class Bench:
             "requests_per_s": res["ok"] / dur,
             "events_per_s": events / dur,
             "non_2xx": res["errors"],
-            "p50_ms": _pct(lat, 50),
-            "p99_ms": _pct(lat, 99),
+            "p50_ms": pct_ms(lat, 50),
+            "p99_ms": pct_ms(lat, 99),
             "cpu_us_per_event": ctl.cpu / events * 1e6 if events else None,
             "cpu_us_per_event_incl_children": ctl.tree_cpu / events * 1e6 if events else None,
             # what one fully used server CPU would sustain at this cost (less sensitive to other jobs)
@@ -409,9 +405,9 @@ class _Snapshots:
         self.cpu = self.tree_cpu = self.busy = 0.0
 
     def take(self, t0: float, t1: float) -> None:
-        _sleep_until(t0)
+        sleep_until(t0)
         c0, ct0, b0 = cpu_s(self.pid), tree_cpu_s(self.pid, self.kids), system_busy_s()
-        _sleep_until(t1)
+        sleep_until(t1)
         c1, ct1, b1 = cpu_s(self.pid), tree_cpu_s(self.pid, self.kids), system_busy_s()
         self.cpu, self.tree_cpu, self.busy = c1 - c0, ct1 - ct0, b1 - b0
 
@@ -542,13 +538,13 @@ def print_table(rep: dict[str, Any]) -> None:
         rows.append(
             [
                 label,
-                _fmt(best["events_per_s"]),
-                _fmt(best["requests_per_s"]),
-                _fmt(best["p50_ms"]),
-                _fmt(best["p99_ms"]),
-                _fmt(best["cpu_us_per_event"]),
+                fmt(best["events_per_s"]),
+                fmt(best["requests_per_s"]),
+                fmt(best["p50_ms"]),
+                fmt(best["p99_ms"]),
+                fmt(best["cpu_us_per_event"]),
                 f"{best['server_util']:.0%}/{best['gen_util']:.0%}",
-                _fmt(best["other_util"]),
+                fmt(best["other_util"]),
             ]
         )
     push = rep.get("push")
@@ -556,13 +552,13 @@ def print_table(rep: dict[str, Any]) -> None:
         rows.append(
             [
                 "gateway, push to webhook",
-                _fmt(push.get("push_events_per_s")),
+                fmt(push.get("push_events_per_s")),
                 "",
                 "",
                 "",
-                _fmt(push.get("cpu_us_per_event")),
+                fmt(push.get("cpu_us_per_event")),
                 f"{push.get('server_util', 0):.0%}/{push.get('receiver_util', 0):.0%}",
-                _fmt(push.get("other_util")),
+                fmt(push.get("other_util")),
             ]
         )
     header = [
@@ -589,24 +585,24 @@ def print_table(rep: dict[str, Any]) -> None:
             )
         )
     print()
-    print(f"single-event ratio gateway / bare: {_fmt(rep['single_ratio_vs_bare'])}", end="")
+    print(f"single-event ratio gateway / bare: {fmt(rep['single_ratio_vs_bare'])}", end="")
     if rep.get("single_ratio_per_round"):
-        print(" (per round: " + ", ".join(_fmt(x) for x in rep["single_ratio_per_round"]) + ")")
+        print(" (per round: " + ", ".join(fmt(x) for x in rep["single_ratio_per_round"]) + ")")
     else:
         print()
     print(
         "the same by server CPU cost (bare µs per request / ours per event): "
-        f"{_fmt(rep['single_cpu_ratio_vs_bare'])}"
+        f"{fmt(rep['single_cpu_ratio_vs_bare'])}"
     )
     print(
         "events per second of server CPU (the cost, not the rate): "
-        f"single {_fmt(rep['single_events_per_server_cpu_s'])}, "
-        f"batched {_fmt(rep['batched_events_per_server_cpu_s'])}"
+        f"single {fmt(rep['single_events_per_server_cpu_s'])}, "
+        f"batched {fmt(rep['batched_events_per_server_cpu_s'])}"
     )
     print(
         "server CPU incl. the fsync helper: "
-        f"{_fmt(rep['cpu_us_per_single_event_incl_children'])} µs/single event, "
-        f"{_fmt(rep['cpu_us_per_batched_event_incl_children'])} µs/batched event"
+        f"{fmt(rep['cpu_us_per_single_event_incl_children'])} µs/single event, "
+        f"{fmt(rep['cpu_us_per_batched_event_incl_children'])} µs/batched event"
     )
     for name, rs in rep["runs"].items():
         for r in rs:
@@ -629,14 +625,14 @@ def print_table(rep: dict[str, Any]) -> None:
             print(f"push: {push['error']}")
         print(
             f"push: {push.get('received')} of {push.get('events')} events ({push.get('distinct')} distinct), "
-            f"first after {_fmt(push.get('first_delivery_s'))} s, "
-            f"steady {_fmt(push.get('steady_events_per_s'))} events/s, "
+            f"first after {fmt(push.get('first_delivery_s'))} s, "
+            f"steady {fmt(push.get('steady_events_per_s'))} events/s, "
             f"max_inflight {push.get('max_inflight')}"
         )
     print("\ntargets:")
     for t in rep["targets"].values():
         mark = {True: "met", False: "NOT met", None: "n/a"}[t["met"]]
-        print(f"  {t['target']:<50} {_fmt(t['value']):>10}  {mark}")
+        print(f"  {t['target']:<50} {fmt(t['value']):>10}  {mark}")
     c = rep["config"]
     gwinfo = rep["servers"].get("gateway", {})
     print(
@@ -648,15 +644,6 @@ def print_table(rep: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------------------- main
-
-
-def _fs_type(path: Path) -> str:
-    try:
-        out = subprocess.run(["df", "--output=fstype", str(path)], capture_output=True, text=True, timeout=5)
-        parts = out.stdout.split()
-        return parts[-1] if parts else "?"
-    except (OSError, subprocess.SubprocessError):
-        return "?"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -744,8 +731,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             log(
                 f"  {r['events_per_s']:.0f} events/s, {r['requests_per_s']:.0f} req/s, "
-                f"p50 {_fmt(r['p50_ms'])} ms, "
-                f"p99 {_fmt(r['p99_ms'])} ms, server {_fmt(r['cpu_us_per_event'])} µs/event, "
+                f"p50 {fmt(r['p50_ms'])} ms, "
+                f"p99 {fmt(r['p99_ms'])} ms, server {fmt(r['cpu_us_per_event'])} µs/event, "
                 f"util server {r['server_util']:.0%} gen {r['gen_util']:.0%} other {r['other_util']:.2f}"
                 + (f", {r['non_2xx']} non-2xx: {r.get('error_samples')}" if r["non_2xx"] else "")
             )
@@ -759,8 +746,9 @@ def main(argv: list[str] | None = None) -> int:
             src = Path(args.gateway_src).resolve() if args.gateway_src else None
             prof = Path(args.gateway_profile).resolve() if args.gateway_profile else None
             with ThreadPoolExecutor(2) as pool:  # both start at once (each takes a second or two)
+                extra = shlex.split(args.gateway_args)
                 f_gw = pool.submit(
-                    start_gateway, gw_dir, args.server_cpu, shlex.split(args.gateway_args), src, prof
+                    start_gateway, gw_dir, "http", extra, cpu=args.server_cpu, src=src, profile=prof
                 )
                 f_bare = pool.submit(start_bare, bare_dir, args.server_cpu, not args.bare_ignore_body)
                 failed = [f.exception() for f in (f_gw, f_bare) if f.exception() is not None]
@@ -770,7 +758,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise failed[0]  # the finally below stops the one that did start
             assert gw is not None and bare is not None
             create_topic(gw.port, TOPIC, 8)
-            info["gateway"] = {**gw.info, "data_fs": _fs_type(gw_dir)}
+            info["gateway"] = {**gw.info, "data_fs": fs_type(gw_dir)}
             info["bare"] = dict(bare.info)
             log(f"servers up in {time.monotonic() - t:.1f} s (gateway :{gw.port}, bare :{bare.port})")
             ready = True
@@ -791,9 +779,9 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     push = b.push(gw)
                     log(
-                        f"  {_fmt(push['push_events_per_s'])} events/s, "
-                        f"{_fmt(push['cpu_us_per_event'])} µs/event, "
-                        f"first after {_fmt(push['first_delivery_s'])} s"
+                        f"  {fmt(push['push_events_per_s'])} events/s, "
+                        f"{fmt(push['cpu_us_per_event'])} µs/event, "
+                        f"first after {fmt(push['first_delivery_s'])} s"
                     )
                 except Exception as e:  # noqa: BLE001
                     log(f"[push] failed: {type(e).__name__}: {e}")

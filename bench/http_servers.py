@@ -1,9 +1,10 @@
 """Servers under test for bench/http_bench.py, and the bare FastAPI endpoint itself.
 
-- `start_gateway`: `.venv/bin/gateway start --protocols http --http-port P --data-dir <tmp>` (or
-  `python [-m cProfile -o FILE] -m gateway.cli start ...` from `--gateway-src` / with a profile),
-  pinned to one CPU (`taskset -c`), ready when it logged `gateway ready` and `GET /healthz` answers
-  200. Default settings: flush policy `sync` (a 202 waits for the group commit's fdatasync), uvloop.
+- the gateway (bench/common.py `start_gateway(workdir, "http", ...)`): `.venv/bin/gateway start
+  --data-dir <tmp> --protocols http --http-port P` (or `python [-m cProfile -o FILE] -m gateway.cli
+  start ...` from `--gateway-src` / with a profile), pinned to one CPU (`taskset -c`), ready when it
+  logged `gateway ready` and `GET /healthz` answers 200. Default settings: flush policy `sync` (a
+  202 waits for the group commit's fdatasync), uvloop.
 - `start_bare`: this file run as a script (`python bench/http_servers.py bare --port P`): a FastAPI
   app with one route of the same shape, `POST /topics/{topic}/events`, that reads the body (as any
   handler must; `--ignore-body` skips even that) and answers an empty 202. It is served exactly as
@@ -11,7 +12,7 @@
   lifespan off, no access log, no server header, httptools parser) on a uvloop event loop, so any
   change to the gateway's uvicorn settings applies to both.
 
-Process figures (CPU seconds, idle detection, machine load) come from bench/mqtt_servers.py.
+Process figures (CPU seconds, idle detection, machine load) come from bench/common.py.
 """
 
 import argparse
@@ -24,11 +25,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import REPO, Server, ServerError, free_port, healthz_ok, spawn, wait_ready
 
-from mqtt_servers import Server, ServerError, _spawn, _wait, free_port  # noqa: E402
-
-REPO = Path(__file__).resolve().parent.parent
 EVENTS_PATH = "/topics/{topic}/events"
 
 
@@ -94,73 +92,16 @@ def bare_main(argv: list[str] | None = None) -> None:
 # ---------------------------------------------------------------------------- starting servers
 
 
-def _healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
-def _env(src: Path | None) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(src or REPO)
-    return env
-
-
-def start_gateway(
-    workdir: Path,
-    cpu: int | None,
-    extra_args: list[str],
-    src: Path | None = None,
-    profile: Path | None = None,
-    timeout: float = 60.0,
-) -> Server:
-    port = free_port()
-    args = [
-        "start",
-        "--data-dir",
-        str(workdir / "data"),
-        "--protocols",
-        "http",
-        "--http-port",
-        str(port),
-        *extra_args,
-    ]
-    script = Path(sys.executable).parent / "gateway"
-    env = dict(os.environ)
-    cwd = None
-    if src is not None or profile is not None or not script.exists():
-        env = _env(src)
-        cwd = str(src or REPO)
-        prof = ["-m", "cProfile", "-o", str(profile)] if profile is not None else []
-        cmd = [sys.executable, *prof, "-m", "gateway.cli", *args]
-    else:
-        cmd = [str(script), *args]
-    proc, log_path = _spawn("gateway", cmd, workdir, cpu, env, cwd)
-    server = Server("gateway", proc, port, workdir, log_path)
-    server.info = {"command": " ".join(cmd), "src": str(src or REPO), "flush": _flush(extra_args)}
-    return _wait(server, lambda: b"gateway ready" in log_path.read_bytes() and _healthy(port), timeout)
-
-
 def start_bare(workdir: Path, cpu: int | None, read_body: bool = True, timeout: float = 30.0) -> Server:
     port = free_port()
     cmd = [sys.executable, str(Path(__file__).resolve()), "bare", "--port", str(port)]
     if not read_body:
         cmd.append("--ignore-body")
-    proc, log_path = _spawn("bare", cmd, workdir, cpu, _env(None), str(REPO))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc, log_path = spawn("bare", cmd, workdir, cpu, env, str(REPO))
     server = Server("bare", proc, port, workdir, log_path)
     server.info = {"command": " ".join(cmd), "reads_body": read_body}
-    return _wait(server, lambda: _healthy(port), timeout)
-
-
-def _flush(args: list[str]) -> str:
-    for i, a in enumerate(args):
-        if a == "--flush" and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith("--flush="):
-            return a.split("=", 1)[1]
-    return os.environ.get("GATEWAY_FLUSH") or "sync (default)"
+    return wait_ready(server, lambda: healthz_ok(port), timeout)
 
 
 # ---------------------------------------------------------------------------- HTTP calls

@@ -3,10 +3,10 @@
     .venv/bin/python bench/mqtt_bench.py [--brokers gateway,mosquitto,amqtt] [--duration S]
         [--publishers N] [--subscribers M] [--idle-conns K] [--quick] [--json]
 
-For each broker (started by bench/mqtt_servers.py on loopback, pinned to `--server-cpu`, default
-CPU 0) the load generator (bench/mqtt_loadgen.py: `--procs` processes pinned to `--gen-cpus`,
-default CPU 1, raw asyncio sockets with pre-encoded MQTT 3.1.1 packets; this process is pinned
-there too) measures, in this order:
+For each broker (started on loopback by bench/common.py, the gateway, or bench/mqtt_servers.py,
+pinned to `--server-cpu`, default CPU 0) the load generator (bench/mqtt_loadgen.py: `--procs`
+processes pinned to `--gen-cpus`, default CPU 1, raw asyncio sockets with pre-encoded MQTT 3.1.1
+packets; this process is pinned there too) measures, in this order:
 
 1. Idle connections. 20 warm-up connections, then VmRSS of the server process; then K more
    CONNECTed clients (keep-alive 120 s) and VmRSS again once the server is idle. The growth per
@@ -66,7 +66,6 @@ import os
 import resource
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -76,26 +75,25 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from mqtt_loadgen import Job, Spec, raise_nofile, worker_main  # noqa: E402
-from mqtt_servers import (  # noqa: E402
+from common import (
     Server,
     ServerError,
     cpu_s,
     descendants,
+    fmt,
+    fs_type,
+    log,
+    pct_ms,
     rss_bytes,
-    start_amqtt,
+    sleep_until,
     start_gateway,
-    start_mosquitto,
     system_busy_s,
     tree_cpu_s,
     wait_idle,
     wait_quiet,
 )
-from mqtt_servers import fmt as _fmt  # noqa: E402
-from mqtt_servers import pct_ms as _pct  # noqa: E402
-from mqtt_servers import sleep_until as _sleep_until  # noqa: E402
+from mqtt_loadgen import Job, Spec, raise_nofile, worker_main
+from mqtt_servers import start_amqtt, start_mosquitto
 
 BROKERS = ("gateway", "mosquitto", "amqtt")
 OURS = "gateway"
@@ -115,10 +113,6 @@ FIGURES: list[tuple[str, str, bool]] = [
     ("idle_conns_per_gib", "idle conns per GiB RSS", True),
     ("idle_conn_rss_mib_per_10k", "RSS MiB / 10k idle", False),
 ]
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------- generator processes
@@ -241,10 +235,10 @@ class BrokerBench:
         t0 = t_start + warm
         t1 = t0 + dur
         gen.start_run(t_start, t0, t1)
-        _sleep_until(t0)
+        sleep_until(t0)
         c0, ct0 = self._cpu()
         sys0 = system_busy_s()
-        _sleep_until(t1)
+        sleep_until(t1)
         c1, ct1 = self._cpu()
         sys1 = system_busy_s()
         drain = 0.0
@@ -394,10 +388,10 @@ class BrokerBench:
             "rate_acked": acked / r["duration_s"],
             "received": len(lat),
             "expected": expected,
-            "p50_ms_at_5k": _pct(lat, 50),
-            "p90_ms": _pct(lat, 90),
-            "p99_ms_at_5k": _pct(lat, 99),
-            "p999_ms": _pct(lat, 99.9),
+            "p50_ms_at_5k": pct_ms(lat, 50),
+            "p90_ms": pct_ms(lat, 90),
+            "p99_ms_at_5k": pct_ms(lat, 99),
+            "p999_ms": pct_ms(lat, 99.9),
             "max_ms": lat[-1] / 1e6 if lat else None,
             "behind_ticks": r["behind_ticks"],
             "cpu_us_per_msg": r["server_cpu_s"] / acked * 1e6 if acked else None,
@@ -429,7 +423,8 @@ def start_server(name: str, workdir: Path, args: argparse.Namespace) -> Server:
     if name == "gateway":
         src = Path(args.gateway_src).resolve() if args.gateway_src else None
         prof = Path(args.gateway_profile).resolve() if args.gateway_profile else None
-        return start_gateway(workdir, args.server_cpu, shlex.split(args.gateway_args), src, prof)
+        extra = shlex.split(args.gateway_args)
+        return start_gateway(workdir, "mqtt", extra, cpu=args.server_cpu, src=src, profile=prof)
     if name == "mosquitto":
         return start_mosquitto(workdir, args.server_cpu)
     if name == "amqtt":
@@ -458,7 +453,7 @@ def bench_broker(name: str, args: argparse.Namespace) -> dict[str, Any]:
         res["info"] = dict(server.info)
         res["info"]["start_s"] = round(time.monotonic() - t, 2)
         if name == "gateway":
-            res["info"]["data_fs"] = _fs_type(workdir)
+            res["info"]["data_fs"] = fs_type(workdir)
         b = BrokerBench(server, args)
         for phase, fn in PHASES:
             if phase not in args.phase_list:
@@ -513,16 +508,6 @@ def _brief(d: dict[str, Any]) -> str:
         for k, v in d.items()
         if k not in ("errors",) and v is not None and not isinstance(v, list | dict)
     )
-
-
-def _fs_type(path: Path) -> str:
-    try:
-        out = subprocess.run(
-            ["df", "--output=fstype", str(path)], capture_output=True, text=True, timeout=5
-        ).stdout.split()
-        return out[-1] if out else "?"
-    except (OSError, subprocess.SubprocessError):
-        return "?"
 
 
 # ---------------------------------------------------------------------------- report
@@ -608,8 +593,8 @@ def print_table(report: dict[str, Any]) -> None:
     print(f"{'figure':<{w0}}" + "".join(f"{c:>14}" for c in cols))
     for key, label, up in FIGURES:
         row = f"{label + (' ↑' if up else ' ↓'):<{w0}}"
-        row += "".join(f"{_fmt(brokers[n].get(key)):>14}" for n in names)
-        row += "".join(f"{_fmt(report['ratios'][p].get(key)):>14}" for p in peers)
+        row += "".join(f"{fmt(brokers[n].get(key)):>14}" for n in names)
+        row += "".join(f"{fmt(report['ratios'][p].get(key)):>14}" for p in peers)
         print(row)
     print("\n(↑ higher is better, ↓ lower is better; gw/peer = our figure divided by the peer's)")
     for n in names:
@@ -639,13 +624,13 @@ def print_table(report: dict[str, Any]) -> None:
     print("\ntargets (our gateway):")
     for t in report["targets"].values():
         mark = {True: "met", False: "NOT met", None: "n/a"}[t["met"]]
-        print(f"  {t['target']:<42} {_fmt(t['value']):>10}  {mark}")
+        print(f"  {t['target']:<42} {fmt(t['value']):>10}  {mark}")
     gw = brokers.get(OURS)
     if gw and "info" in gw:
         print(
             f"\ngateway flush policy: {gw['info'].get('flush')}, data dir filesystem: "
             f"{gw['info'].get('data_fs')}; CPU incl. fsync helper: "
-            f"{_fmt(gw.get('cpu_us_per_qos1_msg_incl_children'))} µs/QoS1 msg"
+            f"{fmt(gw.get('cpu_us_per_qos1_msg_incl_children'))} µs/QoS1 msg"
         )
     c = report["config"]
     print(

@@ -15,11 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from adapters.mqtt.codec import (  # noqa: E402
+from adapters.mqtt.codec import (
     MQTT_3_1_1,
     MQTT_5,
     Decoder,

@@ -46,12 +46,9 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-# Run as `python bench/store_bench.py` from anywhere: make the repository importable.
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO not in sys.path:
-    sys.path.insert(0, _REPO)
+from common import log
 
-from store import Message, Store, StoreConfig  # noqa: E402
+from store import Message, Store, StoreConfig
 
 MiB = 1024 * 1024
 MB = 1_000_000
@@ -61,10 +58,6 @@ FLUSHES: tuple[str, ...] = ("sync", "async")
 TOPIC = "bench"
 POP_BATCH = 32
 POP_CONSUMERS: tuple[int, ...] = (1, 4)
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 @dataclass(slots=True)

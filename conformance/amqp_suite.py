@@ -23,7 +23,6 @@ import argparse
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -139,13 +138,13 @@ def run_suite(
     )
     gw.start()
     try:
-        m = re.search(r"\bamqps listening on \S+:(\d+)", gw.log_path.read_text(errors="replace"))
-        if not m:
+        amqps = gw.listeners.get("amqps")
+        if not amqps:
             raise RuntimeError(f"no amqps listener in the gateway log: {gw.log_tail()}")
         env = {
             **os.environ,
             "AMQP_URL": f"amqp://guest:guest@{gw.host}:{gw.amqp_port}/",
-            "AMQPS_PORT": m.group(1),
+            "AMQPS_PORT": amqps.rsplit(":", 1)[1],
         }
         env.pop("PYTHONPATH", None)
         junit = work / "junit.xml"

@@ -3,25 +3,24 @@
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.gatewayproc import LISTENING
-from tests.gatewayproc import GatewayProc as Proc
+from conformance.gateway_proc import GatewayError
+from conformance.gateway_proc import GatewayProc as Proc
 
 LEASE = ["--lease-period-s", "0.5", "--lease-expiry-s", "2"]
 
 
-def _expect(proc: Proc, pattern: str, timeout: float = 30) -> re.Match:
-    m = proc.wait_line(pattern + "|ERROR", timeout)
-    if m is None or "ERROR" in m.group(0):
-        proc.kill()
-        raise AssertionError(f"{proc.name} did not start:\n{proc.output()}")
-    return m
+def _ready(proc: Proc, timeout: float = 60) -> dict[str, str]:
+    """Wait for the process's ready line; its listeners ({"namesrv"|"store"|protocol: address})."""
+    try:
+        return proc.wait_ready(timeout)
+    except GatewayError as e:
+        raise AssertionError(f"{proc.name} did not start: {e}") from None
 
 
 @dataclass
@@ -37,8 +36,7 @@ class Cluster:
     def start_namesrv(self) -> str:
         p = Proc(["namesrv", "--port", "0", *LEASE, "--scan-interval-s", "0.2"], "namesrv")
         self.procs.append(p)
-        self.namesrv = _expect(p, r"namesrv listening on (\S+)").group(1)
-        _expect(p, "name server ready")
+        self.namesrv = _ready(p)["namesrv"]
         return self.namesrv
 
     def start_stores(self, *names: str, extra: tuple[str, ...] = ()) -> list[str]:
@@ -51,8 +49,7 @@ class Cluster:
             procs.append(p)
         out = []
         for name, p in zip(names, procs, strict=True):
-            addr = _expect(p, rf"store node {name} listening on (\S+)").group(1)
-            _expect(p, "store node ready")
+            addr = _ready(p)["store"]
             self.stores[name] = (p, addr)
             out.append(addr)
         return out
@@ -73,14 +70,7 @@ class Cluster:
         return p
 
     def _proxy_ready(self, p: Proc) -> dict[str, str]:
-        listeners: dict[str, str] = {}
-        while True:
-            m = _expect(p, r"INFO gateway: \w+ listening on|gateway ready")
-            if m.group(0) == "gateway ready":
-                break
-            lm = LISTENING.search(p.lines[-1])
-            assert lm, p.lines[-1]
-            listeners[lm.group(1)] = lm.group(2)
+        listeners = _ready(p)
         self.proxies.append((p, listeners))
         return listeners
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.gatewayproc import GATEWAY, LISTENING, GatewayProc
+from conformance.gateway_proc import GATEWAY, GatewayError, GatewayProc
 
 
 def grpc_available() -> bool:
@@ -53,17 +53,10 @@ def start(tmp_path: Path, *extra: str, new_session: bool = False) -> tuple[Proc,
     args = ["start", "--data-dir", str(tmp_path / "data"), "--protocols", PROTOCOLS]
     args += ["--http-port", "0", "--grpc-port", "0", *extra]
     proc = Proc(args, new_session=new_session)
-    listeners: dict[str, str] = {}
     try:
-        while True:
-            m = proc.wait_line(r"INFO gateway: \w+ listening on|gateway ready|ERROR")
-            if m is None or "ERROR" in m.group(0):
-                pytest.fail(f"gateway did not start:\n{proc.drain()}")
-            if m.group(0) == "gateway ready":
-                return proc, listeners
-            lm = LISTENING.search(proc.lines[-1])
-            assert lm, proc.lines[-1]
-            listeners[lm.group(1)] = lm.group(2)
+        return proc, proc.wait_ready(60)
+    except GatewayError as e:
+        pytest.fail(f"gateway did not start: {e}")
     except BaseException:
         proc.kill()  # never leave a gateway behind when the test fails
         raise

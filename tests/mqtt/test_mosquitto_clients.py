@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from conformance.streamlines import StreamLines
 from tests.gateway.test_process import Proc, start
 from tests.mqtt.support import make_cert
-from tests.streamlines import StreamLines
 
 pytestmark = pytest.mark.skipif(
     shutil.which("mosquitto_pub") is None, reason="mosquitto-clients missing: run `make install-system`"
