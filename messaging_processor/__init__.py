@@ -8,7 +8,7 @@ from store import ALL, Filter, Message, MessageType, RetryPolicy
 from store.message import now_ms
 
 from .delivery import DeliveryLoop, Handler, Outcome
-from .errors import ErrorKind, ProcessorError
+from .errors import ErrorKind, ProcessorError, store_error
 from .metrics import Metrics
 from .model import (
     ANONYMOUS,
@@ -26,7 +26,7 @@ from .model import (
     SendReceipt,
     TopicInfo,
 )
-from .processor import Authorizer, MessagingProcessor, allow_all, store_error
+from .processor import Authorizer, MessagingProcessor, allow_all
 from .registry import ClientRegistry
 from .store_client import LocalStoreClient, StoreClient
 from .validation import Limits

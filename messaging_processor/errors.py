@@ -1,9 +1,27 @@
-"""Protocol-neutral failure kinds. Adapters map each kind to their own code (gRPC Code, MQTT reason
-code, AMQP reply code, HTTP status, remoting response code)."""
+"""Protocol-neutral failure kinds (adapters map each kind to their own code: gRPC Code, MQTT reason
+code, AMQP reply code, HTTP status, remoting response code) and the mapping of store exceptions
+to them (`store_error`, `StoreCall`)."""
 
 from __future__ import annotations
 
 import enum
+import logging
+from typing import TYPE_CHECKING
+
+from store import (
+    GroupNotFound,
+    InvalidReceiptHandle,
+    MessageTooLarge,
+    StoreError,
+    StoreFullError,
+    TopicNotFound,
+    TransactionNotFound,
+)
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
+
+log = logging.getLogger("messaging_processor")
 
 
 class ErrorKind(enum.Enum):
@@ -48,3 +66,49 @@ class ProcessorError(Exception):
 
     def __repr__(self) -> str:
         return f"ProcessorError({self.kind.name}, {self.message!r})"
+
+
+def store_error(exc: BaseException) -> ProcessorError:
+    """Map a store (or argument) exception to a ProcessorError."""
+    if isinstance(exc, ProcessorError):
+        return exc
+    if isinstance(exc, TopicNotFound):
+        return ProcessorError(ErrorKind.TOPIC_NOT_FOUND, f"topic {exc} does not exist")
+    if isinstance(exc, GroupNotFound):
+        return ProcessorError(ErrorKind.GROUP_NOT_FOUND, f"consumer group {exc} does not exist")
+    if isinstance(exc, InvalidReceiptHandle):
+        return ProcessorError(ErrorKind.INVALID_RECEIPT_HANDLE, str(exc))
+    if isinstance(exc, MessageTooLarge):
+        return ProcessorError(ErrorKind.BODY_TOO_LARGE, str(exc))
+    if isinstance(exc, TransactionNotFound):
+        return ProcessorError(ErrorKind.TRANSACTION_NOT_FOUND, f"transaction {exc} not found or resolved")
+    if isinstance(exc, StoreFullError):
+        return ProcessorError(ErrorKind.STORE_FULL, f"the store refuses writes: {exc}")
+    if isinstance(exc, StoreError):
+        return ProcessorError(ErrorKind.UNAVAILABLE, str(exc))
+    if isinstance(exc, ValueError):
+        return ProcessorError(ErrorKind.BAD_REQUEST, str(exc))
+    log.error("unexpected store failure", exc_info=exc)
+    return ProcessorError(ErrorKind.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+
+
+class StoreCall:
+    """`with StoreCall(metrics, protocol, op):` around a store call: turns store exceptions into
+    ProcessorErrors and counts them per (protocol, operation, kind)."""
+
+    __slots__ = ("metrics", "protocol", "op")
+
+    def __init__(self, metrics: Metrics | None, protocol: str, op: str) -> None:
+        self.metrics, self.protocol, self.op = metrics, protocol, op
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, tp: type | None, exc: BaseException | None, tb: object) -> None:
+        if exc is None or not isinstance(exc, Exception):
+            return
+        err = store_error(exc)
+        if self.metrics is not None:
+            self.metrics.errors[(self.protocol, self.op, err.kind.value)] += 1
+        if err is not exc:
+            raise err from exc

@@ -16,22 +16,15 @@ from store import (
     ALL,
     AppendResult,
     Filter,
-    GroupNotFound,
-    InvalidReceiptHandle,
     Message,
-    MessageTooLarge,
     MessageType,
     RetryPolicy,
-    StoreError,
-    StoreFullError,
     TopicConfig,
-    TopicNotFound,
-    TransactionNotFound,
 )
 from store.message import now_ms
 from store.raw_range import RawRange
 
-from .errors import ErrorKind, ProcessorError
+from .errors import ErrorKind, ProcessorError, StoreCall, store_error
 from .metrics import Metrics
 from .model import (
     Action,
@@ -60,52 +53,6 @@ _INTERNAL_PROPS = ("__REAL_TOPIC", "__REAL_QID", "TRANSACTION_CHECK_TIMES")
 def allow_all(identity: Identity, action: Action, resource: Resource) -> bool:
     """The default authorizer: every identity may do everything."""
     return True
-
-
-def store_error(exc: BaseException) -> ProcessorError:
-    """Map a store (or argument) exception to a ProcessorError."""
-    if isinstance(exc, ProcessorError):
-        return exc
-    if isinstance(exc, TopicNotFound):
-        return ProcessorError(ErrorKind.TOPIC_NOT_FOUND, f"topic {exc} does not exist")
-    if isinstance(exc, GroupNotFound):
-        return ProcessorError(ErrorKind.GROUP_NOT_FOUND, f"consumer group {exc} does not exist")
-    if isinstance(exc, InvalidReceiptHandle):
-        return ProcessorError(ErrorKind.INVALID_RECEIPT_HANDLE, str(exc))
-    if isinstance(exc, MessageTooLarge):
-        return ProcessorError(ErrorKind.BODY_TOO_LARGE, str(exc))
-    if isinstance(exc, TransactionNotFound):
-        return ProcessorError(ErrorKind.TRANSACTION_NOT_FOUND, f"transaction {exc} not found or resolved")
-    if isinstance(exc, StoreFullError):
-        return ProcessorError(ErrorKind.STORE_FULL, f"the store refuses writes: {exc}")
-    if isinstance(exc, StoreError):
-        return ProcessorError(ErrorKind.UNAVAILABLE, str(exc))
-    if isinstance(exc, ValueError):
-        return ProcessorError(ErrorKind.BAD_REQUEST, str(exc))
-    log.error("unexpected store failure", exc_info=exc)
-    return ProcessorError(ErrorKind.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
-
-
-class _StoreCall:
-    """`with _StoreCall(metrics, protocol, op):` around a store call: turns store exceptions into
-    ProcessorErrors and counts them per (protocol, operation, kind)."""
-
-    __slots__ = ("metrics", "protocol", "op")
-
-    def __init__(self, metrics: Metrics | None, protocol: str, op: str) -> None:
-        self.metrics, self.protocol, self.op = metrics, protocol, op
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, tp: type | None, exc: BaseException | None, tb: object) -> None:
-        if exc is None or not isinstance(exc, Exception):
-            return
-        err = store_error(exc)
-        if self.metrics is not None:
-            self.metrics.errors[(self.protocol, self.op, err.kind.value)] += 1
-        if err is not exc:
-            raise err from exc
 
 
 class MessagingProcessor:
@@ -183,7 +130,7 @@ class MessagingProcessor:
         if await self.store.get_topic(topic) is None:
             if not (self.auto_create_topics if auto_create is None else auto_create):
                 raise ProcessorError(ErrorKind.TOPIC_NOT_FOUND, f"topic {topic} does not exist")
-            with _StoreCall(None, "", ""):
+            with StoreCall(None, "", ""):
                 await self.store.create_topic(topic, None, None, None)
             log.info("topic %s created on first use", topic)
         self._known_topics.add(topic)
@@ -278,7 +225,7 @@ class MessagingProcessor:
         if self.authorizer is not None:
             await self.authorize(ctx.identity, Action.SUBSCRIBE, Resource("topic", topic))
             await self.authorize(ctx.identity, Action.SUBSCRIBE, Resource("group", group))
-        with _StoreCall(self.metrics, ctx.protocol, "pop"):
+        with StoreCall(self.metrics, ctx.protocol, "pop"):
             popped = await self.store.pop(group, topic, max_messages, invisible_time_ms, filter, long_poll_ms)
         if not popped:
             return []
@@ -295,7 +242,7 @@ class MessagingProcessor:
 
     async def ack(self, ctx: ClientContext, handle: str) -> None:
         """Acknowledge a delivery: it is done for its group."""
-        with _StoreCall(self.metrics, ctx.protocol, "ack"):
+        with StoreCall(self.metrics, ctx.protocol, "ack"):
             await self.store.ack(handle)
         self.metrics.acks[ctx.protocol] += 1
 
@@ -303,21 +250,21 @@ class MessagingProcessor:
         """Make a delivery visible again `invisible_time_ms` from now; returns the new handle
         (the old one stops working)."""
         check_invisible_time(invisible_time_ms, self.limits)
-        with _StoreCall(self.metrics, ctx.protocol, "change_invisible_time"):
+        with StoreCall(self.metrics, ctx.protocol, "change_invisible_time"):
             new = await self.store.change_invisible_time(handle, invisible_time_ms)
         self.metrics.nacks[ctx.protocol] += 1
         return new
 
     async def nack(self, ctx: ClientContext, handle: str) -> str:
         """Give a delivery back for a retry after its group's back-off; returns the new handle."""
-        with _StoreCall(self.metrics, ctx.protocol, "nack"):
+        with StoreCall(self.metrics, ctx.protocol, "nack"):
             new = await self.store.nack(handle)
         self.metrics.nacks[ctx.protocol] += 1
         return new
 
     async def forward_to_dlq(self, ctx: ClientContext, handle: str, reason: str = "forwarded") -> SendReceipt:
         """Move a delivery to its group's dead-letter topic `%DLQ%<group>` now, and ack it."""
-        with _StoreCall(self.metrics, ctx.protocol, "forward_to_dlq"):
+        with StoreCall(self.metrics, ctx.protocol, "forward_to_dlq"):
             r = await self.store.forward_to_dlq(handle, reason)
         self.metrics.dlq[(ctx.protocol, r.topic)] += 1
         return SendReceipt(
@@ -339,7 +286,7 @@ class MessagingProcessor:
                     ErrorKind.TRANSACTION_NOT_FOUND, f"unknown transaction id {transaction_id!r}"
                 ) from None
             tid = message_id
-        with _StoreCall(self.metrics, ctx.protocol, "end_transaction"):
+        with StoreCall(self.metrics, ctx.protocol, "end_transaction"):
             r = await self.store.end_transaction(tid, commit)
         if r is None:
             return None
@@ -395,7 +342,7 @@ class MessagingProcessor:
         retention_bytes: int | None = None,
     ) -> TopicInfo:
         check_topic(name, self.limits, for_send=True)
-        with _StoreCall(None, "", ""):
+        with StoreCall(None, "", ""):
             t = await self.store.create_topic(name, queues, retention_ms, retention_bytes)
         self._known_topics.add(name)
         return self._topic_info(t)
@@ -406,7 +353,7 @@ class MessagingProcessor:
 
     async def delete_topic(self, name: str) -> None:
         self._known_topics.discard(name)
-        with _StoreCall(None, "", ""):
+        with StoreCall(None, "", ""):
             await self.store.delete_topic(name)
 
     async def get_topic(self, name: str) -> TopicInfo:
@@ -440,12 +387,12 @@ class MessagingProcessor:
         self, name: str, max_attempts: int = 16, retry: RetryPolicy | None = None
     ) -> GroupInfo:
         check_group(name, self.limits)
-        with _StoreCall(None, "", ""):
+        with StoreCall(None, "", ""):
             g = await self.store.create_group(name, max_attempts, retry)
         return GroupInfo(g.name, g.max_attempts, g.retry.initial_ms, g.retry.multiplier, g.retry.max_ms)
 
     async def delete_group(self, name: str) -> None:
-        with _StoreCall(None, "", ""):
+        with StoreCall(None, "", ""):
             await self.store.delete_group(name)
 
     async def get_group(self, name: str) -> GroupInfo:
@@ -470,7 +417,7 @@ class MessagingProcessor:
 
     async def backlog(self, group: str, topic: str) -> tuple[int, int]:
         """(messages of `topic` not yet acked by `group`, how many of those are in flight)."""
-        with _StoreCall(None, "", ""):
+        with StoreCall(None, "", ""):
             return await self.store.backlog(group, topic), await self.store.inflight_count(group, topic)
 
     async def get_max_attempts(self, group: str) -> int:
@@ -491,7 +438,7 @@ class MessagingProcessor:
         """Messages of one queue with offsets in [start, end): replayable range reads."""
         if self.authorizer is not None:
             await self.authorize(ctx.identity, Action.SUBSCRIBE, Resource("topic", topic))
-        with _StoreCall(None, "", ""):
+        with StoreCall(None, "", ""):
             msgs = await self.store.read(topic, queue_id, start, end, max_messages, filter)
         if msgs:
             self.metrics.messages_out[(ctx.protocol, topic)] += len(msgs)
@@ -511,27 +458,27 @@ class MessagingProcessor:
         client has no raw reads (then use `read`). Counting delivered messages is the caller's."""
         if self.authorizer is not None:
             await self.authorize(ctx.identity, Action.SUBSCRIBE, Resource("topic", topic))
-        with _StoreCall(None, "", ""):
+        with StoreCall(None, "", ""):
             return await self.store.read_raw(topic, queue_id, start, end, max_records, max_bytes)
 
     async def queue_offsets(self, topic: str, queue_id: int) -> tuple[int, int]:
         """(min, max) offsets of a queue: [min, max) are readable."""
-        with _StoreCall(None, "", ""):
+        with StoreCall(None, "", ""):
             return await self.store.min_offset(topic, queue_id), await self.store.max_offset(topic, queue_id)
 
     async def search_offset(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
-        with _StoreCall(None, "", ""):
+        with StoreCall(None, "", ""):
             return await self.store.search_offset(topic, queue_id, timestamp_ms)
 
     async def commit_offset(
         self, ctx: ClientContext, group: str, topic: str, queue_id: int, offset: int
     ) -> None:
         check_group(group, self.limits)
-        with _StoreCall(None, "", ""):
+        with StoreCall(None, "", ""):
             await self.store.commit_offset(group, topic, queue_id, offset)
 
     async def committed_offset(self, group: str, topic: str, queue_id: int) -> int:
-        with _StoreCall(None, "", ""):
+        with StoreCall(None, "", ""):
             return await self.store.committed_offset(group, topic, queue_id)
 
     async def get_message_by_id(self, message_id: str) -> list[Message]:
@@ -564,7 +511,7 @@ class MessagingProcessor:
         check_topic(topic, self.limits)
         if len(msg.body) > self.limits.max_body_size:
             raise ProcessorError(ErrorKind.BODY_TOO_LARGE, f"body of {len(msg.body)} bytes is too large")
-        with _StoreCall(self.metrics, ctx.protocol, "send"):
+        with StoreCall(self.metrics, ctx.protocol, "send"):
             if await self.store.get_topic(topic) is None:
                 await self.store.create_topic(topic, None, None, None)
                 log.info("topic %s created on first use", topic)

@@ -1,8 +1,8 @@
 """`apache.rocketmq.v2.MessagingService` servicer: thin glue from RPCs to `MessagingProcessor` calls.
 
 Errors go into each response's `status` under gRPC status OK (only Telemetry uses gRPC statuses).
-Client sessions are keyed on the `x-mq-client-id` metadata; the Settings a client sent over
-Telemetry are remembered per client id (a Heartbeat before them answers UNRECOGNIZED_CLIENT_TYPE)."""
+Client sessions (the Settings each client sent over Telemetry, keyed on `x-mq-client-id`) are
+sessions.py's."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 
 import grpc
 
@@ -23,7 +22,6 @@ from adapters.grpc.convert import (
     endpoints,
     identity_of,
     message_to_proto,
-    ms_dur,
     ms_ts,
     peer_address,
     to_store,
@@ -32,11 +30,17 @@ from adapters.grpc.delivery_bytes import delivery_response
 from adapters.grpc.generated import definition_pb2 as d
 from adapters.grpc.generated import service_pb2 as s
 from adapters.grpc.generated import service_pb2_grpc
+from adapters.grpc.sessions import (
+    DEFAULT_REQUEST_TIMEOUT_MS,
+    LONG_POLLING_TIMEOUT_MS,
+    PROTOCOL,
+    RECEIVE_BATCH_SIZE,
+    ClientSessions,
+)
 from messaging_processor import (
     ANONYMOUS,
     ClientContext,
     ClientInfo,
-    ClientKind,
     Delivery,
     ErrorKind,
     Filter,
@@ -44,18 +48,13 @@ from messaging_processor import (
     MessagingProcessor,
     Permission,
     ProcessorError,
-    RetryPolicy,
     now_ms,
 )
 
 log = logging.getLogger("adapters.grpc")
 
-PROTOCOL = "grpc"
 BROKER_NAME = "gateway"
-RECEIVE_BATCH_SIZE = 32
-LONG_POLLING_TIMEOUT_MS = 20_000
 MIN_DEADLINE_POLL_MS = 5_000
-DEFAULT_REQUEST_TIMEOUT_MS = 3_000
 # ReceiveMessage with auto_renew and no invisible_duration (push consumers): the messages stay
 # invisible this long; the consumer acks or changes the invisible duration well before that.
 AUTO_RENEW_INVISIBLE_MS = 60_000
@@ -71,16 +70,6 @@ _PERMISSION = {
     Permission.READ_WRITE: d.READ_WRITE,
 }
 _MESSAGE_TYPES = (d.NORMAL, d.FIFO, d.DELAY, d.TRANSACTION)
-_KIND = {
-    d.PRODUCER: ClientKind.PRODUCER,
-    d.PUSH_CONSUMER: ClientKind.PUSH_CONSUMER,
-    d.SIMPLE_CONSUMER: ClientKind.SIMPLE_CONSUMER,
-    d.PULL_CONSUMER: ClientKind.PULL_CONSUMER,
-}
-_PRODUCER_BACKOFF = d.RetryPolicy(
-    max_attempts=3,
-    exponential_backoff=d.ExponentialBackoff(initial=ms_dur(10), max=ms_dur(1000), multiplier=2.0),
-)
 # Failures MessagingProcessor.send raises before storing any message of the batch.
 _REFUSED_BEFORE_STORE = frozenset(ErrorKind) - {
     ErrorKind.STORE_FULL,
@@ -89,33 +78,6 @@ _REFUSED_BEFORE_STORE = frozenset(ErrorKind) - {
     ErrorKind.TOO_MANY_REQUESTS,
 }
 _NOT_IMPLEMENTED = d.Status(code=Code.NOT_IMPLEMENTED, message="offset-based pull is not implemented")
-
-
-@dataclass(slots=True)
-class Session:
-    """What a client told us in its last Settings."""
-
-    client_id: str
-    kind: ClientKind
-    group: str
-    topics: frozenset[str]
-    remote: str
-    language: str
-    version: str
-    request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS
-    last_seen: float = field(default_factory=time.monotonic)
-
-    def client_info(self) -> ClientInfo:
-        return ClientInfo(
-            self.client_id,
-            PROTOCOL,
-            self.kind,
-            self.group,
-            self.topics,
-            self.remote,
-            self.language,
-            self.version,
-        )
 
 
 def _overall(statuses: list[d.Status]) -> d.Status:
@@ -146,7 +108,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     def __init__(self, processor: MessagingProcessor) -> None:
         self.processor = processor
-        self.sessions: dict[str, Session] = {}
+        self.clients = ClientSessions(processor)
+        self.sessions = self.clients.sessions
+        self.expire_sessions = self.clients.expire
         self.advertise_host: str | None = None
         self.port = 0
         self.store_host = ""
@@ -187,14 +151,6 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         t = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
-
-    def expire_sessions(self, max_idle_s: float) -> list[str]:
-        """Forget sessions without a Heartbeat or Settings for `max_idle_s`; returns their ids."""
-        cutoff = time.monotonic() - max_idle_s
-        gone = [cid for cid, sess in self.sessions.items() if sess.last_seen < cutoff]
-        for cid in gone:
-            del self.sessions[cid]
-        return gone
 
     # ------------------------------------------------------------------ routes
     async def QueryRoute(self, request: s.QueryRouteRequest, context) -> s.QueryRouteResponse:
@@ -299,7 +255,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             try:
                 async for cmd in request_iterator:
                     if cmd.WhichOneof("command") == "settings":
-                        reply, info = await self._on_settings(ctx, cmd.settings, transaction_check)
+                        reply, info = await self.clients.apply(ctx, cmd.settings, transaction_check)
                         registered[:] = [info]
                         out.put_nowait(s.TelemetryCommand(status=codes.OK, settings=reply))
                     # thread_stack_trace / verify_message_result answer commands we never send.
@@ -322,77 +278,6 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             clients = self.processor.clients
             if registered and clients.get(PROTOCOL, cid) is registered[0]:
                 clients.unregister(PROTOCOL, cid)
-
-    async def _on_settings(
-        self, ctx: ClientContext, settings: d.Settings, transaction_check: Callable
-    ) -> tuple[d.Settings, ClientInfo]:
-        """Register the client and build the merged settings reply."""
-        reply = d.Settings()
-        reply.CopyFrom(settings)
-        pub_sub = settings.WhichOneof("pub_sub")
-        kind = _KIND.get(settings.client_type, ClientKind.OTHER)
-        if kind is ClientKind.OTHER:
-            kind = {"publishing": ClientKind.PRODUCER, "subscription": ClientKind.SIMPLE_CONSUMER}.get(
-                pub_sub or "", ClientKind.OTHER
-            )
-        group = ""
-        topics: frozenset[str] = frozenset()
-        if kind is ClientKind.PRODUCER:
-            topics = frozenset(t.name for t in settings.publishing.topics)
-            reply.publishing.max_body_size = self.processor.limits.max_body_size
-            if not settings.HasField("backoff_policy"):
-                reply.backoff_policy.CopyFrom(_PRODUCER_BACKOFF)
-        elif kind is not ClientKind.OTHER:
-            sub = settings.subscription
-            group = sub.group.name
-            topics = frozenset(e.topic.name for e in sub.subscriptions)
-            rs = reply.subscription
-            rs.fifo = False
-            rs.receive_batch_size = RECEIVE_BATCH_SIZE
-            rs.long_polling_timeout.CopyFrom(ms_dur(LONG_POLLING_TIMEOUT_MS))
-            reply.backoff_policy.CopyFrom(await self._consumer_backoff(group, kind))
-        ua = settings.user_agent
-        sess = Session(
-            ctx.client_id,
-            kind,
-            group,
-            topics,
-            ctx.remote,
-            d.Language.Name(ua.language) if ua.language else "",
-            ua.version,
-            dur_ms(settings.request_timeout)
-            if settings.HasField("request_timeout")
-            else DEFAULT_REQUEST_TIMEOUT_MS,
-        )
-        self.sessions[ctx.client_id] = sess
-        info = sess.client_info()
-        if kind is ClientKind.PRODUCER:
-            info.transaction_check = transaction_check
-        return reply, self.processor.clients.register(info)
-
-    async def _consumer_backoff(self, group: str, kind: ClientKind) -> d.RetryPolicy:
-        """The group's max attempts and retry back-off. Push consumers get the schedule as
-        `customized_backoff` (the Python client reads only that), others as exponential."""
-        max_attempts, retry = 16, RetryPolicy()
-        if group:
-            try:
-                g = await self.processor.get_group(group)
-                max_attempts = g.max_attempts
-                retry = RetryPolicy(g.retry_initial_ms, g.retry_multiplier, g.retry_max_ms)
-            except ProcessorError as e:
-                if e.kind is not ErrorKind.GROUP_NOT_FOUND:
-                    log.warning("settings for group %s: %s; using defaults", group, e)
-        policy = d.RetryPolicy(max_attempts=max_attempts)
-        if kind is ClientKind.PUSH_CONSUMER:
-            policy.customized_backoff.next.extend(
-                ms_dur(retry.delay_ms(a)) for a in range(1, max(max_attempts, 1) + 1)
-            )
-        else:
-            eb = policy.exponential_backoff
-            eb.initial.CopyFrom(ms_dur(retry.initial_ms))
-            eb.max.CopyFrom(ms_dur(retry.max_ms))
-            eb.multiplier = retry.multiplier
-        return policy
 
     # ------------------------------------------------------------------ produce
     async def SendMessage(self, request: s.SendMessageRequest, context) -> s.SendMessageResponse:
