@@ -25,12 +25,12 @@ CONF_NODE_DIR := conformance/clients/node
 CONF_NODE_STAMP := $(CONF_NODE_DIR)/node_modules/.installed
 NPM ?= npm
 
-# RocketMQ 4.x remoting clients for tests/remoting: PyPI rocketmq 0.4.4 (the Apache C++ client; its
+# RocketMQ 4.x remoting clients for tests/adapters/remoting: PyPI rocketmq 0.4.4 (the Apache C++ client; its
 # import name clashes with the 5.x client, hence its own venv) and ali-ons (npm).
 REM_VENV := .venv-remoting
-REM_PY_DIR := tests/remoting/clients/python
+REM_PY_DIR := tests/adapters/remoting/clients/python
 REM_PY_STAMP := $(REM_VENV)/.installed
-REM_NODE_DIR := tests/remoting/clients/node
+REM_NODE_DIR := tests/adapters/remoting/clients/node
 REM_NODE_STAMP := $(REM_NODE_DIR)/node_modules/.installed
 
 .PHONY: install install-system install-bench-system install-conformance lock-conformance install-remoting-clients lock-remoting-clients conformance run test bench lint clean

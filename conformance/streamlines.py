@@ -2,7 +2,7 @@
 a daemon thread, `FileLines` reads a log file the process writes to, only when asked (no thread, so
 nothing runs beside a benchmarked process). Both keep every line taken so far in `lines`.
 
-Used by conformance/gateway_proc.py and the mosquitto client tests (tests/mqtt)."""
+Used by conformance/gateway_proc.py and the mosquitto client tests (tests/adapters/mqtt)."""
 
 from __future__ import annotations
 

@@ -284,7 +284,7 @@ def test_records_from_before_json_properties_read_the_same(gateway, monkeypatch)
     as a data directory from an earlier release holds them, and whose others are JSON blocks,
     with the same property sets in both (one block, two encodings)."""
     from store import codec
-    from tests.store.storetestlib import write_legacy_records
+    from tests.store.support import write_legacy_records
 
     topic = topic_name()
     create(gateway, topic, 1)

@@ -1,6 +1,6 @@
 """CLUSTER mode as real processes: `gateway namesrv`, two `gateway store` nodes and `gateway start
---mode cluster` proxies, driven by real clients (gRPC stubs of tests/grpc, aiomqtt, aio-pika, the
-RocketMQ 4.x clients ali-ons and the C++ client of tests/remoting).
+--mode cluster` proxies, driven by real clients (gRPC stubs of tests/adapters/grpc, aiomqtt, aio-pika,
+the RocketMQ 4.x clients ali-ons and the C++ client of tests/adapters/remoting).
 
 - clients connected to either proxy see every message, whichever store holds it; proxies are
   registered with the name server;
@@ -33,9 +33,9 @@ from adapters.grpc.generated import definition_pb2 as d
 from adapters.grpc.generated import service_pb2_grpc
 from conformance.gateway_proc import GATEWAY
 from namesrv.client import NameServerClient
+from tests.adapters.grpc import support as g
+from tests.adapters.remoting.support import needs_alions, needs_cpp, received, run
 from tests.cluster.support import Cluster, wait_for
-from tests.grpc import grpctestlib as g
-from tests.remoting.realclients import needs_alions, needs_cpp, received, run
 
 pytestmark = pytest.mark.timeout(120)
 

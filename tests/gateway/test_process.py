@@ -10,56 +10,12 @@ import signal
 import socket
 import subprocess
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-from conformance.gateway_proc import GATEWAY, GatewayError, GatewayProc
-
-
-def grpc_available() -> bool:
-    try:
-        from adapters.grpc import GrpcAdapter  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-# The gRPC listener is tested too once its adapter exists in this tree.
-PROTOCOLS = "grpc,http" if grpc_available() else "http"
-
-
-_started: list[Proc] = []
-
-
-@pytest.fixture(autouse=True)
-def _no_leftover_gateways():
-    yield
-    while _started:
-        _started.pop().kill()
-
-
-class Proc(GatewayProc):
-    """A gateway subprocess, killed after the test."""
-
-    def __init__(self, args: list[str], *, new_session: bool = False) -> None:
-        super().__init__(args, new_session=new_session)
-        _started.append(self)
-
-
-def start(tmp_path: Path, *extra: str, new_session: bool = False) -> tuple[Proc, dict[str, str]]:
-    """Start a gateway on ephemeral ports; wait for `gateway ready`; return it and its listeners."""
-    args = ["start", "--data-dir", str(tmp_path / "data"), "--protocols", PROTOCOLS]
-    args += ["--http-port", "0", "--grpc-port", "0", *extra]
-    proc = Proc(args, new_session=new_session)
-    try:
-        return proc, proc.wait_ready(60)
-    except GatewayError as e:
-        pytest.fail(f"gateway did not start: {e}")
-    except BaseException:
-        proc.kill()  # never leave a gateway behind when the test fails
-        raise
+from conformance.gateway_proc import GATEWAY
+from tests.gateway.support import PROTOCOLS, Proc, start
 
 
 def wait_healthy(url: str, timeout: float = 10) -> httpx.Response:

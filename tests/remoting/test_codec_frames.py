@@ -27,7 +27,7 @@ from remoting import (
 )
 from remoting import routes as rd
 from remoting.codes import request_name, response_name
-from tests.remoting.frames import FRAMES
+from tests.remoting.samples import FRAMES
 
 
 def frame(header: bytes, body: bytes = b"", stype: int = JSON) -> bytes:

@@ -1,15 +1,10 @@
-"""Shared fixtures for the store tests. Helpers live in storetestlib.py (next to this file)."""
+"""Shared fixtures for the store tests. Helpers live in support.py (next to this file)."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from storetestlib import open_store  # noqa: E402
+from tests.store.support import open_store
 
 
 @pytest.fixture

@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import pytest
 
 from store import Message, codec
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from storetestlib import legacy_record, read_all, write_legacy_records  # noqa: E402
+from tests.store.support import legacy_record, read_all, write_legacy_records
 
 AWKWARD = {
     "ce.id": "id-1",

@@ -10,7 +10,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from storetestlib import (
+
+from store import InvalidReceiptHandle, Message
+from store.message import now_ms
+from tests.store.support import (
     QUIET,
     append,
     crash_copy,
@@ -20,9 +23,6 @@ from storetestlib import (
     segment_files,
     segment_path,
 )
-
-from store import InvalidReceiptHandle, Message
-from store.message import now_ms
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -17,12 +17,12 @@ import threading
 import time
 
 import pytest
-from storetestlib import HERE, ROOT, open_store, read_queue, wait_until
+
+from tests.store.crash_writer import GROUP, SEG, TOPIC, body_for
+from tests.store.support import HERE, ROOT, open_store, read_queue, wait_until
 
 ROUNDS = 25
 WRITER = HERE / "crash_writer.py"
-sys.path.insert(0, str(HERE))
-from crash_writer import GROUP, SEG, TOPIC, body_for  # noqa: E402
 
 pytestmark = pytest.mark.timeout(150)
 FLUSH = ("sync", "async", "sync-helper")  # by round: sync (AIO fdatasync here), async, sync (helper)

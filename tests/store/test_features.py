@@ -12,7 +12,6 @@ import time
 import zlib
 
 import pytest
-from storetestlib import CLOCKED_MODULES, HERE, ROOT, append, bodies, read_all, read_queue, wait_until
 
 from store import (
     ALL,
@@ -28,6 +27,7 @@ from store import (
     TransactionNotFound,
 )
 from store.message import now_ms
+from tests.store.support import HERE, ROOT, append, bodies, install_clock, read_all, read_queue, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -742,8 +742,7 @@ async def test_retention_keeps_undelivered_delayed_messages(make_store, monkeypa
     """A message delayed by 10 days is held in the commit log until it is due: retention (72 h by
     default) must not delete the segment holding it before it is delivered."""
     clock = [now_ms()]
-    for mod in CLOCKED_MODULES:
-        monkeypatch.setattr(mod, "now_ms", lambda: clock[0])
+    install_clock(lambda: clock[0], monkeypatch.setattr)
     day = 86_400_000
     s = await make_store(segment_size=64 * 1024)
     s.create_topic("t", queues=1)
@@ -765,8 +764,7 @@ async def test_a_crash_during_a_retention_move_still_delivers_the_delayed_messag
     """Retention copies a held delayed message forward, then marks the old record delivered. A
     crash between the two leaves both pending: the message must still be delivered once."""
     clock = [now_ms()]
-    for mod in CLOCKED_MODULES:
-        monkeypatch.setattr(mod, "now_ms", lambda: clock[0])
+    install_clock(lambda: clock[0], monkeypatch.setattr)
     s = await make_store(segment_size=64 * 1024)
     s.create_topic("t", queues=1)
     await s.append(Message("t", b"later", deliver_at=clock[0] + 60_000))
@@ -857,7 +855,7 @@ def test_store_full_when_a_segment_cannot_be_created(tmp_path):
     assert any(t.startswith("after-") for t in acked)  # appends work again once there is room
 
     async def check():
-        from storetestlib import open_store
+        from tests.store.support import open_store
 
         s = await open_store(data_dir=str(data), segment_size=64 * 1024)
         try:
@@ -888,7 +886,7 @@ def test_refused_batch_straddling_the_file_size_limit_is_not_recovered(tmp_path)
     acked = {ln.split()[1] for ln in lines if ln.startswith("A ")}
 
     async def check():
-        from storetestlib import open_store
+        from tests.store.support import open_store
 
         s = await open_store(data_dir=str(data), segment_size=64 * 1024)
         try:

@@ -1,8 +1,9 @@
 """Stateful model test: random sequences of append / read / pop / ack / change_invisible_time /
 commit_offset / clock advance / close+reopen, checked against a small in-memory model.
 
-The store's clock (`now_ms` in the modules of `storetestlib.CLOCKED_MODULES`) is replaced by a fake one, so
-the DLQ are deterministic; each example runs in its own event loop and temporary directory.
+The store's clocks (`support.install_clock`: `now_ms`, or `time_ns` where a hot path inlines it)
+are replaced by a fake one, so invisible-time expiry and the DLQ are deterministic; each example
+runs in its own event loop and temporary directory.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from storetestlib import CLOCKED_MODULES, append, crash_copy, open_store, read_queue
 
 from store import InvalidReceiptHandle, Message
 from store.message import now_ms as real_now_ms
+from tests.store.support import append, crash_copy, install_clock, open_store, read_queue
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -59,9 +60,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.loop = asyncio.new_event_loop()
         self.dir = tempfile.mkdtemp(prefix="store-model-")
         self.clock = FakeClock()
-        self._real_now = [mod.now_ms for mod in CLOCKED_MODULES]
-        for mod in CLOCKED_MODULES:
-            mod.now_ms = self.clock
+        self._restore_clock = install_clock(self.clock)
         self.store = None
         self.queues = {t: [[] for _ in range(QUEUES)] for t in TOPICS}  # bodies per queue
         self.msgs: dict[bytes, Msg] = {}
@@ -98,8 +97,7 @@ class StoreMachine(RuleBasedStateMachine):
             if self.store is not None:
                 self.run(self.store.close())
         finally:
-            for mod, real in zip(CLOCKED_MODULES, self._real_now, strict=True):
-                mod.now_ms = real
+            self._restore_clock()
             self.loop.close()
             shutil.rmtree(self.dir, ignore_errors=True)
 

@@ -1,0 +1,21 @@
+"""Fixtures of the remoting tests (helpers in support.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.adapters.remoting.support import close_env, open_env
+
+
+@pytest.fixture
+async def env(tmp_path):
+    e = await open_env(str(tmp_path / "data"))
+    yield e
+    await close_env(e)
+
+
+@pytest.fixture
+async def client(env):
+    c = await env.client()
+    yield c
+    await c.close()
