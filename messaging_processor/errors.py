@@ -107,8 +107,15 @@ class StoreCall:
     def __exit__(self, tp: type | None, exc: BaseException | None, tb: object) -> None:
         if exc is None or not isinstance(exc, Exception):
             return
-        err = store_error(exc)
-        if self.metrics is not None:
-            self.metrics.errors[(self.protocol, self.op, err.kind.value)] += 1
+        err = StoreCall.failure(self.metrics, self.protocol, self.op, exc)
         if err is not exc:
             raise err from exc
+
+    @staticmethod
+    def failure(metrics: Metrics | None, protocol: str, op: str, exc: Exception) -> ProcessorError:
+        """The ProcessorError a store failure stands for, counted per (protocol, operation, kind)
+        (for hot paths that catch instead of entering a StoreCall)."""
+        err = store_error(exc)
+        if metrics is not None:
+            metrics.errors[(protocol, op, err.kind.value)] += 1
+        return err

@@ -11,6 +11,7 @@ import contextlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from time import time_ns
 
 from store import (
     ALL,
@@ -21,7 +22,6 @@ from store import (
     RetryPolicy,
     TopicConfig,
 )
-from store.message import now_ms
 from store.raw_range import RawRange
 
 from .errors import ErrorKind, ProcessorError, StoreCall, store_error
@@ -150,7 +150,7 @@ class MessagingProcessor:
         All messages are validated before any is stored. A store failure raises ProcessorError;
         messages of the batch stored before it stay stored (producers retry, as in RocketMQ)."""
         limits = self.limits
-        now = now_ms()
+        now = time_ns() // 1_000_000  # (now_ms inlined: one call less per send)
         topics: set[str] = set()
         for m in messages:
             check_message(m, limits, now)
@@ -225,8 +225,13 @@ class MessagingProcessor:
         if self.authorizer is not None:
             await self.authorize(ctx.identity, Action.SUBSCRIBE, Resource("topic", topic))
             await self.authorize(ctx.identity, Action.SUBSCRIBE, Resource("group", group))
-        with StoreCall(self.metrics, ctx.protocol, "pop"):
+        try:  # (not `with StoreCall`: no exit call on the hot path)
             popped = await self.store.pop(group, topic, max_messages, invisible_time_ms, filter, long_poll_ms)
+        except Exception as e:  # noqa: BLE001 - mapped and counted
+            err = StoreCall.failure(self.metrics, ctx.protocol, "pop", e)
+            if err is e:
+                raise
+            raise err from e
         if not popped:
             return []
         m = self.metrics
@@ -242,8 +247,13 @@ class MessagingProcessor:
 
     async def ack(self, ctx: ClientContext, handle: str) -> None:
         """Acknowledge a delivery: it is done for its group."""
-        with StoreCall(self.metrics, ctx.protocol, "ack"):
+        try:
             await self.store.ack(handle)
+        except Exception as e:  # noqa: BLE001 - mapped and counted
+            err = StoreCall.failure(self.metrics, ctx.protocol, "ack", e)
+            if err is e:
+                raise
+            raise err from e
         self.metrics.acks[ctx.protocol] += 1
 
     async def change_invisible_time(self, ctx: ClientContext, handle: str, invisible_time_ms: int) -> str:

@@ -83,8 +83,11 @@ class LocalStoreClient:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self.append = store.append  # returns a future: awaiting it is the same as awaiting a coroutine
+        # The hot calls are the store's own (no delegating frame); `append` returns a future:
+        # awaiting it is the same as awaiting a coroutine.
+        self.append = store.append
         self.append_many = store.append_many
+        self.pop = store.pop
 
     async def pop(
         self,

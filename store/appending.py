@@ -1,13 +1,19 @@
 """The append path. In the event loop: check a message, hold a delayed or transactional one in its
-system topic (scheduling.py), encode it and give it its queue and commit log offsets, and queue the
-record for the group commit writer (writer.py). As the writer reports a batch: once written, make
-it readable (queue and index entries in memory, long polls woken, timers and transactions told);
-once durable, answer its appenders and count its bytes for retention; on failure, fail them."""
+system topic (scheduling.py), give it its id (`MessageIdFactory`), encode it and give it its queue
+and commit log offsets, and queue the record for the group commit writer (writer.py). As the writer
+reports a batch: once written, make it readable (queue and index entries in memory, long polls
+woken, timers and transactions told); once durable, answer its appenders and count its bytes for
+retention; on failure, fail them."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import itertools
+import os
+import socket
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from time import time_ns
 
 from . import codec
 from .catalog import Catalog
@@ -16,13 +22,30 @@ from .config import HALF_TOPIC, SCHEDULE_TOPIC, StoreConfig
 from .consumequeue import ENTRY
 from .errors import MessageTooLarge, StoreError
 from .index import MessageIndex
-from .message import AppendResult, Message, MessageIdFactory, MessageType, now_ms, tag_hash
+from .message import AppendResult, Message, MessageType, tag_hash
 from .popping import LongPolling
 from .retention import SegmentStats
 from .scheduling import hold
 from .writer import GroupCommitWriter, Record
 
 _new_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
+
+
+class MessageIdFactory:
+    """Unique 32-hex-digit ids in the shape of RocketMQ's UNIQ_KEY: host/process prefix, time, counter."""
+
+    def __init__(self) -> None:
+        seed = zlib.crc32(f"{socket.gethostname()}/{os.getpid()}/{time_ns()}".encode())
+        self._prefix = f"{seed:08X}{os.getpid() & 0xFFFF:04X}{time_ns() // 1_000_000_000 & 0xFFFFFFFF:08X}"
+        self.next: Callable[[], str] = self._ids().__next__  # ~4x cheaper than formatting each id
+
+    def _ids(self) -> Iterator[str]:
+        """prefix + 12 hex digits of a counter from 1, the low 3 digits from a table."""
+        low = [f"{i:03X}" for i in range(4096)]
+        for high in itertools.count(0):
+            head = f"{self._prefix}{high & 0xFFFFFFFFF:09X}"
+            for t in low[1:] if high == 0 else low:
+                yield head + t
 
 
 class Appender:
@@ -72,12 +95,13 @@ class Appender:
         self.writer.written_end = self.writer.durable_end = commitlog.write_pos
 
     def append(self, msg: Message) -> asyncio.Future[AppendResult]:
-        """See `Store.append`."""
+        """`Store.append`: store one message; the future is done once it is durable per the flush
+        policy. Invalid input (closed store, oversized body, bad queue) raises at once."""
         if self.closed:
             raise StoreError("store is closed")
         if self.writer.broken is not None:
             raise StoreError(f"store failed and must be reopened: {self.writer.broken}")
-        now = now_ms()
+        now = time_ns() // 1_000_000  # (now_ms inlined: one call less per message)
         if msg.msg_type == MessageType.TRANSACTION or msg.deliver_at > now:
             return self.submit(hold(msg, self.catalog), now, msg.topic)
         # (submit, inlined: one call less per message)
@@ -88,12 +112,15 @@ class Appender:
         return fut
 
     async def append_many(self, msgs: list[Message]) -> list[AppendResult]:
-        """See `Store.append_many`."""
+        """`Store.append_many`: store several messages, in order; returns once all are durable.
+        Cheaper than one append per message: one future for the batch (the writer is FIFO, so when
+        the last record is durable every earlier one is). A failure raises; records queued before
+        it may be stored."""
         if self.closed:
             raise StoreError("store is closed")
         if self.writer.broken is not None:
             raise StoreError(f"store failed and must be reopened: {self.writer.broken}")
-        now = now_ms()
+        now = time_ns() // 1_000_000
         real: list[str] | None = None
         for i, msg in enumerate(msgs):
             if len(msg.body) > self.max_size:
@@ -145,7 +172,7 @@ class Appender:
                 qid = msg.queue_id
                 if qid < 0:
                     if msg.message_group:
-                        qid = codec.zlib.crc32(msg.message_group.encode()) % len(qs)
+                        qid = zlib.crc32(msg.message_group.encode()) % len(qs)
                     else:
                         qid = rr.get(topic, 0)
                         rr[topic] = (qid + 1) % len(qs)

@@ -156,6 +156,12 @@ def queue_fields(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
     return _QUEUE_FIELDS.unpack_from(buf, pos + 12)
 
 
+def decode_checked(buf: bytes | memoryview, commitlog_offset: int) -> Message:
+    """`check`, then `decode`, the one record `buf` holds (CorruptRecord when it does not hold)."""
+    check(buf, 0, len(buf))
+    return decode(buf, 0, commitlog_offset)
+
+
 def decode(buf: bytes | memoryview, pos: int = 0, commitlog_offset: int = -1) -> Message:
     """Decode the message record at `pos` (already length- and CRC-checked, or trusted)."""
     (size,) = _I.unpack_from(buf, pos)

@@ -140,6 +140,15 @@ class ConsumerProgress:
         return self.seq
 
     # ----- logged mutations ------------------------------------------------------------------
+    def handed_out(
+        self, st: GroupTopic, qid: int, offset: int, deadline: int, message_group: str
+    ) -> Inflight:
+        """A message handed out for the first time: in flight until `deadline` (its first attempt)."""
+        self.seq += 1
+        inf = Inflight(self.seq, deadline, 1, message_group)
+        self.popped(st, qid, offset, inf)
+        return inf
+
     def popped(self, st: GroupTopic, qid: int, offset: int, inf: Inflight) -> None:
         q = st.queue(qid)
         q.inflight[offset] = inf

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .message import Message, tag_hash
 
@@ -14,6 +14,15 @@ class Filter:
 
     tags: frozenset[str] | None = None
     predicate: Callable[[Message], bool] | None = None
+    # derived: the consume queue tag hashes it accepts (None: any), to skip entries unread; and
+    # whether it takes every message (then nobody needs to call `matches`)
+    hashes: frozenset[int] | None = field(init=False, repr=False, compare=False)
+    takes_all: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        hashes = None if self.tags is None else frozenset(tag_hash(t) for t in self.tags)
+        object.__setattr__(self, "hashes", hashes)
+        object.__setattr__(self, "takes_all", self.tags is None and self.predicate is None)
 
     @classmethod
     def from_expression(cls, expr: str | None) -> Filter:
@@ -29,8 +38,3 @@ class Filter:
 
 
 ALL = Filter()
-
-
-def tag_hashes(f: Filter) -> frozenset[int] | None:
-    """The consume queue tag hashes a filter accepts (None: any), to skip entries unread."""
-    return None if f.tags is None else frozenset(tag_hash(t) for t in f.tags)

@@ -11,13 +11,14 @@ import heapq
 import logging
 import time
 from collections.abc import Callable
+from time import time_ns
 
 from .catalog import Catalog
 from .config import DLQ_PREFIX, GroupConfig
 from .consumequeue import ConsumeQueue
 from .consumer import ConsumerProgress, GroupTopic, Inflight
 from .errors import InvalidReceiptHandle, StoreError
-from .filters import ALL, Filter, tag_hashes
+from .filters import ALL, Filter
 from .message import AppendResult, Message, PoppedMessage, copy_with, now_ms
 
 log = logging.getLogger("store")
@@ -40,7 +41,7 @@ class _Waiter:
 
     def __init__(self, fut: asyncio.Future[None], f: Filter) -> None:
         self.fut = fut
-        self.hashes = tag_hashes(f)
+        self.hashes = f.hashes
         self.has_predicate = f.predicate is not None
 
 
@@ -100,6 +101,7 @@ class Popper:
         metrics: dict[str, int],
     ) -> None:
         self.catalog = catalog
+        self.topic_queues = catalog.topic_queues  # read directly on the hot path, as the append path does
         self.progress = progress
         self.read_entry = read_entry
         self.submit = submit
@@ -116,6 +118,9 @@ class Popper:
         filter: Filter = ALL,
         wait_ms: int = 0,
     ) -> list[PoppedMessage]:
+        """`Store.pop`: hand out up to `max_messages` visible messages from any queue, invisible
+        until acked or `invisible_time_ms` passes. With `wait_ms`, wait (long polling) for a
+        matching message."""
         if max_messages < 1:
             raise ValueError("max_messages must be positive")
         if invisible_time_ms < 0:
@@ -144,7 +149,7 @@ class Popper:
     ) -> tuple[list[PoppedMessage], list]:
         progress = self.progress
         st = progress.get(gconf.name, topic)
-        now = now_ms()
+        now = time_ns() // 1_000_000  # (now_ms inlined: one call less per pop)
         out: list[PoppedMessage] = []
         dlq: list = []
         heap = st.retry_heap
@@ -177,8 +182,8 @@ class Popper:
             self.metrics["redeliveries"] += 1
         # 2. new messages, round robin over queues
         if len(out) < max_n:
-            qs = self.catalog.queues(topic)
-            hashes = tag_hashes(f)
+            qs = self.topic_queues.get(topic) or self.catalog.queues(topic)
+            hashes = f.hashes
             n = len(qs)
             start = st.rr % n
             st.rr += 1
@@ -219,14 +224,13 @@ class Popper:
                     progress.done(st, qid, offset)
                     continue
                 msg = self.read_entry(clo, size)
-                if msg is None or not f.matches(msg):
+                if msg is None or not (f.takes_all or f.matches(msg)):
                     progress.done(st, qid, offset)
                     continue
                 mg = msg.message_group
                 if mg and mg in st.fifo_busy:
                     return  # FIFO: this queue waits until the group's previous message is done
-                inf = Inflight(progress.next_seq(), now + invisible, 1, mg)
-                progress.popped(st, qid, offset, inf)
+                inf = progress.handed_out(st, qid, offset, now + invisible, mg)
                 out.append(
                     PoppedMessage(msg, encode_handle(inf.seq, group, topic, qid, offset), inf.deadline)
                 )
@@ -247,6 +251,7 @@ class Popper:
         return st, qid, offset, inf
 
     def ack(self, handle: str) -> None:
+        """`Store.ack`: a popped message is done for its group."""
         st, qid, offset, inf = self._resolve(handle)
         self.progress.done(st, qid, offset)
         self.metrics["acks"] += 1

@@ -10,7 +10,7 @@ from . import codec
 from .catalog import Catalog
 from .commitlog import CommitLog
 from .consumer import ConsumerProgress
-from .filters import ALL, Filter, tag_hashes
+from .filters import ALL, Filter
 from .index import MessageIndex
 from .message import Message
 
@@ -37,12 +37,10 @@ class Reader:
     def read_entry(self, clo: int, size: int) -> Message | None:
         """The message a queue entry points at; None (and a log line) if it does not check out."""
         try:
-            buf = self.commitlog.read(clo, size)
-            codec.check(buf, 0, len(buf))
+            return codec.decode_checked(self.commitlog.read(clo, size), clo)
         except (KeyError, codec.CorruptRecord) as e:
             log.error("unreadable message at commit log offset %d: %s", clo, e)
             return None
-        return codec.decode(buf, 0, clo)
 
     def get_by_id(self, message_id: str) -> list[Message]:
         return [m for m in self._live(self.index.by_id(message_id)) if m.message_id == message_id]
@@ -71,7 +69,7 @@ class Reader:
         start = max(start, cq.min_offset)
         end = cq.max_offset if end is None else min(end, cq.max_offset)
         out: list[Message] = []
-        hashes = tag_hashes(filter)
+        hashes = filter.hashes
         off = start
         while off < end and len(out) < max_messages:
             n = min(end - off, 256)

@@ -42,6 +42,13 @@ log = logging.getLogger("store")
 class Store:
     """A durable message store. Open with `await Store.open(StoreConfig(...))`."""
 
+    # The hot calls are the parts' own methods, bound by `open` (no delegating frame): append(msg),
+    # a future done once durable, and append_many(msgs) are Appender's; pop(group, topic,
+    # max_messages, invisible_time_ms, filter, wait_ms) and ack(handle) are Popper's.
+    append: Callable[[Message], asyncio.Future[AppendResult]]
+    append_many: Callable[[list[Message]], Awaitable[list[AppendResult]]]
+    pop: Callable[..., Awaitable[list[PoppedMessage]]]
+    ack: Callable[[str], None]
     # made by `open` once recovery is done
     progress: ConsumerProgress
     _writer: GroupCommitWriter
@@ -124,6 +131,8 @@ class Store:
         )
         appender.on_delayed = delays.schedule
         appender.on_half = transactions.track
+        self.append, self.append_many = appender.append, appender.append_many
+        self.pop, self.ack = self._pops.pop, self._pops.ack
         self._retention = Retention(
             config, catalog, cl, index, segments, delays, transactions, checkpoints, run_io
         )
@@ -240,19 +249,6 @@ class Store:
     def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:
         return self._catalog.queue(topic, queue_id)
 
-    # =========================================================================== append
-    def append(self, msg: Message) -> asyncio.Future[AppendResult]:
-        """Store one message: `await store.append(msg)` returns once it is durable per the flush policy.
-
-        Invalid input (closed store, oversized body, bad queue) raises at once."""
-        return self._appender.append(msg)
-
-    async def append_many(self, msgs: list[Message]) -> list[AppendResult]:
-        """Store several messages, in order; returns once all are durable. Cheaper than one append
-        per message: one future for the batch (the writer is FIFO, so when the last record is
-        durable every earlier one is). A failure raises; records queued before it may be stored."""
-        return await self._appender.append_many(msgs)
-
     # =========================================================================== reading
     def get_message(self, commitlog_offset: int, size: int | None = None) -> Message:
         """The message stored at a commit log offset."""
@@ -324,23 +320,6 @@ class Store:
         return self._reader.inflight_count(group, topic)
 
     # =========================================================================== pop / ack
-    async def pop(
-        self,
-        group: str,
-        topic: str,
-        max_messages: int = 32,
-        invisible_time_ms: int = 30_000,
-        filter: Filter = ALL,
-        wait_ms: int = 0,
-    ) -> list[PoppedMessage]:
-        """Hand out up to `max_messages` visible messages from any queue, invisible until acked or
-        `invisible_time_ms` passes. With `wait_ms`, wait (long polling) for a matching message."""
-        return await self._pops.pop(group, topic, max_messages, invisible_time_ms, filter, wait_ms)
-
-    def ack(self, handle: str) -> None:
-        """Acknowledge a popped message: it is done for its group."""
-        self._pops.ack(handle)
-
     def change_invisible_time(self, handle: str, invisible_time_ms: int) -> str:
         """Make a popped message visible again after `invisible_time_ms` from now; returns the new handle."""
         return self._pops.change_invisible_time(handle, invisible_time_ms)

@@ -4,7 +4,7 @@ Why by hand: every received message costs one of these, on the event loop that a
 Filling protobuf objects field by field (`convert.fill_proto`) and serializing them costs about
 8 µs per message; writing the wire format straight from the store's message, with the encodings
 of values that repeat from message to message (topic, tag, hosts, the seconds of timestamps)
-kept, costs less. The bytes parse to the same message: `tests/grpc/test_delivery_bytes.py`
+kept, costs less. The bytes parse to the same message: `tests/adapters/grpc/test_delivery_bytes.py`
 compares them with what `fill_proto` builds, for every kind of message.
 
 Wire format facts used (protobuf encoding): a field starts with the varint key
