@@ -21,7 +21,7 @@ from .commitlog import CommitLog, StoreFullError
 from .config import HALF_TOPIC, SCHEDULE_TOPIC, StoreConfig
 from .consumequeue import ENTRY
 from .errors import MessageTooLarge, StoreError
-from .index import MessageIndex
+from .index import ID32, KIND_ID, MessageIndex
 from .message import AppendResult, Message, MessageType, tag_hash
 from .popping import LongPolling
 from .retention import SegmentStats
@@ -70,7 +70,7 @@ class Appender:
         self.index = index
         self.segments = segments
         self.waiters = polls.waiters
-        self.wake = polls.wake
+        self.wake_topics = polls.wake_topics
         self.metrics = metrics
         self.flush_latency_ms = flush_latency_ms
         self.max_size = config.max_message_size
@@ -158,6 +158,7 @@ class Appender:
         encode = codec.encode
         entry = ENTRY.pack
         index_entry = MessageIndex.encode
+        id32 = ID32.pack  # the common index entry (`MessageIndex.encode`'s first case), no Python call
         cl = self.commitlog
         seg_size = self.seg_size
         largest = seg_size - codec.MIN_RECORD
@@ -197,6 +198,11 @@ class Appender:
                 tag = msg.tag
                 th = tag_hash(tag) if tag else 0
                 keys = msg.keys
+                mb = mid.encode()
+                if not keys and len(mb) == 32:
+                    idx = id32(KIND_ID, 32, mb, clo)
+                else:
+                    idx = index_entry(mid, keys, clo)
                 res = _new_tuple(AppendResult, (mid, real[i] if real else topic, qid, qoff, clo, size, now))
                 recs.append(
                     _new_tuple(
@@ -206,7 +212,7 @@ class Appender:
                             rec,
                             cq,
                             entry(clo, size, th, now),
-                            index_entry(mid, keys, clo),
+                            idx,
                             fut if i == last else done,
                             res,
                             keys,
@@ -258,8 +264,8 @@ class Appender:
                     self.on_delayed(r.result)
                 elif topic == HALF_TOPIC:
                     self.on_half(r.result)
-        for topic, hashes in touched.items():
-            self.wake(topic, hashes)
+        if touched:
+            self.wake_topics(touched)
 
     def on_durable(self, recs: list[Record], seconds: float) -> None:
         """Loop: a batch (already readable) is durable: answer its appenders, count its bytes
@@ -278,6 +284,12 @@ class Appender:
             fut = r.fut
             if not fut.done():
                 fut.set_result(res)
+        self.metrics["appends"] += len(recs)
+        self.metrics["flushes"] += 1
+        fl = self.flush_latency_ms
+        fl.append(seconds * 1000)
+        if len(fl) > 4096:
+            del fl[:2048]
         seg_size = self.seg_size
         first, last = recs[0].result.commitlog_offset, recs[-1].result.commitlog_offset
         if first - first % seg_size == last - last % seg_size:
@@ -287,12 +299,6 @@ class Appender:
             for r in recs:
                 res = r.result
                 count(res.commitlog_offset, r.cq.topic, res.size, res.store_timestamp)
-        self.metrics["appends"] += len(recs)
-        self.metrics["flushes"] += 1
-        fl = self.flush_latency_ms
-        fl.append(seconds * 1000)
-        if len(fl) > 4096:
-            del fl[:2048]
 
     def on_failed(self, recs: list[Record], start: int | None, exc: BaseException) -> None:
         """Loop: a batch write failed. Fail its appenders and reuse its space (`start` given)."""

@@ -3,7 +3,8 @@
 A segment is named by the 20-digit commit log offset of its first byte. The store reserves space
 in the event loop (`reserve`) and writes whole batches at once (`write_batch`, group commit).
 Segments are zero-filled ahead of use: on ext4 an fdatasync of an overwrite in place is far
-cheaper than one that extends a file.
+cheaper than one that extends a file. Reads go through each segment's memory map; `read_message`
+reads and checks one record (every consumer's read of a message comes here).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import errno
+import logging
 import mmap
 import os
 import threading
@@ -18,6 +20,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from . import codec
+from .message import Message
+
+log = logging.getLogger("store")
 
 ZERO_CHUNK = bytes(1 << 20)
 
@@ -232,6 +237,15 @@ class CommitLog:
             return mm[pos : pos + size]
         except (ValueError, OSError):  # the segment was dropped (retention) meanwhile
             raise KeyError(f"commit log offset {offset} is not stored") from None
+
+    def read_message(self, clo: int, size: int) -> Message | None:
+        """The message of the record at `clo`; None (and a log line) if it is no longer stored or
+        does not check out (length, magic, CRC32)."""
+        try:
+            return codec.decode_checked(self.read(clo, size), clo)
+        except (KeyError, codec.CorruptRecord) as e:
+            log.error("unreadable message at commit log offset %d: %s", clo, e)
+            return None
 
     def scan(self, start: int) -> Iterator[tuple[int, memoryview, int, int]]:
         """Yield (offset, buffer, pos, size) of valid message records from `start`.

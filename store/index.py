@@ -12,7 +12,9 @@ import struct
 
 _HEAD = struct.Struct("<BH")
 _CLO = struct.Struct("<q")
-_ID32 = struct.Struct("<BH32sq")  # the common entry: a 32-character message id, no keys
+ID32 = struct.Struct(
+    "<BH32sq"
+)  # the common entry: a 32-character message id, no keys (the append path packs it itself)
 KIND_ID = 0
 KIND_KEY = 1
 
@@ -55,7 +57,7 @@ class MessageIndex:
     def encode(msg_id: str, keys: tuple[str, ...], clo: int) -> bytes:
         b = msg_id.encode()
         if not keys and len(b) == 32:
-            return _ID32.pack(KIND_ID, 32, b, clo)
+            return ID32.pack(KIND_ID, 32, b, clo)
         out = _HEAD.pack(KIND_ID, len(b)) + b + _CLO.pack(clo)
         for k in keys:
             kb = k.encode()

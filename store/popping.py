@@ -16,7 +16,7 @@ from time import time_ns
 from .catalog import Catalog
 from .config import DLQ_PREFIX, GroupConfig
 from .consumequeue import ConsumeQueue
-from .consumer import ConsumerProgress, GroupTopic, Inflight
+from .consumer import ConsumerProgress, GroupTopic, Inflight, QueueProgress
 from .errors import InvalidReceiptHandle, StoreError
 from .filters import ALL, Filter
 from .message import AppendResult, Message, PoppedMessage, copy_with, now_ms
@@ -69,6 +69,11 @@ class LongPolling:
         finally:
             ws.discard(w)
 
+    def wake_topics(self, touched: dict[str, set[int]]) -> None:
+        """`wake` for each topic of a written batch, with the tag hashes it got."""
+        for topic, hashes in touched.items():
+            self.wake(topic, hashes)
+
     def wake(self, topic: str, hashes: set[int] | None) -> None:
         """Wake the pops of `topic` that may want a record with one of these tag hashes (None: all)."""
         ws = self.waiters.get(topic)
@@ -95,7 +100,7 @@ class Popper:
         self,
         catalog: Catalog,
         progress: ConsumerProgress,
-        read_entry: Callable[[int, int], Message | None],
+        read_message: Callable[[int, int], Message | None],
         submit: Callable[..., asyncio.Future[AppendResult]],
         polls: LongPolling,
         metrics: dict[str, int],
@@ -103,7 +108,7 @@ class Popper:
         self.catalog = catalog
         self.topic_queues = catalog.topic_queues  # read directly on the hot path, as the append path does
         self.progress = progress
-        self.read_entry = read_entry
+        self.read_message = read_message
         self.submit = submit
         self.polls = polls
         self.metrics = metrics
@@ -148,7 +153,8 @@ class Popper:
         self, gconf: GroupConfig, topic: str, max_n: int, invisible: int, f: Filter
     ) -> tuple[list[PoppedMessage], list]:
         progress = self.progress
-        st = progress.get(gconf.name, topic)
+        # (a dict read first: `get` also creates, with a log record, what pops see the first time)
+        st = progress.states.get((gconf.name, topic)) or progress.get(gconf.name, topic)
         now = time_ns() // 1_000_000  # (now_ms inlined: one call less per pop)
         out: list[PoppedMessage] = []
         dlq: list = []
@@ -165,7 +171,7 @@ class Popper:
                 progress.done(st, qid, offset)  # deleted by retention
                 continue
             clo, size, _th, _ts = cq.entry(offset)
-            msg = self.read_entry(clo, size)
+            msg = self.read_message(clo, size)
             if msg is None:
                 progress.done(st, qid, offset)
                 continue
@@ -195,12 +201,13 @@ class Popper:
                 q = queues.get(cq.queue_id)
                 if q is not None and q.cursor >= cq.max_offset:  # (then also >= min_offset)
                     continue  # nothing new in this queue (the common case at low rates: skip the call)
-                self._pop_queue(st, cq, gconf.name, topic, max_n, invisible, f, hashes, now, out)
+                self._pop_queue(st, q, cq, gconf.name, topic, max_n, invisible, f, hashes, now, out)
         return out, dlq
 
     def _pop_queue(
         self,
         st: GroupTopic,
+        q: QueueProgress | None,
         cq: ConsumeQueue,
         group: str,
         topic: str,
@@ -213,7 +220,8 @@ class Popper:
     ) -> None:
         progress = self.progress
         qid = cq.queue_id
-        q = st.queue(qid)
+        if q is None:
+            q = st.queue(qid)
         if q.cursor < cq.min_offset:
             progress.committed(st, qid, cq.min_offset)
         while len(out) < max_n and q.cursor < cq.max_offset:
@@ -223,7 +231,7 @@ class Popper:
                 if hashes is not None and th not in hashes:
                     progress.done(st, qid, offset)
                     continue
-                msg = self.read_entry(clo, size)
+                msg = self.read_message(clo, size)
                 if msg is None or not (f.takes_all or f.matches(msg)):
                     progress.done(st, qid, offset)
                     continue
@@ -277,7 +285,7 @@ class Popper:
         inf.seq = self.progress.next_seq()  # the handle stops working now, not after the append
         cq = self.catalog.queue(st.topic, qid)
         clo, size, _th, _ts = cq.entry(offset)
-        return await self._to_dlq(st.group, st, qid, offset, self.read_entry(clo, size), reason)
+        return await self._to_dlq(st.group, st, qid, offset, self.read_message(clo, size), reason)
 
     async def _to_dlq(
         self, group: str, st: GroupTopic, qid: int, offset: int, msg: Message, reason: str

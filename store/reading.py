@@ -34,14 +34,6 @@ class Reader:
         codec.check(buf, 0, len(buf))
         return codec.decode(buf, 0, commitlog_offset)
 
-    def read_entry(self, clo: int, size: int) -> Message | None:
-        """The message a queue entry points at; None (and a log line) if it does not check out."""
-        try:
-            return codec.decode_checked(self.commitlog.read(clo, size), clo)
-        except (KeyError, codec.CorruptRecord) as e:
-            log.error("unreadable message at commit log offset %d: %s", clo, e)
-            return None
-
     def get_by_id(self, message_id: str) -> list[Message]:
         return [m for m in self._live(self.index.by_id(message_id)) if m.message_id == message_id]
 
@@ -75,7 +67,7 @@ class Reader:
             n = min(end - off, 256)
             for clo, size, th, _ts in cq.entries(off, n):
                 if hashes is None or th in hashes:
-                    m = self.read_entry(clo, size)
+                    m = self.commitlog.read_message(clo, size)
                     if m is not None and filter.matches(m):
                         out.append(m)
                         if len(out) >= max_messages:

@@ -91,7 +91,7 @@ class DelayedMessages:
         catalog: Catalog,
         commitlog: CommitLog,
         progress: ConsumerProgress,
-        read_entry: Callable[[int, int], Message | None],
+        read_message: Callable[[int, int], Message | None],
         get_by_id: Callable[[str], list[Message]],
         submit: Submit,
         flush_progress: Callable[[], Awaitable[None]],
@@ -99,7 +99,7 @@ class DelayedMessages:
         self.catalog = catalog
         self.commitlog = commitlog
         self.progress = progress
-        self.read_entry = read_entry
+        self.read_message = read_message
         self.get_by_id = get_by_id
         self.submit = submit
         self.flush_progress = flush_progress
@@ -121,7 +121,7 @@ class DelayedMessages:
 
     def schedule(self, res: AppendResult) -> None:
         """A `%SCHEDULE%` record is readable: time it."""
-        msg = self.read_entry(res.commitlog_offset, res.size)
+        msg = self.read_message(res.commitlog_offset, res.size)
         heapq.heappush(self.heap, (msg.deliver_at, res.queue_offset, res.commitlog_offset))
         if self.heap[0][2] == res.commitlog_offset:
             self.wake.set()
@@ -163,7 +163,7 @@ class DelayedMessages:
             if clo < self.commitlog.min_offset:
                 self.progress.done(st, 0, qoff)
                 continue
-            held = self.read_entry(clo, codec.record_size_at(self.commitlog.read(clo, 4), 0))
+            held = self.read_message(clo, codec.record_size_at(self.commitlog.read(clo, 4), 0))
             real = release(held, self.catalog)
             if real.message_id in batch or any(
                 m.topic == real.topic and m.commitlog_offset > clo for m in self.get_by_id(real.message_id)
@@ -195,7 +195,7 @@ class DelayedMessages:
         heapq.heapify(heap)
         futs, olds = [], []
         for e in moving:
-            held = self.read_entry(e[2], codec.record_size_at(self.commitlog.read(e[2], 4), 0))
+            held = self.read_message(e[2], codec.record_size_at(self.commitlog.read(e[2], 4), 0))
             if held is None:  # unreadable: leave it where it is (retention keeps its segment)
                 heapq.heappush(heap, e)
                 continue

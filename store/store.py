@@ -113,7 +113,7 @@ class Store:
         )
         self._writer = appender.writer
         self._reader = reader = Reader(cl, index, catalog, progress)
-        self._pops = Popper(catalog, progress, reader.read_entry, appender.submit, polls, self.metrics)
+        self._pops = Popper(catalog, progress, cl.read_message, appender.submit, polls, self.metrics)
         self._checkpoints = checkpoints = Checkpointer(
             loop, run_io, config, self._writer, cl, index, catalog.cqs, segments, progress
         )
@@ -121,7 +121,7 @@ class Store:
             catalog,
             cl,
             progress,
-            reader.read_entry,
+            cl.read_message,
             reader.get_by_id,
             appender.submit,
             checkpoints.flush_progress,

@@ -130,14 +130,10 @@ class Session:
         if self.state == CLOSED:
             return
         self.last_rx = self.loop.time()
-        dec = self.decoder
         batch: list[Publish] | None = None  # plain QoS 0/1 PUBLISHes of this read: one store send
+        pkts, error = self.decoder.receive(data)
         try:
-            dec.feed(data)
-            while True:
-                pkt = dec.next_packet()
-                if pkt is None:
-                    break
+            for pkt in pkts:
                 if self._backlog is not None:
                     self._backlog.append(pkt)
                     continue
@@ -153,6 +149,8 @@ class Session:
                 self.handle(pkt)
                 if self.state == CLOSED:
                     return
+            if error is not None:
+                raise error
         except MQTTCodecError as e:
             if batch:
                 self._publish_batch(batch)

@@ -165,6 +165,19 @@ class Decoder:
     def error(self) -> MQTTCodecError | None:
         return self._error
 
+    def receive(self, data: bytes | bytearray | memoryview) -> tuple[list[Any], MQTTCodecError | None]:
+        """`feed` then every complete packet: (packets, the error that stopped decoding or None).
+        Packets decoded before an error come with it, as `next_packet` would have handed them out
+        one by one (one call per read instead of one per packet)."""
+        out: list[Any] = []
+        try:
+            self.feed(data)
+            while (packet := self.next_packet()) is not None:
+                out.append(packet)
+        except MQTTCodecError as e:
+            return out, e
+        return out, None
+
     def __iter__(self) -> Iterator[Any]:
         while True:
             packet = self.next_packet()

@@ -15,6 +15,7 @@ from adapters.mqtt.codec import (
     Connect,
     Decoder,
     Disconnect,
+    MQTTCodecError,
     Pingreq,
     Pingresp,
     PropertyId,
@@ -584,6 +585,19 @@ def test_many_packets_in_one_feed() -> None:
     assert dec.buffered == 2
     dec.feed(b"\x00\x09")
     assert list(dec) == [Puback(9)]
+
+
+def test_receive_returns_the_packets_before_an_error_with_it() -> None:
+    """`receive` = feed + every complete packet; an error comes with the packets decoded before
+    it, stays (later calls give it at once) and leaves no packet behind."""
+    pubs = [Publish(f"t/{i}", b"x", 1, packet_id=i + 1) for i in range(3)]
+    dec = Decoder(version=MQTT_3_1_1)
+    raw = b"".join(encode(p, 4) for p in pubs)
+    assert dec.receive(raw[:-2]) == (pubs[:2], None)  # the third is incomplete
+    got, err = dec.receive(raw[-2:] + b"\x00\x00")  # the rest, then a reserved packet type 0
+    assert got == pubs[2:] and isinstance(err, MQTTCodecError)
+    again, err2 = dec.receive(encode(pubs[0], 4))
+    assert again == [] and err2 is err
 
 
 def test_partial_iteration_then_more_data() -> None:
