@@ -27,6 +27,7 @@ from gateway.config import PROTOCOLS, Settings
 if TYPE_CHECKING:
     from cluster.proxy import ProxyConfig
     from messaging_processor import LocalStoreClient
+    from store import StoreConfig
 
 log = logging.getLogger("gateway")
 
@@ -51,6 +52,21 @@ def shutdown_signals_blocked() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def store_config(s: Settings) -> StoreConfig:
+    """The embedded store's settings (LOCAL mode, and a `gateway store` node)."""
+    from store import StoreConfig
+
+    return StoreConfig(
+        data_dir=s.data_dir,
+        flush=s.flush,
+        default_queues=s.default_queues,
+        auto_create_topics=False,  # the processor decides (settings.auto_create_topics)
+        max_message_size=max(s.max_body_size, StoreConfig().max_message_size),
+        transaction_timeout_ms=s.transaction_timeout_ms,
+        transaction_check_interval_ms=s.transaction_check_interval_ms,
+    )
 
 
 def proxy_config(s: Settings) -> ProxyConfig:
@@ -119,18 +135,10 @@ class Gateway:
 
     async def _open_local_store(self) -> LocalStoreClient:
         from messaging_processor import LocalStoreClient
-        from store import Store, StoreConfig, StoreError
+        from store import Store, StoreError
 
         s = self.settings
-        config = StoreConfig(
-            data_dir=s.data_dir,
-            flush=s.flush,
-            default_queues=s.default_queues,
-            auto_create_topics=False,  # the processor decides (settings.auto_create_topics)
-            max_message_size=max(s.max_body_size, StoreConfig().max_message_size),
-            transaction_timeout_ms=s.transaction_timeout_ms,
-            transaction_check_interval_ms=s.transaction_check_interval_ms,
-        )
+        config = store_config(s)
         t0 = time.monotonic()
         try:
             with shutdown_signals_blocked():

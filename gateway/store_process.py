@@ -13,8 +13,8 @@ import time
 from cluster.store_node import StoreNode, StoreNodeConfig, default_node_name
 from gateway import collector as gc_collector
 from gateway.config import Settings
-from gateway.server import SHUTDOWN_SIGNALS, shutdown_signals_blocked
-from store import Store, StoreConfig, StoreError
+from gateway.server import SHUTDOWN_SIGNALS, shutdown_signals_blocked, store_config
+from store import Store, StoreError
 
 log = logging.getLogger("gateway.store")
 
@@ -32,19 +32,6 @@ def node_config(settings: Settings) -> StoreNodeConfig:
         lease_period_s=s.lease_period_s,
         lease_expiry_s=s.lease_expiry_s,
         max_body_size=s.max_body_size,
-    )
-
-
-def store_config(settings: Settings) -> StoreConfig:
-    s = settings
-    return StoreConfig(
-        data_dir=s.data_dir,
-        flush=s.flush,
-        default_queues=s.default_queues,
-        auto_create_topics=False,
-        max_message_size=max(s.max_body_size, StoreConfig().max_message_size),
-        transaction_timeout_ms=s.transaction_timeout_ms,
-        transaction_check_interval_ms=s.transaction_check_interval_ms,
     )
 
 

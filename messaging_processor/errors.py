@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from store import (
     GroupNotFound,
@@ -108,7 +108,7 @@ class StoreCall:
         if exc is None or not isinstance(exc, Exception):
             return
         err = StoreCall.failure(self.metrics, self.protocol, self.op, exc)
-        if err is not exc:
+        if err is not exc:  # (the same exception goes on by itself)
             raise err from exc
 
     @staticmethod
@@ -119,3 +119,12 @@ class StoreCall:
         if metrics is not None:
             metrics.errors[(protocol, op, err.kind.value)] += 1
         return err
+
+
+def store_failed(metrics: Metrics | None, protocol: str, op: str, exc: Exception) -> NoReturn:
+    """Raise the ProcessorError a store failure stands for, counted (what a StoreCall does on
+    exit; hot paths call it from an `except` instead of entering a StoreCall)."""
+    err = StoreCall.failure(metrics, protocol, op, exc)
+    if err is exc:
+        raise exc
+    raise err from exc

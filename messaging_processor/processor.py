@@ -24,7 +24,7 @@ from store import (
 )
 from store.raw_range import RawRange
 
-from .errors import ErrorKind, ProcessorError, StoreCall, store_error
+from .errors import ErrorKind, ProcessorError, StoreCall, store_error, store_failed
 from .metrics import Metrics
 from .model import (
     Action,
@@ -228,10 +228,7 @@ class MessagingProcessor:
         try:  # (not `with StoreCall`: no exit call on the hot path)
             popped = await self.store.pop(group, topic, max_messages, invisible_time_ms, filter, long_poll_ms)
         except Exception as e:  # noqa: BLE001 - mapped and counted
-            err = StoreCall.failure(self.metrics, ctx.protocol, "pop", e)
-            if err is e:
-                raise
-            raise err from e
+            store_failed(self.metrics, ctx.protocol, "pop", e)
         if not popped:
             return []
         m = self.metrics
@@ -250,10 +247,7 @@ class MessagingProcessor:
         try:
             await self.store.ack(handle)
         except Exception as e:  # noqa: BLE001 - mapped and counted
-            err = StoreCall.failure(self.metrics, ctx.protocol, "ack", e)
-            if err is e:
-                raise
-            raise err from e
+            store_failed(self.metrics, ctx.protocol, "ack", e)
         self.metrics.acks[ctx.protocol] += 1
 
     async def change_invisible_time(self, ctx: ClientContext, handle: str, invisible_time_ms: int) -> str:
