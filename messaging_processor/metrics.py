@@ -18,6 +18,8 @@ class Metrics:
     redeliveries: Counter = field(default_factory=Counter)  # (protocol, topic) -> deliveries with attempt > 1
     dlq: Counter = field(default_factory=Counter)  # (protocol, topic) -> messages forwarded to a DLQ
     errors: Counter = field(default_factory=Counter)  # (protocol, operation, error kind) -> failures
+    auth_failures: Counter = field(default_factory=Counter)  # (protocol, reason) -> refused logins
+    acl_denials: Counter = field(default_factory=Counter)  # (protocol, action) -> refused actions
 
     def snapshot(self) -> dict[str, dict]:
         return {
@@ -31,5 +33,7 @@ class Metrics:
                 "redeliveries",
                 "dlq",
                 "errors",
+                "auth_failures",
+                "acl_denials",
             )
         }

@@ -6,8 +6,12 @@ import enum
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from store import Filter, Message, MessageType, PoppedMessage
+
+if TYPE_CHECKING:
+    from .security.acl import Principal
 
 
 class Action(enum.Enum):
@@ -33,6 +37,7 @@ class Identity:
     secret: str | None = None  # password / secret key as presented; an authorizer may check it
     mechanism: str = "none"  # e.g. "plain", "mqv2-hmac-sha1", "mqtt-password", "none"
     attributes: tuple[tuple[str, str], ...] = ()
+    principal: Principal | None = None  # set by MessagingProcessor.authenticate when auth is on
 
 
 ANONYMOUS = Identity()

@@ -39,10 +39,15 @@ from .model import (
     TopicInfo,
 )
 from .registry import ClientRegistry
+from .security import AuthFailure, Grant, Security
 from .store_client import StoreClient
 from .validation import Limits, check_group, check_invisible_time, check_message, check_topic
 
 log = logging.getLogger("messaging_processor")
+audit = logging.getLogger("messaging_processor.audit")
+
+# Identity mechanisms that present a user name and password.
+PASSWORD_MECHANISMS = frozenset({"password", "plain", "amqplain", "mqtt-password", "http-basic"})
 
 Authorizer = Callable[[Identity, Action, Resource], bool | Awaitable[bool]]
 
@@ -68,12 +73,14 @@ class MessagingProcessor:
         limits: Limits | None = None,
         auto_create_topics: bool = False,
         authorizer: Authorizer | None = None,
+        security: Security | None = None,
         client_idle_expiry_s: float = 120.0,
     ) -> None:
         self.store = store
         self.limits = limits or Limits()
         self.auto_create_topics = auto_create_topics
-        self.authorizer: Authorizer | None = authorizer
+        self.security = security  # None: no authentication (every identity may do everything)
+        self.authorizer: Authorizer | None = self._acl_allows if security is not None else authorizer
         self.clients = ClientRegistry()
         self.metrics = Metrics()
         self.client_idle_expiry_s = client_idle_expiry_s
@@ -85,6 +92,8 @@ class MessagingProcessor:
     async def start(self) -> None:
         """Hook into the store (transaction checks) and start housekeeping."""
         self.store.set_transaction_checker(self._check_transaction)
+        if self.security is not None:
+            await self.security.start()
         self._tasks.append(asyncio.get_running_loop().create_task(self._expire_clients()))
 
     async def close(self) -> None:
@@ -97,6 +106,8 @@ class MessagingProcessor:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks.clear()
+        if self.security is not None:
+            await self.security.close()
 
     async def _expire_clients(self) -> None:
         while True:
@@ -109,9 +120,106 @@ class MessagingProcessor:
                     self.client_idle_expiry_s,
                 )
 
+    # ------------------------------------------------------------------ authentication
+    async def authenticate(self, ctx: ClientContext, content: bytes = b"") -> None:
+        """With `security` on, verify `ctx.identity`'s credentials and replace it with the verified
+        identity (its `principal` set, the secret dropped); ProcessorError(UNAUTHORIZED) otherwise,
+        saying nothing about which part was wrong. `content`: what a remoting signature signs.
+        Without security every identity is let in as it is."""
+        sec = self.security
+        if sec is None:
+            return
+        ident = ctx.identity
+        attrs = dict(ident.attributes)
+        mech = ident.mechanism
+        try:
+            if mech in PASSWORD_MECHANISMS and ident.username and ident.secret is not None:
+                p = await sec.login_password(ident.username, ident.secret, ctx.protocol, ctx.client_id)
+            elif mech == "bearer" and ident.secret:
+                p = sec.login_token(ident.secret, ctx.protocol, ctx.client_id)
+            elif mech == "mqv2-hmac-sha1" and ident.username:
+                p = await sec.login_grpc(
+                    ident.username,
+                    attrs.get("signature", ""),
+                    attrs.get("x-mq-date-time", ""),
+                    ctx.protocol,
+                    ctx.client_id,
+                )
+            elif mech == "remoting-acl" and ident.username:
+                p = await sec.login_remoting(
+                    ident.username, attrs.get("signature", ""), content, ctx.protocol, ctx.client_id
+                )
+            elif mech == "internal":
+                return
+            else:
+                raise AuthFailure("missing_credentials" if mech == "none" else "unsupported_mechanism")
+        except AuthFailure as e:
+            self.metrics.auth_failures[(ctx.protocol, e.reason)] += 1
+            audit.warning(
+                "login refused: protocol=%s remote=%s user=%r reason=%s",
+                ctx.protocol,
+                ctx.remote or "-",
+                ident.username or "",
+                e.reason,
+            )
+            raise ProcessorError(ErrorKind.UNAUTHORIZED, "authentication failed") from None
+        ctx.identity = Identity(p.user, None, mech, (), p)
+
+    def permits(self, identity: Identity, action: Action, resource: Resource) -> bool:
+        """Whether `identity` may `action` `resource`: the one ACL check (cached per connection).
+        A refusal is counted each time and logged once per connection and resource."""
+        sec = self.security
+        if sec is None:
+            return True
+        p = identity.principal
+        if p is None:
+            if identity.mechanism == "internal":  # the proxy's own loops (never a client's identity)
+                return True
+            self.metrics.acl_denials[("", action.value)] += 1
+            return False
+        ok, first = sec.permits(p, action.value, resource.kind, resource.name)
+        if not ok:
+            self.metrics.acl_denials[(p.protocol, action.value)] += 1
+            if first:
+                audit.warning(
+                    "denied: protocol=%s client=%s user=%r action=%s resource=%s",
+                    p.protocol,
+                    p.client_id or "-",
+                    p.user,
+                    action.value,
+                    resource,
+                )
+        return ok
+
+    def grant_subscription(self, identity: Identity, topic_filter: str) -> Grant:
+        """An MQTT-style subscription filter's decision: DENY, ALLOW, or CHECK (then each delivered
+        path must pass `permits(SUBSCRIBE)`)."""
+        sec = self.security
+        if sec is None or identity.mechanism == "internal":
+            return Grant.ALLOW
+        p = identity.principal
+        g = Grant.DENY if p is None else sec.grant(p, topic_filter)
+        if g is Grant.DENY:
+            self.permits(identity, Action.SUBSCRIBE, Resource("topic", topic_filter))  # count and log
+        return g
+
+    def may_open_vhost(self, identity: Identity, vhost: str) -> bool:
+        """Whether `identity` may open the AMQP virtual host `vhost`."""
+        sec = self.security
+        if sec is None:
+            return True
+        p = identity.principal
+        return p is not None and sec.may_open_vhost(p, vhost)
+
+    def _acl_allows(self, identity: Identity, action: Action, resource: Resource) -> bool:
+        if action is Action.CONNECT:
+            return identity.principal is not None or identity.mechanism == "internal"
+        return self.permits(identity, action, resource)
+
     # ------------------------------------------------------------------ authorization
     async def authorize(self, identity: Identity, action: Action, resource: Resource) -> None:
-        """Raise ProcessorError(FORBIDDEN) unless the authorizer allows `action` on `resource`."""
+        """Raise ProcessorError(FORBIDDEN) unless `action` on `resource` is allowed (UNAUTHORIZED
+        for CONNECT without a verified identity when security is on)."""
         fn = self.authorizer
         if fn is None:
             return
@@ -119,8 +227,13 @@ class MessagingProcessor:
         if inspect.isawaitable(ok):
             ok = await ok
         if not ok:
+            kind = (
+                ErrorKind.UNAUTHORIZED
+                if action is Action.CONNECT and self.security is not None
+                else ErrorKind.FORBIDDEN
+            )
             raise ProcessorError(
-                ErrorKind.FORBIDDEN, f"{identity.username or 'anonymous'} may not {action.value} {resource}"
+                kind, f"{identity.username or 'anonymous'} may not {action.value} {resource}"
             )
 
     # ------------------------------------------------------------------ topics
@@ -161,9 +274,15 @@ class MessagingProcessor:
             raise ProcessorError(ErrorKind.BAD_REQUEST, "no messages to send")
         if len(messages) > limits.max_batch:
             raise ProcessorError(ErrorKind.BAD_REQUEST, f"more than {limits.max_batch} messages in one send")
-        for t in topics:
-            if self.authorizer is not None:
+        if self.security is not None:
+            for m in messages:  # the ACL path: the MQTT topic, else <topic> or <topic>/<tag>
+                path = m.properties.get("mqtt.topic") or (f"{m.topic}/{m.tag}" if m.tag else m.topic)
+                if not self.permits(ctx.identity, Action.PUBLISH, Resource("topic", path)):
+                    raise ProcessorError(ErrorKind.FORBIDDEN, f"may not publish to {path}")
+        elif self.authorizer is not None:
+            for t in topics:
                 await self.authorize(ctx.identity, Action.PUBLISH, Resource("topic", t))
+        for t in topics:
             await self._ensure_topic(t, auto_create)
         try:
             if len(messages) == 1:

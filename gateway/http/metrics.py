@@ -32,6 +32,8 @@ _PROCESSOR_COUNTERS = (
     ("gateway_redeliveries_total", "redeliveries", ("protocol", "topic"), "Deliveries with attempt > 1."),
     ("gateway_dlq_total", "dlq", ("protocol", "topic"), "Messages forwarded to a dead-letter topic."),
     ("gateway_errors_total", "errors", ("protocol", "operation", "kind"), "Failed requests by error kind."),
+    ("gateway_auth_failures_total", "auth_failures", ("protocol", "reason"), "Refused logins by reason."),
+    ("gateway_acl_denials_total", "acl_denials", ("protocol", "action"), "Actions the ACL refused."),
 )
 _STORE_COUNTERS = (
     ("appends", "Records appended to the commit log."),
