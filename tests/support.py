@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from messaging_processor import LocalStoreClient, MessagingProcessor
+from messaging_processor.security import Security
 from store import Store, StoreConfig
 
 T = 10.0  # seconds any single awaited event may take
@@ -42,19 +43,33 @@ class Core:
         self._store_kw = store_kw
         self._processor_kw = processor_kw
         self._on_close: list[Callable[[], Awaitable[object]]] = []
+        self._auth = False
 
     @classmethod
     async def open(
-        cls, data_dir: str, *, processor_kw: dict[str, Any] | None = None, **store_kw: Any
+        cls, data_dir: str, *, processor_kw: dict[str, Any] | None = None, auth: bool = False, **store_kw: Any
     ) -> Core:
         """Open the store (`StoreConfig(data_dir=data_dir, **store_kw)`; topics are not auto-created
-        unless `auto_create_topics` says so) and start `MessagingProcessor(store, **processor_kw)`."""
+        unless `auto_create_topics` says so) and start `MessagingProcessor(store, **processor_kw)`.
+        `auth`: with authentication and ACLs on (`processor.security`; add users and rules through
+        `core.security` / `core.security.directory`)."""
         store_kw.setdefault("auto_create_topics", False)
         processor_kw = dict(processor_kw or {})
         store = await Store.open(StoreConfig(data_dir=data_dir, **store_kw))
-        processor = MessagingProcessor(LocalStoreClient(store), **processor_kw)
+        kw = dict(processor_kw)
+        if auth:
+            kw["security"] = Security(LocalStoreClient(store), poll_s=0.5)
+        processor = MessagingProcessor(LocalStoreClient(store), **kw)
         await processor.start()
-        return cls(store, processor, store_kw, processor_kw)
+        core = cls(store, processor, store_kw, processor_kw)
+        core._auth = auth
+        return core
+
+    @property
+    def security(self) -> Security:
+        """The processor's Security (only with `auth=True`)."""
+        assert self.processor.security is not None, "open the Core with auth=True"
+        return self.processor.security
 
     async def add(self, adapter: A, *, grace: float = 1.0) -> A:
         """Start `adapter` (built on `self.processor`); `close` stops it with `stop(grace)`."""
@@ -75,7 +90,9 @@ class Core:
     async def restart(self) -> Core:
         """Close this core and open a new one on the same data directory with the same settings."""
         await self.close()
-        return await Core.open(self.data_dir, processor_kw=self._processor_kw, **self._store_kw)
+        return await Core.open(
+            self.data_dir, processor_kw=self._processor_kw, auth=self._auth, **self._store_kw
+        )
 
 
 class FakeTransport:
