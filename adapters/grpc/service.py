@@ -2,7 +2,15 @@
 
 Errors go into each response's `status` under gRPC status OK (only Telemetry uses gRPC statuses).
 Client sessions (the Settings each client sent over Telemetry, keyed on `x-mq-client-id`) are
-sessions.py's."""
+sessions.py's.
+
+With the processor's `security` on, every RPC is authenticated from its `authorization` metadata
+(the official clients' MQv2-HMAC-SHA1 signature; refused: Status UNAUTHORIZED) and checked against
+the ACL as RocketMQ's ACL 2.0 does (refused: Status FORBIDDEN): QueryRoute needs publish or subscribe
+on the topic; Settings publish on each publishing topic, or subscribe on the group and each
+subscribed topic; Heartbeat and QueryAssignment subscribe on the consumer group (and topic);
+ReceiveMessage, Ack, ChangeInvisibleDuration and ForwardMessageToDeadLetterQueue subscribe on group
+and topic; SendMessage and EndTransaction publish on the topic."""
 
 from __future__ import annotations
 
@@ -39,15 +47,18 @@ from adapters.grpc.sessions import (
 )
 from messaging_processor import (
     ANONYMOUS,
+    Action,
     ClientContext,
     ClientInfo,
     Delivery,
     ErrorKind,
     Filter,
+    Identity,
     Message,
     MessagingProcessor,
     Permission,
     ProcessorError,
+    Resource,
     now_ms,
 )
 
@@ -78,6 +89,21 @@ _REFUSED_BEFORE_STORE = frozenset(ErrorKind) - {
     ErrorKind.TOO_MANY_REQUESTS,
 }
 _NOT_IMPLEMENTED = d.Status(code=Code.NOT_IMPLEMENTED, message="offset-based pull is not implemented")
+# Verified identities remembered (by presented identity and client id; by client id and user).
+MAX_VERIFIED = 4096
+Check = tuple[Action, Resource]
+
+
+def _topic(name: str) -> Resource:
+    return Resource("topic", name)
+
+
+def _group(name: str) -> Resource:
+    return Resource("group", name)
+
+
+def _sub(group: str, topic: str) -> tuple[Check, Check]:
+    return (Action.SUBSCRIBE, _group(group)), (Action.SUBSCRIBE, _topic(topic))
 
 
 def _overall(statuses: list[d.Status]) -> d.Status:
@@ -103,6 +129,20 @@ _OK_RESPONSE = _status_response(codes.OK)
 RECEIVE_RAW = frozenset({"ReceiveMessage"})
 
 
+def _settings_checks(settings: d.Settings) -> list[Check]:
+    """What a client's Settings need (ACL 2.0): publish on each publishing topic, or subscribe on
+    the group and each subscribed topic."""
+    which = settings.WhichOneof("pub_sub")
+    if which == "publishing":
+        return [(Action.PUBLISH, _topic(t.name)) for t in settings.publishing.topics]
+    if which == "subscription":
+        sub = settings.subscription
+        return [(Action.SUBSCRIBE, _group(sub.group.name))] + [
+            (Action.SUBSCRIBE, _topic(e.topic.name)) for e in sub.subscriptions
+        ]
+    return []
+
+
 class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     """The servicer. `endpoint` is set by the adapter once bound: (advertised host or None, port)."""
 
@@ -116,6 +156,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         self.store_host = ""
         self._brokers: dict[tuple[str, int], d.Broker] = {}
         self._tasks: set[asyncio.Task] = set()
+        # Security on: (presented identity, client id) -> verified identity, and (client id, user) ->
+        # the verified identity whose principal (and its ACL decision cache) later signatures reuse.
+        self._verified: dict[tuple[Identity, str], Identity] = {}
+        self._principals: dict[tuple[str, str], Identity] = {}
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
@@ -130,6 +174,46 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 date_time = v
         ident = identity_of(auth, date_time) if auth else None
         return ClientContext(PROTOCOL, cid, ident or ANONYMOUS, peer_address(context.peer()))
+
+    async def _refused(self, ctx: ClientContext, *checks: Check) -> d.Status | None:
+        """With security on: verify `ctx`'s signature (remembered per presented identity and client id,
+        so a request costs a dict lookup) and replace its identity with the verified one, then run the
+        ACL `checks`. The Status to answer with (UNAUTHORIZED / FORBIDDEN), or None to go on."""
+        proc = self.processor
+        if proc.security is None:
+            return None
+        key = (ctx.identity, ctx.client_id)
+        verified = ctx.identity if ctx.identity.principal is not None else self._verified.get(key)
+        if verified is None:
+            try:
+                await proc.authenticate(ctx)
+            except ProcessorError as e:
+                return status_of(e)
+            verified = ctx.identity
+            p = verified.principal
+            pkey = (ctx.client_id, p.user if p is not None else "")
+            prev = self._principals.get(pkey)
+            if prev is not None and prev.principal is not None and not prev.principal.revoked:
+                verified = prev  # a new date-time signed by the same user: keep its decision cache
+            else:
+                if len(self._principals) >= MAX_VERIFIED:
+                    self._principals.clear()
+                self._principals[pkey] = verified
+            if len(self._verified) >= MAX_VERIFIED:
+                self._verified.clear()
+            self._verified[key] = verified
+        ctx.identity = verified
+        for action, resource in checks:
+            if not proc.permits(verified, action, resource):
+                return codes.status(Code.FORBIDDEN, f"may not {action.value} {resource}")
+        return None
+
+    def _may_route(self, ident: Identity, topic: str) -> bool:
+        """QueryRoute needs publish or subscribe on the topic (ACL 2.0's [PUB, SUB])."""
+        sec, p = self.processor.security, ident.principal
+        if sec is not None and p is not None and sec.permits(p, Action.PUBLISH.value, "topic", topic)[0]:
+            return True  # (asked quietly: only a refusal of both is counted and logged)
+        return self.processor.permits(ident, Action.SUBSCRIBE, _topic(topic))
 
     def _broker(self, requested: d.Endpoints | None) -> d.Broker:
         host, port = self.advertise_host, self.port
@@ -158,6 +242,13 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         if not ctx.client_id:
             return s.QueryRouteResponse(status=codes.CLIENT_ID_REQUIRED)
         topic = request.topic
+        if self.processor.security is not None:
+            if (st := await self._refused(ctx)) is not None:
+                return s.QueryRouteResponse(status=st)
+            if not self._may_route(ctx.identity, topic.name):
+                return s.QueryRouteResponse(
+                    status=codes.status(Code.FORBIDDEN, f"may not publish or subscribe topic:{topic.name}")
+                )
         try:
             route = await self.processor.query_route(ctx, topic.name)
         except ProcessorError as e:
@@ -183,6 +274,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         ctx = self._ctx(context)
         if not ctx.client_id:
             return s.QueryAssignmentResponse(status=codes.CLIENT_ID_REQUIRED)
+        if (
+            self.processor.security is not None
+            and (st := await self._refused(ctx, *_sub(request.group.name, request.topic.name))) is not None
+        ):
+            return s.QueryAssignmentResponse(status=st)
         try:
             route = await self.processor.query_route(ctx, request.topic.name)
         except ProcessorError as e:
@@ -207,6 +303,13 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         cid = ctx.client_id
         if not cid:
             return s.HeartbeatResponse(status=codes.CLIENT_ID_REQUIRED)
+        if self.processor.security is not None:
+            group = request.group.name  # a consumer's group (ACL 2.0 refuses a producer's: we ignore it)
+            checks = (
+                [(Action.SUBSCRIBE, _group(group))] if group and request.client_type != d.PRODUCER else []
+            )
+            if (st := await self._refused(ctx, *checks)) is not None:
+                return s.HeartbeatResponse(status=st)
         sess = self.sessions.get(cid)
         if sess is None:
             return s.HeartbeatResponse(
@@ -227,6 +330,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         ctx = self._ctx(context)
         if not ctx.client_id:
             return s.NotifyClientTerminationResponse(status=codes.CLIENT_ID_REQUIRED)
+        if self.processor.security is not None and (st := await self._refused(ctx)) is not None:
+            return s.NotifyClientTerminationResponse(status=st)
         self.sessions.pop(ctx.client_id, None)
         self.processor.clients.unregister(PROTOCOL, ctx.client_id)
         return s.NotifyClientTerminationResponse(status=codes.OK)
@@ -239,6 +344,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         cid = ctx.client_id
         if not cid:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "x-mq-client-id metadata is required")
+        # Unauthenticated: the stream stays open and every command is answered with a status-only
+        # command (the Node client fails its startup with it; ending the stream would make the
+        # clients reopen it every second).
+        refused = await self._refused(ctx)
         out: asyncio.Queue[s.TelemetryCommand | None] = asyncio.Queue()
         closed = False
         registered: list[ClientInfo] = []
@@ -254,7 +363,15 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         async def read() -> None:
             try:
                 async for cmd in request_iterator:
-                    if cmd.WhichOneof("command") == "settings":
+                    if refused is not None:
+                        out.put_nowait(s.TelemetryCommand(status=refused))
+                    elif cmd.WhichOneof("command") == "settings":
+                        if (
+                            self.processor.security is not None
+                            and (st := await self._refused(ctx, *_settings_checks(cmd.settings))) is not None
+                        ):
+                            out.put_nowait(s.TelemetryCommand(status=st))  # no settings: not registered
+                            continue
                         reply, info = await self.clients.apply(ctx, cmd.settings, transaction_check)
                         registered[:] = [info]
                         out.put_nowait(s.TelemetryCommand(status=codes.OK, settings=reply))
@@ -284,6 +401,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         ctx = self._ctx(context)
         if not ctx.client_id:
             return s.SendMessageResponse(status=codes.CLIENT_ID_REQUIRED)
+        if (
+            self.processor.security is not None and (st := await self._refused(ctx)) is not None
+        ):  # publish: checked per message by send
+            return s.SendMessageResponse(status=st)
         msgs = request.messages
         if len(msgs) == 1:
             entry = await self._send_one(ctx, msgs[0])
@@ -326,6 +447,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         ctx = self._ctx(context)
         if not ctx.client_id:
             return s.EndTransactionResponse(status=codes.CLIENT_ID_REQUIRED)
+        if (
+            self.processor.security is not None
+            and (st := await self._refused(ctx, (Action.PUBLISH, _topic(request.topic.name)))) is not None
+        ):
+            return s.EndTransactionResponse(status=st)
         res = request.resolution
         if res not in (d.COMMIT, d.ROLLBACK):
             return s.EndTransactionResponse(
@@ -362,6 +488,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         ctx = self._ctx(context)
         if not ctx.client_id:
             yield _status_response(codes.CLIENT_ID_REQUIRED)
+            return
+        if (
+            self.processor.security is not None and (st := await self._refused(ctx)) is not None
+        ):  # subscribe: checked by pop
+            yield _status_response(st)
             return
         try:
             deliveries = await self._receive(ctx, request, context)
@@ -421,6 +552,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         ctx = self._ctx(context)
         if not ctx.client_id:
             return s.AckMessageResponse(status=codes.CLIENT_ID_REQUIRED)
+        if (
+            self.processor.security is not None
+            and (st := await self._refused(ctx, *_sub(request.group.name, request.topic.name))) is not None
+        ):
+            return s.AckMessageResponse(status=st)
         if not request.entries:
             return s.AckMessageResponse(status=codes.status(Code.BAD_REQUEST, "no entries to acknowledge"))
         ack = self.processor.ack
@@ -453,6 +589,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         ctx = self._ctx(context)
         if not ctx.client_id:
             return s.ChangeInvisibleDurationResponse(status=codes.CLIENT_ID_REQUIRED)
+        if (
+            self.processor.security is not None
+            and (st := await self._refused(ctx, *_sub(request.group.name, request.topic.name))) is not None
+        ):
+            return s.ChangeInvisibleDurationResponse(status=st)
         try:
             handle = await self.processor.change_invisible_time(
                 ctx, request.receipt_handle, dur_ms(request.invisible_duration)
@@ -467,6 +608,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         ctx = self._ctx(context)
         if not ctx.client_id:
             return s.ForwardMessageToDeadLetterQueueResponse(status=codes.CLIENT_ID_REQUIRED)
+        if (
+            self.processor.security is not None
+            and (st := await self._refused(ctx, *_sub(request.group.name, request.topic.name))) is not None
+        ):
+            return s.ForwardMessageToDeadLetterQueueResponse(status=st)
         reason = (
             f"forwarded by the consumer at delivery attempt {request.delivery_attempt}"
             f" of {request.max_delivery_attempts}"

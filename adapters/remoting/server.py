@@ -16,6 +16,7 @@ from adapters.remoting.message_codec import encode_message, offset_msg_id
 from adapters.remoting.service import RemotingService
 from messaging_processor import ClientContext, Identity, Message, MessagingProcessor
 from messaging_processor.model import TransactionCheck
+from messaging_processor.security import remoting_content
 from remoting import RemotingCommand, RequestCode
 from remoting.codes import SYSFLAG_TRANSACTION_PREPARED
 from remoting.server import FrameConnection, FrameServer
@@ -29,7 +30,7 @@ class ClientConnection:
     ClientContext, and the requests the broker sends it (consumer ids changed, transaction checks).
     The frames themselves are remoting.server's `FrameConnection`."""
 
-    __slots__ = ("frame", "service", "client_id", "_ctx", "_access_key")
+    __slots__ = ("frame", "service", "client_id", "_ctx", "_access_key", "_verified")
 
     def __init__(self, frame: FrameConnection, service: RemotingService) -> None:
         self.frame = frame
@@ -37,6 +38,7 @@ class ClientConnection:
         self.client_id = ""
         self._ctx: ClientContext | None = None
         self._access_key = ""
+        self._verified: dict[str, ClientContext] = {}  # AccessKey -> context of its verified principal
 
     @property
     def remote(self) -> str:
@@ -53,8 +55,35 @@ class ClientConnection:
     def write(self, cmd: RemotingCommand) -> None:
         self.frame.write(cmd)
 
+    async def verified_context(self, cmd: RemotingCommand) -> ClientContext:
+        """Security on: verify the request's ACL 1.0 signature (on every request: it covers the ext
+        fields and the body) and return this connection's context for its AccessKey, whose principal
+        (and ACL decision cache) lives as long as the connection. ProcessorError(UNAUTHORIZED) when
+        the signature, the key or both are wrong or missing."""
+        ext = cmd.ext_fields
+        ak = ext.get("AccessKey", "")
+        ident = (
+            Identity(
+                username=ak, mechanism="remoting-acl", attributes=(("signature", ext.get("Signature", "")),)
+            )
+            if ak
+            else Identity()
+        )
+        cid = self.client_id or self.remote
+        probe = ClientContext(PROTOCOL, cid, ident, self.remote)
+        await self.service.processor.authenticate(probe, remoting_content(ext, cmd.body))
+        ctx = self._verified.get(ak)
+        p = probe.identity.principal
+        q = ctx.identity.principal if ctx is not None else None
+        if ctx is None or q is None or p is None or q.revoked or q.user != p.user or ctx.client_id != cid:
+            if len(self._verified) >= 8:
+                self._verified.clear()
+            self._verified[ak] = ctx = probe
+        return ctx
+
     def context(self, cmd: RemotingCommand) -> ClientContext:
-        """The ClientContext of this connection (AccessKey as the identity; not verified)."""
+        """The ClientContext of this connection (AccessKey as the identity; not verified: security
+        off)."""
         ak = cmd.ext_fields.get("AccessKey", "")
         if (
             self._ctx is None

@@ -14,14 +14,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from adapters.remoting import access
 from adapters.remoting.batcher import SendBatcher
 from adapters.remoting.clients import ClientTable
 from adapters.remoting.errors import RemotingError, code_of
 from adapters.remoting.handlers import HANDLERS
 from adapters.remoting.handlers.pop import PopHandles
 from adapters.remoting.hold import PullHold
-from messaging_processor import ClientContext, MessagingProcessor, ProcessorError, RetryPolicy
-from remoting import Ext, HeaderError, RemotingCommand, ResponseCode, request_name
+from messaging_processor import ClientContext, Identity, MessagingProcessor, ProcessorError, RetryPolicy
+from remoting import Ext, HeaderError, RemotingCommand, RequestCode, ResponseCode, request_name
 
 if TYPE_CHECKING:
     from adapters.remoting.server import ClientConnection
@@ -132,8 +133,39 @@ class RemotingService:
         self._queue_counts.pop(topic, None)
 
     # ------------------------------------------------------------------ dispatch
+    async def _secured(self, conn: ClientConnection, cmd: RemotingCommand) -> Request | RemotingCommand:
+        """Security on: the request with its verified context, or the NO_PERMISSION answer (a bad
+        signature or key: "authentication failed" whatever was wrong; a denied resource: which)."""
+        proc = self.processor
+        try:
+            ctx = await conn.verified_context(cmd)
+        except ProcessorError as e:
+            return cmd.response(ResponseCode.NO_PERMISSION, e.message)
+        ident = ctx.identity
+        checks, own_retry = access.needs(cmd)
+        for action, resource in checks:
+            if not proc.permits(ident, action, resource):
+                return cmd.response(ResponseCode.NO_PERMISSION, f"no permission to {action.value} {resource}")
+        if cmd.code == RequestCode.GET_ROUTEINFO_BY_TOPIC:
+            t = cmd.ext_fields.get("topic", "")
+            if not access.may_route(proc, ident, t):
+                return cmd.response(
+                    ResponseCode.NO_PERMISSION, f"no permission to publish or subscribe topic:{t}"
+                )
+        if own_retry:  # the group check passed: its retry topic is read and written as the proxy's own
+            ctx = ClientContext(
+                ctx.protocol, ctx.client_id, Identity(ident.username, mechanism="internal"), ctx.remote
+            )
+        return Request(conn, cmd, ctx)
+
     async def dispatch(self, conn: ClientConnection, cmd: RemotingCommand) -> RemotingCommand | None:
-        req = Request(conn, cmd, conn.context(cmd))
+        if self.processor.security is None:
+            req = Request(conn, cmd, conn.context(cmd))
+        else:
+            secured = await self._secured(conn, cmd)
+            if not isinstance(secured, Request):
+                return None if cmd.is_oneway else secured
+            req = secured
         handler = self.handlers.get(cmd.code)
         try:
             if handler is None:

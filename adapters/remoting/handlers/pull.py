@@ -18,7 +18,7 @@ from adapters.remoting.clients import tag_filter
 from adapters.remoting.errors import RemotingError
 from adapters.remoting.mapping import to_wire
 from adapters.remoting.message_codec import encode_message
-from messaging_processor import ALL, ErrorKind, Filter, ProcessorError
+from messaging_processor import ALL, Action, ErrorKind, Filter, ProcessorError, Resource
 from remoting import RemotingCommand, RequestCode, ResponseCode
 from remoting.codes import PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND
 
@@ -183,6 +183,8 @@ async def view_message(svc: RemotingService, req: Request) -> RemotingCommand:
         msg = await svc.processor.get_message_at(req.ext.int("offset"))
     except ProcessorError:
         return req.reply(R.SYSTEM_ERROR, f"can not find message by the offset, {req.ext.str('offset')}")
+    if not svc.processor.permits(req.ctx.identity, Action.SUBSCRIBE, Resource("topic", msg.topic)):
+        return req.reply(R.NO_PERMISSION, f"no permission to subscribe topic:{msg.topic}")
     return req.ok(body=encode_message(to_wire(msg, svc.store_host)))
 
 

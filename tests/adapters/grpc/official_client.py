@@ -2,9 +2,11 @@
 
 Run as a subprocess only: its generated protobuf modules cannot share a process with ours.
 
-    python official_client.py simple|push|transaction ENDPOINT TOPIC GROUP
+    python official_client.py simple|push|transaction|probe ENDPOINT TOPIC GROUP [AK SK]
 
-Prints one JSON object on stdout."""
+AK SK: the client's `Credentials` (it then signs every request). `probe` sends one message, then
+receives with a simple consumer, and reports each step's result or refusal (the exception's type
+and code) instead of failing. Prints one JSON object on stdout."""
 
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ from rocketmq import (
     TransactionChecker,
     TransactionResolution,
 )
+
+CREDENTIALS = Credentials()
 
 
 def _message(topic: str, i: int) -> Message:
@@ -50,7 +54,7 @@ def _view(m) -> dict:  # noqa: ANN001
 
 
 def simple(endpoint: str, topic: str, group: str) -> dict:
-    cfg = ClientConfiguration(endpoint, Credentials())
+    cfg = ClientConfiguration(endpoint, CREDENTIALS)
     producer = Producer(cfg, (topic,))
     producer.startup()
     sent = [producer.send(_message(topic, i)).message_id for i in range(3)]
@@ -74,7 +78,7 @@ class _Checker(TransactionChecker):
 
 
 def transaction(endpoint: str, topic: str, group: str) -> dict:
-    cfg = ClientConfiguration(endpoint, Credentials())
+    cfg = ClientConfiguration(endpoint, CREDENTIALS)
     producer = Producer(cfg, (topic,), checker=_Checker())
     producer.startup()
     tx = producer.begin_transaction()
@@ -113,7 +117,7 @@ class _Listener(MessageListener):
 
 
 def push(endpoint: str, topic: str, group: str) -> dict:
-    cfg = ClientConfiguration(endpoint, Credentials())
+    cfg = ClientConfiguration(endpoint, CREDENTIALS)
     producer = Producer(cfg, (topic,))
     producer.startup()
     sent = [producer.send(_message(topic, i)).message_id for i in range(2)]
@@ -126,7 +130,43 @@ def push(endpoint: str, topic: str, group: str) -> dict:
     return {"sent": sent, "attempts": listener.seen, "done": ok}
 
 
+def _refusal(e: Exception) -> dict:
+    return {"error": type(e).__name__, "code": getattr(e, "code", None), "message": str(e)}
+
+
+def probe(endpoint: str, topic: str, group: str) -> dict:
+    """Send one message, then receive: each step's outcome, a refusal included."""
+    cfg = ClientConfiguration(endpoint, CREDENTIALS, request_timeout=5)
+    out: dict = {}
+    producer = Producer(cfg, (topic,))
+    try:
+        producer.startup()
+        out["send"] = {"id": producer.send(_message(topic, 0)).message_id}
+    except Exception as e:  # noqa: BLE001 - reported
+        out["send"] = _refusal(e)
+    finally:
+        producer.shutdown()
+    consumer = SimpleConsumer(cfg, group, {topic: FilterExpression("*")}, await_duration=2)
+    try:
+        consumer.startup()
+        got: list[dict] = []
+        deadline = time.time() + 15
+        while not got and time.time() < deadline:
+            for m in consumer.receive(32, 15):
+                got.append(_view(m))
+                consumer.ack(m)
+        out["receive"] = {"got": got}
+    except Exception as e:  # noqa: BLE001 - reported
+        out["receive"] = _refusal(e)
+    finally:
+        consumer.shutdown()
+    return out
+
+
 if __name__ == "__main__":
     mode, endpoint, topic, group = sys.argv[1:5]
-    result = {"simple": simple, "push": push, "transaction": transaction}[mode](endpoint, topic, group)
+    if len(sys.argv) > 6:
+        CREDENTIALS = Credentials(sys.argv[5], sys.argv[6])
+    modes = {"simple": simple, "push": push, "transaction": transaction, "probe": probe}
+    result = modes[mode](endpoint, topic, group)
     print(json.dumps(result), flush=True)

@@ -62,11 +62,16 @@ async def open_env(
     mqtt: bool = False,
     grpc: bool = False,
     amqp: bool = False,
+    auth: bool = False,
     store_kw: dict | None = None,
     **adapter_kw,
 ) -> Env:
     core = await Core.open(
-        data_dir, processor_kw={"auto_create_topics": auto_create}, default_queues=queues, **(store_kw or {})
+        data_dir,
+        auth=auth,
+        processor_kw={"auto_create_topics": auto_create},
+        default_queues=queues,
+        **(store_kw or {}),
     )
     adapter_kw.setdefault("hold_interval", 0.05)
     adapter = RemotingAdapter(core.processor, "127.0.0.1", port, default_queues=queues, **adapter_kw)

@@ -9,6 +9,7 @@
 // consume prints {"event":"received",...} per delivery; with --retry-first it returns
 // ACTION_RETRY the first time it sees each body (the gateway must redeliver it through the
 // retry topic); it exits 0 once --expect distinct bodies were consumed successfully, 1 on timeout.
+// Both take --access-key AK --secret-key SK: ali-ons then signs every request (ACL 1.0).
 const { Producer, Consumer, Message } = require('ali-ons');
 
 function args(argv) {
@@ -31,6 +32,10 @@ function args(argv) {
   return out;
 }
 
+function credentials(opt) {
+  return opt['access-key'] ? { accessKey: opt['access-key'], secretKey: opt['secret-key'] } : {};
+}
+
 function emit(obj) {
   process.stdout.write(JSON.stringify(obj) + '\n');
 }
@@ -48,6 +53,7 @@ async function produce(opt) {
     nameSrv: opt.namesrv,
     producerGroup: opt.group || 'PG_ALIONS',
     logger: quiet,
+    ...credentials(opt),
   });
   await producer.ready();
   const count = Number(opt.count || 1);
@@ -76,6 +82,7 @@ async function consume(opt) {
     persistConsumerOffsetInterval: 500,
     rebalanceInterval: 2000,
     consumeFromWhere: opt['from-last'] ? 'CONSUME_FROM_LAST_OFFSET' : 'CONSUME_FROM_FIRST_OFFSET',
+    ...credentials(opt),
   });
   consumer.on('error', err => console.error('[consumer error]', err && err.message));
   const seen = new Set();

@@ -6,6 +6,9 @@ clashes with the official 5.x client in .venv. One mode per run, one JSON object
     python cpp_client.py batch   --namesrv H:P --topic T [--count N] [--prefix P]
     python cpp_client.py consume --namesrv H:P --topic T --group G --expect N [--timeout S] [--retry-first]
 
+Every mode takes --access-key AK --secret-key SK: the client's session credentials (it then signs
+each request, ACL 1.0).
+
 consume: with --retry-first the callback raises the first time it sees each body (the C++ client
 then sends the message back, and the gateway must redeliver it through the retry topic); exits 0
 once --expect distinct bodies were consumed (after a clean shutdown, which persists the offsets),
@@ -31,11 +34,17 @@ def _s(v: object) -> str:
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v or "")
 
 
+def _credentials(client, a: argparse.Namespace) -> None:  # noqa: ANN001 - a Producer or PushConsumer
+    if a.access_key:
+        client.set_session_credentials(a.access_key, a.secret_key, "ALIYUN")
+
+
 def produce(a: argparse.Namespace) -> int:
     from rocketmq.client import Message, Producer
 
     p = Producer(a.group or "PG_CPP")
     p.set_namesrv_addr(a.namesrv)
+    _credentials(p, a)
     p.start()
     try:
         for i in range(a.count):
@@ -65,6 +74,7 @@ def batch(a: argparse.Namespace) -> int:
 
     p = Producer(a.group or "PG_CPP_BATCH")
     p.set_namesrv_addr(a.namesrv)
+    _credentials(p, a)
     p.start()
     try:
         msgs, bodies = [], []
@@ -130,6 +140,7 @@ def consume(a: argparse.Namespace) -> int:
 
     c = PushConsumer(a.group)
     c.set_namesrv_addr(a.namesrv)
+    _credentials(c, a)
     c.set_thread_count(1)
     c.set_message_batch_max_size(1)  # one message per callback: a retry concerns that message only
     c.subscribe(a.topic, on_message, a.tag if a.tag != "TagA" else "*")
@@ -153,6 +164,8 @@ def main() -> int:
     ap.add_argument("--expect", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=60)
     ap.add_argument("--retry-first", action="store_true")
+    ap.add_argument("--access-key", default="")
+    ap.add_argument("--secret-key", default="")
     a = ap.parse_args()
     try:
         return {"produce": produce, "batch": batch, "consume": consume}[a.mode](a)
