@@ -35,4 +35,6 @@ VOLUME ["/data"]
 # namesrv 9876, store node 10911, proxy: remoting 8080, gRPC 8081, HTTP 8082, MQTT 1883, AMQP 5672
 EXPOSE 9876 10911 8080 8081 8082 1883 5672
 ENTRYPOINT ["gateway"]
-CMD ["start", "--host", "0.0.0.0", "--data-dir", "/data"]
+# Every interface, so authentication on (docs/security.md): the first admin's password is
+# GATEWAY_ADMIN_PASSWORD, else written once to /data/initial-admin-password.
+CMD ["start", "--host", "0.0.0.0", "--data-dir", "/data", "--auth"]

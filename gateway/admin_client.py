@@ -3,6 +3,7 @@ holds the store directory's lock, so admin goes through it rather than opening t
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -18,17 +19,32 @@ class AdminError(Exception):
 
 
 class AdminClient:
-    def __init__(self, url: str, timeout: float = 10.0) -> None:
+    """`auth`: ("basic", user, password) or ("bearer", token), sent with every request; None for a
+    gateway with authentication off."""
+
+    def __init__(self, url: str, timeout: float = 10.0, auth: tuple[str, ...] | None = None) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self.headers: dict[str, str] = {}
+        if auth is not None and auth[0] == "basic":
+            raw = f"{auth[1]}:{auth[2]}".encode()
+            self.headers["Authorization"] = "Basic " + base64.b64encode(raw).decode()
+        elif auth is not None:
+            self.headers["Authorization"] = f"Bearer {auth[1]}"
 
-    def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    def send(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        """The answer of a request, AdminError for an unreachable gateway or an error status."""
+        headers = {**self.headers, **kw.pop("headers", {})}
         try:
-            r = httpx.request(method, self.url + path, json=body, timeout=self.timeout)
+            r = httpx.request(method, self.url + path, headers=headers, timeout=self.timeout, **kw)
         except httpx.HTTPError as e:
             raise AdminError(f"cannot reach the gateway at {self.url}: {e}") from e
         if r.status_code >= 400:
             raise AdminError(f"{r.status_code} {_detail(r)}")
+        return r
+
+    def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        r = self.send(method, path, json=body)
         if r.status_code == 204 or not r.content:
             return None
         try:
@@ -64,6 +80,53 @@ class AdminClient:
 
     def list_clients(self) -> list[dict]:
         return self.request("GET", "/admin/clients")
+
+    # ------------------------------------------------------------------ identities and ACL
+    def add_user(self, name: str, **fields: Any) -> dict:
+        body = {"name": name, **{k: v for k, v in fields.items() if v is not None}}
+        return self.request("POST", "/admin/users", body)
+
+    def list_users(self) -> list[dict]:
+        return self.request("GET", "/admin/users")
+
+    def set_password(self, name: str, password: str) -> None:
+        self.request("PUT", f"/admin/users/{_seg(name)}/password", {"password": password})
+
+    def delete_user(self, name: str) -> None:
+        self.request("DELETE", f"/admin/users/{_seg(name)}")
+
+    def create_token(self, name: str, user: str | None = None) -> dict:
+        body = {"name": name, **({"user": user} if user else {})}
+        return self.request("POST", "/admin/tokens", body)
+
+    def list_tokens(self) -> list[dict]:
+        return self.request("GET", "/admin/tokens")
+
+    def revoke_token(self, token_id: str) -> None:
+        self.request("DELETE", f"/admin/tokens/{_seg(token_id)}")
+
+    def add_rule(self, subject: str, kind: str, pattern: str, actions: list[str], effect: str) -> dict:
+        body = {"subject": subject, "kind": kind, "pattern": pattern, "actions": actions, "effect": effect}
+        return self.request("POST", "/admin/acl", body)
+
+    def list_rules(self) -> list[dict]:
+        return self.request("GET", "/admin/acl")
+
+    def delete_rule(self, rule_id: str) -> None:
+        self.request("DELETE", f"/admin/acl/{_seg(rule_id)}")
+
+    def export_policy(self) -> str:
+        return self.send("GET", "/admin/acl/export").text
+
+    def import_policy(self, text: str, *, replace: bool = True) -> dict:
+        r = self.send(
+            "POST",
+            "/admin/acl/import",
+            content=text.encode(),
+            headers={"Content-Type": "application/toml"},
+            params={"replace": "true" if replace else "false"},
+        )
+        return r.json()
 
 
 def _seg(name: str) -> str:
@@ -177,3 +240,22 @@ def render_clients(clients: list[dict]) -> str:
         for c in clients
     ]
     return table(rows, ("PROTOCOL", "CLIENT_ID", "KIND", "GROUP", "TOPICS", "REMOTE"))
+
+
+def render_users(users: list[dict]) -> str:
+    rows = [
+        (u["name"], u["role"], "yes" if u["password"] else "no", u.get("access_key"), ",".join(u["vhosts"]))
+        for u in users
+    ]
+    return table(rows, ("NAME", "ROLE", "PASSWORD", "ACCESS_KEY", "VHOSTS"))
+
+
+def render_tokens(tokens: list[dict]) -> str:
+    return table([(t["id"], t["name"], t["user"]) for t in tokens], ("ID", "NAME", "USER"))
+
+
+def render_rules(rules: list[dict]) -> str:
+    rows = [
+        (r["id"], r["subject"], r["kind"], r["pattern"], ",".join(r["actions"]), r["effect"]) for r in rules
+    ]
+    return table(rows, ("ID", "SUBJECT", "KIND", "PATTERN", "ACTIONS", "EFFECT"))

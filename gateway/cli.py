@@ -3,8 +3,9 @@
 ``gateway start [--config FILE] [--data-dir DIR] [--host ADDR] [--grpc-port N] ... [--flush P]``
 serves until SIGTERM/SIGINT (``--mode cluster --namesrv H:P``: as a stateless proxy over store
 nodes). ``gateway store --name NAME --data-dir DIR --port N --namesrv H:P`` runs a CLUSTER mode
-store node (docs/cluster.md). ``gateway topic|group|client ...`` talk to a running gateway's HTTP
-admin API (``--url``, default ``$GATEWAY_URL`` or http://127.0.0.1:8082)."""
+store node (docs/cluster.md). ``gateway topic|group|client|user|token|acl ...`` talk to a
+running gateway's HTTP admin API (``--url``, default ``$GATEWAY_URL`` or http://127.0.0.1:8082;
+credentials as CREDENTIALS_HELP says)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gateway.config import FLUSH_POLICIES, MODES, Settings, load, parse_protocols
+from gateway.config import FLUSH_POLICIES, MODES, Settings, check_exposure, load, parse_protocols
 from runtime import EVENT_LOOPS, LOG_LEVELS, ConfigError, loop_factory, setup_logging
 
 log = logging.getLogger("gateway")
@@ -71,6 +72,14 @@ _START_FLAGS: dict[str, dict[str, Any]] = {
     "lease_period_s": {"type": float, "metavar": "S", "help": "name server re-registration period (30)"},
     "lease_expiry_s": {"type": float, "metavar": "S", "help": "registration expiry without renewal (120)"},
     "route_refresh_s": {"type": float, "metavar": "S", "help": "store node list refresh period (5)"},
+    "auth": {
+        "action": argparse.BooleanOptionalAction,
+        "help": "authenticate every client and apply the ACL rules (default off; docs/security.md)",
+    },
+    "allow_anonymous": {
+        "action": argparse.BooleanOptionalAction,
+        "help": "allow a non-loopback --host with --no-auth (default: refused)",
+    },
 }
 
 # `gateway store`: flag -> Settings field (every one also a GATEWAY_* env var and a TOML key).
@@ -115,7 +124,16 @@ def _arg_type(fn: Callable[[str], Any]) -> Callable[[str], Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gateway", description="Multi-protocol messaging gateway.")
+    parser = argparse.ArgumentParser(
+        prog="gateway", description="Multi-protocol messaging gateway.", epilog=CREDENTIALS_HELP
+    )
+    parser.add_argument("--user", dest="g_user", metavar="NAME", help="admin commands: log in as this user")
+    parser.add_argument(
+        "--password-stdin",
+        dest="g_password_stdin",
+        action="store_true",
+        help="admin commands: read --user's password from the first line of stdin",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     start = sub.add_parser("start", help="open the store and serve until SIGTERM/SIGINT")
@@ -146,41 +164,135 @@ def build_parser() -> argparse.ArgumentParser:
         help="the gateway's HTTP address (default $GATEWAY_URL, else http://127.0.0.1:8082)",
     )
     common.add_argument("--json", action="store_true", help="print the API's JSON answer")
+    creds = argparse.ArgumentParser(add_help=False)
+    creds.add_argument("--user", dest="auth_user", metavar="NAME", help="log in as this admin user")
+    creds.add_argument(
+        "--password-stdin",
+        dest="auth_password_stdin",
+        action="store_true",
+        help="read the admin user's password from the first line of stdin",
+    )
 
     topic = sub.add_parser("topic", help="manage topics of a running gateway").add_subparsers(
         dest="action", required=True
     )
-    p = topic.add_parser("create", parents=[common], help="create (or update) a topic")
+    p = topic.add_parser("create", parents=[common, creds], help="create (or update) a topic")
     p.add_argument("name")
     p.add_argument("--queues", type=int, metavar="N", help="number of queues (default: gateway default)")
     p.add_argument("--retention-ms", type=int, metavar="MS", help="keep messages this long")
     p.add_argument("--retention-bytes", type=int, metavar="BYTES", help="keep at most this much")
-    topic.add_parser("list", parents=[common], help="list topics")
-    p = topic.add_parser("get", parents=[common], help="a topic's queues, offsets and group backlogs")
+    topic.add_parser("list", parents=[common, creds], help="list topics")
+    p = topic.add_parser("get", parents=[common, creds], help="a topic's queues, offsets and group backlogs")
     p.add_argument("name")
-    p = topic.add_parser("delete", parents=[common], help="delete a topic")
+    p = topic.add_parser("delete", parents=[common, creds], help="delete a topic")
     p.add_argument("name")
 
     group = sub.add_parser("group", help="manage consumer groups of a running gateway").add_subparsers(
         dest="action", required=True
     )
-    p = group.add_parser("create", parents=[common], help="create (or update) a consumer group")
+    p = group.add_parser("create", parents=[common, creds], help="create (or update) a consumer group")
     p.add_argument("name")
     p.add_argument("--max-attempts", type=int, metavar="N", help="deliveries before the DLQ (default 16)")
     p.add_argument("--retry-initial-ms", type=int, metavar="MS", help="first retry back-off (default 1000)")
     p.add_argument("--retry-multiplier", type=float, metavar="X", help="back-off growth (default 2)")
     p.add_argument("--retry-max-ms", type=int, metavar="MS", help="back-off cap (default 60000)")
-    group.add_parser("list", parents=[common], help="list consumer groups with backlog")
-    p = group.add_parser("get", parents=[common], help="a group's settings and backlog per topic")
+    group.add_parser("list", parents=[common, creds], help="list consumer groups with backlog")
+    p = group.add_parser("get", parents=[common, creds], help="a group's settings and backlog per topic")
     p.add_argument("name")
-    p = group.add_parser("delete", parents=[common], help="delete a consumer group")
+    p = group.add_parser("delete", parents=[common, creds], help="delete a consumer group")
     p.add_argument("name")
 
     client = sub.add_parser("client", help="connected clients of a running gateway").add_subparsers(
         dest="action", required=True
     )
-    client.add_parser("list", parents=[common], help="list registered clients")
+    client.add_parser("list", parents=[common, creds], help="list registered clients")
+    _add_security_commands(sub, common, creds)
     return parser
+
+
+CREDENTIALS_HELP = (
+    "Admin commands authenticate with --user NAME and --password-stdin (the password as the first "
+    "line of stdin), else $GATEWAY_USER and $GATEWAY_PASSWORD, else $GATEWAY_TOKEN (an API token). "
+    "Where a command has its own --user or --password-stdin (user add, user passwd, token create, "
+    "acl add), give the credentials before the command (gateway --user admin --password-stdin user "
+    "add ...) or in the environment."
+)
+
+
+def _add_security_commands(
+    sub: argparse._SubParsersAction, common: argparse.ArgumentParser, creds: argparse.ArgumentParser
+) -> None:
+    """`gateway user|token|acl ...`: identities and ACL rules through the admin API."""
+
+    user = sub.add_parser("user", help="users of a running gateway (auth on)", epilog=CREDENTIALS_HELP)
+    users = user.add_subparsers(dest="action", required=True)
+    p = users.add_parser(
+        "add",
+        parents=[common],
+        help="create a user",
+        epilog="With both --password-stdin and --secret-key-stdin, stdin holds two lines: the password, "
+        "then the secret key (after the admin's password when that comes from stdin too). "
+        + CREDENTIALS_HELP,
+    )
+    p.add_argument("name")
+    p.add_argument("--password-stdin", action="store_true", help="read the new user's password from stdin")
+    p.add_argument("--role", choices=("admin", "user"), default="user", help="default user")
+    p.add_argument("--access-key", metavar="AK", help="RocketMQ AccessKey (needs --secret-key-stdin)")
+    p.add_argument("--secret-key-stdin", action="store_true", help="read the SecretKey from stdin")
+    p.add_argument("--vhosts", metavar="LIST", help="AMQP virtual hosts the user may open (default /)")
+    users.add_parser("list", parents=[common, creds], help="list users (never passwords or secrets)")
+    p = users.add_parser(
+        "passwd",
+        parents=[common],
+        help="set a user's password",
+        epilog="The new password is the last line read from stdin. " + CREDENTIALS_HELP,
+    )
+    p.add_argument("name")
+    p.add_argument("--password-stdin", action="store_true", required=True, help="read it from stdin")
+    p = users.add_parser("delete", parents=[common, creds], help="delete a user and its tokens")
+    p.add_argument("name")
+
+    token = sub.add_parser("token", help="API tokens (HTTP Bearer)", epilog=CREDENTIALS_HELP)
+    tokens = token.add_subparsers(dest="action", required=True)
+    p = tokens.add_parser(
+        "create",
+        parents=[common],
+        help="create a token; its text is printed this once",
+        epilog=CREDENTIALS_HELP,
+    )
+    p.add_argument("name", help="what the token is for")
+    p.add_argument("--user", help="whose token (default: the user running the command)")
+    tokens.add_parser("list", parents=[common, creds], help="list tokens (never their text)")
+    p = tokens.add_parser("revoke", parents=[common, creds], help="revoke a token")
+    p.add_argument("id")
+
+    acl = sub.add_parser("acl", help="ACL rules (docs/security.md)", epilog=CREDENTIALS_HELP)
+    rules = acl.add_subparsers(dest="action", required=True)
+    p = rules.add_parser(
+        "add",
+        parents=[common],
+        help="add a rule: a deny that matches wins over an allow",
+        epilog="Patterns use MQTT syntax (+, #) with %%u (user name) and %%c (client id). "
+        + CREDENTIALS_HELP,
+    )
+    who = p.add_mutually_exclusive_group(required=True)
+    who.add_argument("--user", metavar="NAME", help="the rule is for this user")
+    who.add_argument("--role", choices=("admin", "user"), help="the rule is for every user of this role")
+    who.add_argument("--anyone", action="store_true", help="the rule is for every user")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--topic", metavar="PATTERN", help="topic paths (devices/%%u/#)")
+    what.add_argument("--group", metavar="PATTERN", help="consumer group names")
+    p.add_argument("--actions", required=True, metavar="LIST", help="comma list of publish,subscribe,admin")
+    p.add_argument("--deny", action="store_true", help="deny instead of allow")
+    rules.add_parser("list", parents=[common, creds], help="list rules")
+    p = rules.add_parser("delete", parents=[common, creds], help="delete a rule")
+    p.add_argument("id")
+    rules.add_parser("export", parents=[common, creds], help="print the policy (users, rules) as TOML")
+    p = rules.add_parser("import", parents=[common, creds], help="apply a policy file (TOML)")
+    p.add_argument("file", help="the policy file ('-': stdin)")
+    p.add_argument(
+        "--merge", action="store_true", help="keep stored rules the file lacks (default: remove them)"
+    )
 
 
 def settings_from_args(args: argparse.Namespace, env: dict[str, str] | None = None) -> Settings:
@@ -192,6 +304,7 @@ def settings_from_args(args: argparse.Namespace, env: dict[str, str] | None = No
 def _start(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_args(args)
+        check_exposure(settings)
     except ConfigError as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 2
@@ -219,11 +332,63 @@ def _store(args: argparse.Namespace) -> int:
         return runner.run(serve(settings))
 
 
+class _Stdin:
+    """Secrets read from stdin, one per line, in the order asked (a prompt without echo on a tty)."""
+
+    def __init__(self) -> None:
+        self.read = 0
+
+    def line(self, what: str) -> str:
+        from gateway.admin_client import AdminError
+
+        if sys.stdin is None:
+            raise AdminError(f"no stdin to read {what} from")
+        if sys.stdin.isatty():
+            import getpass
+
+            text = getpass.getpass(f"{what}: ")
+        else:
+            text = sys.stdin.readline()
+            if not text:
+                raise AdminError(f"stdin ended before {what} (line {self.read + 1})")
+            text = text.rstrip("\r\n")
+        self.read += 1
+        if not text:
+            raise AdminError(f"{what} is empty")
+        return text
+
+
+def _credentials(args: argparse.Namespace, stdin: _Stdin, env: Mapping[str, str]) -> tuple[str, ...] | None:
+    """How admin commands authenticate (see CREDENTIALS_HELP); None: no credentials."""
+    from gateway.admin_client import AdminError
+
+    user = getattr(args, "auth_user", None) or getattr(args, "g_user", None)
+    from_stdin = getattr(args, "auth_password_stdin", False) or getattr(args, "g_password_stdin", False)
+    user = user or env.get("GATEWAY_USER")
+    if not user and not from_stdin and env.get("GATEWAY_TOKEN"):
+        return ("bearer", env["GATEWAY_TOKEN"])
+    if not user:
+        if from_stdin:
+            raise AdminError("--password-stdin needs --user (or GATEWAY_USER)")
+        return None
+    password = stdin.line(f"password of {user}") if from_stdin else env.get("GATEWAY_PASSWORD")
+    if not password:
+        raise AdminError(f"no password for {user}: use --password-stdin or set GATEWAY_PASSWORD")
+    return ("basic", user, password)
+
+
 def _admin(args: argparse.Namespace) -> int:
     from gateway import admin_client as ac
 
     url = args.url or os.environ.get("GATEWAY_URL") or ac.DEFAULT_URL
-    client = ac.AdminClient(url)
+    stdin = _Stdin()
+    try:
+        client = ac.AdminClient(url, auth=_credentials(args, stdin, os.environ))
+        if args.command in ("user", "token", "acl"):
+            return _security_command(args, client, stdin)
+    except ac.AdminError as e:
+        print(f"gateway: {e}", file=sys.stderr)
+        return 1
     cmd = (args.command, args.action)
     try:
         if cmd == ("topic", "create"):
@@ -270,6 +435,82 @@ def _admin(args: argparse.Namespace) -> int:
         print(f"gateway: {e}", file=sys.stderr)
         return 1
     print(ac.dumps(out) if args.json else text)
+    return 0
+
+
+def _security_command(args: argparse.Namespace, client: Any, stdin: _Stdin) -> int:
+    """`gateway user|token|acl ...`; AdminError propagates."""
+    from gateway import admin_client as ac
+
+    cmd = (args.command, args.action)
+    out: Any
+    if cmd == ("user", "add"):
+        if (args.access_key is None) != (not args.secret_key_stdin):
+            raise ac.AdminError("--access-key and --secret-key-stdin go together")
+        password = stdin.line(f"password of {args.name}") if args.password_stdin else None
+        secret = stdin.line(f"secret key of {args.name}") if args.secret_key_stdin else None
+        vhosts = [v.strip() for v in args.vhosts.split(",") if v.strip()] if args.vhosts else None
+        out = client.add_user(
+            args.name,
+            password=password,
+            role=args.role,
+            access_key=args.access_key,
+            secret_key=secret,
+            vhosts=vhosts,
+        )
+        text = ac.render_users([out])
+    elif cmd == ("user", "list"):
+        out = client.list_users()
+        text = ac.render_users(out)
+    elif cmd == ("user", "passwd"):
+        client.set_password(args.name, stdin.line(f"new password of {args.name}"))
+        out, text = {"user": args.name, "password": True}, f"password of {args.name} set"
+    elif cmd == ("user", "delete"):
+        client.delete_user(args.name)
+        out, text = {"deleted": args.name}, f"deleted user {args.name}"
+    elif cmd == ("token", "create"):
+        out = client.create_token(args.name, args.user)
+        if not args.json:
+            print(
+                f"token {out['id']} ({out['name']}) for user {out['user']}: shown only now, keep it safe",
+                file=sys.stderr,
+            )
+        text = out["token"]
+    elif cmd == ("token", "list"):
+        out = client.list_tokens()
+        text = ac.render_tokens(out)
+    elif cmd == ("token", "revoke"):
+        client.revoke_token(args.id)
+        out, text = {"revoked": args.id}, f"revoked token {args.id}"
+    elif cmd == ("acl", "add"):
+        subject = f"user:{args.user}" if args.user else f"role:{args.role}" if args.role else "anyone"
+        kind, pattern = ("topic", args.topic) if args.topic is not None else ("group", args.group)
+        actions = [a.strip().lower() for a in args.actions.split(",") if a.strip()]
+        out = client.add_rule(subject, kind, pattern, actions, "deny" if args.deny else "allow")
+        text = ac.render_rules([out])
+    elif cmd == ("acl", "list"):
+        out = client.list_rules()
+        text = ac.render_rules(out)
+    elif cmd == ("acl", "delete"):
+        client.delete_rule(args.id)
+        out, text = {"deleted": args.id}, f"deleted rule {args.id}"
+    elif cmd == ("acl", "export"):
+        sys.stdout.write(client.export_policy())
+        return 0
+    elif cmd == ("acl", "import"):
+        try:
+            if args.file == "-":
+                policy = sys.stdin.read()
+            else:
+                with open(args.file, encoding="utf-8") as fh:
+                    policy = fh.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ac.AdminError(f"cannot read {args.file}: {e}") from e
+        out = client.import_policy(policy, replace=not args.merge)
+        text = f"imported {out['users']} user(s) and {out['rules']} rule(s); removed {out['removed']} rule(s)"
+    else:  # pragma: no cover - argparse only produces the commands above
+        raise ac.AdminError(f"unknown command {' '.join(cmd)}")
+    print(ac.dumps(out) if getattr(args, "json", False) else text)
     return 0
 
 

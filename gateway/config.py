@@ -6,6 +6,7 @@ Every field of `Settings` is a TOML key of the same name, an environment variabl
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import re
 import tomllib
 from collections.abc import Mapping
@@ -94,6 +95,8 @@ class Settings:
     lease_period_s: float = 30.0  # stores and proxies renew their name server registration this often
     lease_expiry_s: float = 120.0  # ... which expires when not renewed for this long
     route_refresh_s: float = 5.0  # proxies refresh the store node list this often
+    auth: bool = False  # users, tokens and ACL rules on every listener (docs/security.md)
+    allow_anonymous: bool = False  # let a non-loopback host run with auth off (secure by default)
 
     def __post_init__(self) -> None:
         for name, choices in (
@@ -126,8 +129,9 @@ class Settings:
         _check_int("default_queues", self.default_queues, 1, 1024)
         _check_int("transaction_timeout_ms", self.transaction_timeout_ms, 1, None)
         _check_int("transaction_check_interval_ms", self.transaction_check_interval_ms, 1, None)
-        if not isinstance(self.auto_create_topics, bool):
-            raise ConfigError(f"auto_create_topics must be true or false, got {self.auto_create_topics!r}")
+        for name in ("auto_create_topics", "auth", "allow_anonymous"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         for name in ("namesrv", "store_name", "proxy_name"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value.strip()):
@@ -163,6 +167,27 @@ class Settings:
 
     def port(self, protocol: str) -> int:
         return getattr(self, f"{protocol}_port")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is a loopback address (127.0.0.0/8, ::1) or `localhost`."""
+    h = host.strip().strip("[]").lower()
+    if h == "localhost" or h.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:
+        return False  # another host name: it may resolve to anything
+
+
+def check_exposure(s: Settings) -> None:
+    """Secure by default: ConfigError when the listeners bind a non-loopback address with
+    authentication off, unless `allow_anonymous` says so."""
+    if not s.auth and not s.allow_anonymous and not is_loopback(s.host):
+        raise ConfigError(
+            f"refusing to start: the listeners would bind {s.host} (not loopback) with authentication "
+            "off; start with --auth (docs/security.md), or --allow-anonymous to let anyone in"
+        )
 
 
 def _check_int(name: str, value: Any, lo: int, hi: int | None) -> None:

@@ -118,12 +118,27 @@ class Gateway:
             store_client = self.cluster_store
         else:
             store_client = await self._open_local_store()
+        security = None
+        if s.auth:
+            from messaging_processor.security import Security
+
+            security = Security(store_client)
         self.processor = MessagingProcessor(
             store_client,
             limits=Limits(max_body_size=s.max_body_size),
             auto_create_topics=s.auto_create_topics,
+            security=security,
         )
         await self.processor.start()
+        if security is not None:
+            from gateway.bootstrap import BootstrapError, ensure_admin
+
+            try:
+                await ensure_admin(self.processor, s.data_dir, cluster=s.mode == "cluster")
+            except BootstrapError as e:
+                raise StartupError(str(e)) from e
+            d = security.directory
+            log.info("authentication on: %d user(s), %d ACL rule(s)", len(d.users), len(d.rules))
         await self._start_listeners()
         if s.mode == "cluster":
             from cluster.proxy import ProxyRegistration

@@ -18,6 +18,9 @@ from .validate import Problem
 
 PROBLEM_TYPE = "application/problem+json"
 ALLOW = "POST, OPTIONS"
+# Where the HTTP port's authentication middleware (gateway/http/auth.py) leaves the verified
+# Identity of a request; without it (auth off) the identity is read from the request's credentials.
+IDENTITY_KEY = "msg.identity"
 _TITLES = {
     400: "Bad Request",
     405: "Method Not Allowed",
@@ -88,7 +91,8 @@ def context(request: Request) -> ClientContext:
 
 
 def scope_context(scope: Scope) -> ClientContext:
-    """`context` of an ASGI scope."""
+    """`context` of an ASGI scope: the verified identity when authentication is on."""
     client = scope.get("client")
     remote = f"{client[0]}:{client[1]}" if client else ""
-    return ClientContext(protocol="http", client_id=remote, identity=scope_identity(scope), remote=remote)
+    ident = scope.get(IDENTITY_KEY) or scope_identity(scope)
+    return ClientContext(protocol="http", client_id=remote, identity=ident, remote=remote)

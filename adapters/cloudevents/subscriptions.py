@@ -56,8 +56,11 @@ class SubscriptionManager:
     async def create(self, spec: SubscriptionIn, request: Request) -> Subscription:
         p = self.service.processor
         ctx = context(request)
-        # Deliveries pop as the push identity: the creator must be allowed to read the topic.
+        # Deliveries pop as the push identity: the creator must be allowed to read the topic, and
+        # to consume as the group it names (a generated group is the subscription's own).
         await p.authorize(ctx.identity, Action.SUBSCRIBE, Resource("topic", spec.topic))
+        if spec.group is not None:
+            await p.authorize(ctx.identity, Action.SUBSCRIBE, Resource("group", spec.group))
         route = await p.query_route(ctx, spec.topic)  # 404 for an unknown topic
         sid = uuid.uuid4().hex[:16]
         group = spec.group or GROUP_PREFIX + sid
@@ -73,6 +76,18 @@ class SubscriptionManager:
         await p.kv_put(NS, sid, rec.model_dump_json(by_alias=True).encode())
         self._run(rec)
         return self.view(rec.id)
+
+    def visible(self, request: Request, sid: str) -> bool:
+        """Whether the caller may see (and delete) the subscription: it may read its topic and
+        group (always true with authentication off)."""
+        d = self.dispatchers.get(sid)
+        if d is None:
+            return False
+        ident = context(request).identity
+        p = self.service.processor
+        return p.permits(ident, Action.SUBSCRIBE, Resource("topic", d.sub.topic)) and p.permits(
+            ident, Action.SUBSCRIBE, Resource("group", d.sub.group)
+        )
 
     async def delete(self, sid: str) -> None:
         d = self.dispatchers.pop(sid, None)
@@ -118,15 +133,19 @@ def router(service: CloudEvents) -> APIRouter:
         return sub
 
     @r.get("", response_model=list[Subscription], summary="List push subscriptions with their status")
-    async def list_all() -> list[Subscription]:
-        return [m.view(sid) for sid in sorted(m.dispatchers)]
+    async def list_all(request: Request) -> list[Subscription]:
+        return [m.view(sid) for sid in sorted(m.dispatchers) if m.visible(request, sid)]
 
     @r.get("/{sid}", response_model=Subscription, responses=errors, summary="A subscription and its status")
-    async def get(sid: str) -> Subscription:
+    async def get(sid: str, request: Request) -> Subscription:
+        if sid in m.dispatchers and not m.visible(request, sid):
+            raise HTTPException(404, f"no subscription {sid}")
         return m.view(sid)
 
     @r.delete("/{sid}", status_code=204, response_class=Response, responses=errors, summary="Delete one")
-    async def delete(sid: str) -> Response:
+    async def delete(sid: str, request: Request) -> Response:
+        if sid in m.dispatchers and not m.visible(request, sid):
+            raise HTTPException(404, f"no subscription {sid}")
         await m.delete(sid)
         return Response(status_code=204)
 

@@ -10,7 +10,8 @@ from fastapi import APIRouter, FastAPI
 from adapters.base import Adapter
 from messaging_processor import MessagingProcessor
 
-from . import admin, health, metrics, read_api
+from . import admin, health, metrics, read_api, security_api
+from .auth import AuthMiddleware
 from .errors import install_error_handlers
 
 ListenerSource = Callable[[], Iterable[Adapter]]
@@ -28,7 +29,8 @@ def create_app(
     title: str = "msg-gateway",
 ) -> FastAPI:
     """Build the app over `processor`. `listeners()` returns the gateway's enabled adapters (for
-    /healthz and the listener gauge); `extra_routers` are included after the built-in ones."""
+    /healthz and the listener gauge); `extra_routers` are included after the built-in ones. With
+    `processor.security` set (auth on), requests are authenticated first (auth.py)."""
     app = FastAPI(
         title=title,
         summary="Health, Prometheus metrics and the admin API of the messaging gateway.",
@@ -40,7 +42,10 @@ def create_app(
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.include_router(admin.router)
+    app.include_router(security_api.router)
     app.include_router(read_api.router)
     for router in extra_routers:
         app.include_router(router)
+    if processor.security is not None:  # auth on: every route but /healthz needs credentials
+        app.add_middleware(AuthMiddleware, processor=processor)
     return app

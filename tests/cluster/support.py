@@ -54,18 +54,27 @@ class Cluster:
             out.append(addr)
         return out
 
-    def start_proxies(self, n: int, protocols: str = "grpc,mqtt,remoting,amqp,http") -> list[dict[str, str]]:
-        """Start `n` proxies (concurrently); their listeners."""
-        procs = [self._spawn_proxy(protocols) for _ in range(n)]
+    def start_proxies(
+        self,
+        n: int,
+        protocols: str = "grpc,mqtt,remoting,amqp,http",
+        *,
+        extra: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> list[dict[str, str]]:
+        """Start `n` proxies (concurrently) with `extra` flags and `env` variables; their listeners."""
+        procs = [self._spawn_proxy(protocols, extra, env, i) for i in range(n)]
         return [self._proxy_ready(p) for p in procs]
 
-    def _spawn_proxy(self, protocols: str) -> Proc:
+    def _spawn_proxy(
+        self, protocols: str, extra: tuple[str, ...] = (), env: dict[str, str] | None = None, i: int = 0
+    ) -> Proc:
         args = ["start", "--mode", "cluster", "--namesrv", self.namesrv, "--protocols", protocols, *LEASE]
         args += ["--route-refresh-s", "0.3", "--auto-create-topics", "--drain-timeout-s", "1"]
         args += ["--data-dir", str(self.root / "proxy-data")]  # must stay unused: proxies hold no data
         for proto in protocols.split(","):
             args += [f"--{proto}-port", "0"]
-        p = Proc(args, f"proxy{len(self.proxies)}")
+        p = Proc([*args, *extra], f"proxy{len(self.proxies) + i}", env=env)
         self.procs.append(p)
         return p
 

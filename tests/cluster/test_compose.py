@@ -5,6 +5,7 @@ valid settings that point at each other. `docker compose config` runs too where 
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 import yaml
 
 from gateway.cli import build_parser, settings_from_args
+from gateway.config import check_exposure
 from namesrv.cli import _FLAGS as NAMESRV_FLAGS
 from namesrv.config import load as load_namesrv
 
@@ -92,6 +94,8 @@ def test_commands_parse_into_settings_that_point_at_each_other():
         s = settings_from_args(parsed(svc), env_of(svc))
         assert (s.mode, s.namesrv, s.cluster_name, s.host) == ("cluster", ns_addr, cluster, "0.0.0.0")
         assert s.proxy_name == name and s.advertise_host == "127.0.0.1"
+        check_exposure(s)  # every interface: the proxies run with --auth, so they start
+        assert s.auth and "GATEWAY_ADMIN_PASSWORD" in svc["environment"]
         assert set(svc["depends_on"]) == {"store-a", "store-b"}
         published = {}
         for p in svc["ports"]:
@@ -104,6 +108,13 @@ def test_commands_parse_into_settings_that_point_at_each_other():
         host_ports += list(published.values())
         assert str(s.http_port) in " ".join(svc["healthcheck"]["test"])
     assert len(host_ports) == len(set(host_ports))  # the two proxies do not collide
+
+
+def test_the_image_starts_with_authentication():
+    cmd = next(line for line in DOCKERFILE.read_text().splitlines() if line.startswith("CMD"))
+    s = settings_from_args(build_parser().parse_args(json.loads(cmd[3:])), {})
+    assert s.host == "0.0.0.0" and s.auth
+    check_exposure(s)
 
 
 def test_a_bad_flag_in_a_command_would_be_caught(capsys):

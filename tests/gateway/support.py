@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -29,16 +30,25 @@ started: list[Proc] = []
 class Proc(GatewayProc):
     """A gateway subprocess, killed after the test."""
 
-    def __init__(self, args: list[str], *, new_session: bool = False) -> None:
-        super().__init__(args, new_session=new_session)
+    def __init__(
+        self, args: list[str], *, new_session: bool = False, env: Mapping[str, str] | None = None
+    ) -> None:
+        super().__init__(args, new_session=new_session, env=env)
         started.append(self)
 
 
-def start(tmp_path: Path, *extra: str, new_session: bool = False) -> tuple[Proc, dict[str, str]]:
-    """Start a gateway on ephemeral ports; wait for `gateway ready`; return it and its listeners."""
-    args = ["start", "--data-dir", str(tmp_path / "data"), "--protocols", PROTOCOLS]
+def start(
+    tmp_path: Path,
+    *extra: str,
+    new_session: bool = False,
+    env: Mapping[str, str] | None = None,
+    protocols: str = PROTOCOLS,
+) -> tuple[Proc, dict[str, str]]:
+    """Start a gateway on ephemeral ports; wait for `gateway ready`; return it and its listeners.
+    `env`: variables set for it (the caller's GATEWAY_* ones are never passed on)."""
+    args = ["start", "--data-dir", str(tmp_path / "data"), "--protocols", protocols]
     args += ["--http-port", "0", "--grpc-port", "0", *extra]
-    proc = Proc(args, new_session=new_session)
+    proc = Proc(args, new_session=new_session, env=env)
     try:
         return proc, proc.wait_ready(60)
     except GatewayError as e:

@@ -220,6 +220,8 @@ NON_DEFAULT = {
     "lease_period_s": 1.5,
     "lease_expiry_s": 4.5,
     "route_refresh_s": 0.5,
+    "auth": True,
+    "allow_anonymous": True,
 }
 # Settings only `gateway store` takes as flags (`--name`, `--port`); the others are flags of `start`.
 STORE_ONLY = {"store_name": "--name", "store_port": "--port"}
@@ -308,3 +310,22 @@ def test_store_command_reads_its_flags_and_env():
     assert (s.store_port, s.store_name, s.namesrv, s.lease_period_s) == (10912, "s1", "n:1", 2.0)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["store", "--grpc-port", "1"])  # not a store node setting
+
+
+def test_secure_by_default_exposure_check():
+    from gateway.config import check_exposure, is_loopback
+
+    for host in ("127.0.0.1", "127.8.9.10", "::1", "[::1]", "localhost", "LOCALHOST"):
+        assert is_loopback(host), host
+    for host in ("0.0.0.0", "::", "10.0.0.1", "gateway.example", "128.0.0.1"):
+        assert not is_loopback(host), host
+    check_exposure(Settings())  # make run: loopback, anonymous
+    check_exposure(Settings(host="0.0.0.0", auth=True))
+    check_exposure(Settings(host="0.0.0.0", allow_anonymous=True))
+    with pytest.raises(ConfigError, match=r"refusing to start: .* bind 0\.0\.0\.0 .*--allow-anonymous"):
+        check_exposure(Settings(host="0.0.0.0"))
+    with pytest.raises(ConfigError, match="auth must be true or false"):
+        Settings(auth="yes")  # type: ignore[arg-type]
+    args = build_parser().parse_args(["start", "--host", "0.0.0.0", "--auth", "--no-allow-anonymous"])
+    s = settings_from_args(args, {"GATEWAY_ALLOW_ANONYMOUS": "true"})
+    assert (s.auth, s.allow_anonymous) == (True, False)
