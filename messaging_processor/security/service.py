@@ -21,6 +21,7 @@ from .directory import Directory
 from .records import User
 
 _MAX_VERIFIED = 10_000
+_MAX_PRINCIPALS = 10_000
 
 
 class AuthFailure(Exception):
@@ -36,6 +37,18 @@ class Security:
         self.directory = Directory(store, poll_s)
         self._key = secrets.token_bytes(32)
         self._verified: dict[bytes, str] = {}  # HMAC(user, password) -> the hash it was checked against
+        # One principal per (user, client id, protocol, token): a client that authenticates per
+        # request (HTTP, gRPC) or reconnects keeps its compiled rules and cached decisions.
+        self._principals: dict[tuple[str, str, str, str | None], Principal] = {}
+
+    def _principal(self, user: User, client_id: str, protocol: str, token_id: str | None = None) -> Principal:
+        key = (user.name, client_id, protocol, token_id)
+        p = self._principals.get(key)
+        if p is None:
+            if len(self._principals) >= _MAX_PRINCIPALS:
+                self._principals.clear()
+            p = self._principals[key] = Principal(user.name, user.role, client_id, protocol, token_id)
+        return p
 
     async def start(self) -> None:
         await self.directory.start()
@@ -96,14 +109,14 @@ class Security:
             if len(self._verified) >= _MAX_VERIFIED:
                 self._verified.clear()
             self._verified[key] = user.password_hash
-        return Principal(user.name, user.role, client_id, protocol)
+        return self._principal(user, client_id, protocol)
 
     def login_token(self, text: str, protocol: str, client_id: str = "") -> Principal:
         token = self.directory.token_of(text)
         user = self.directory.users.get(token.user) if token is not None else None
         if token is None or user is None:
             raise AuthFailure("bad_token")
-        return Principal(user.name, user.role, client_id, protocol, token.id)
+        return self._principal(user, client_id, protocol, token.id)
 
     async def _by_access_key(self, access_key: str) -> User:
         d = self.directory
@@ -122,7 +135,7 @@ class Security:
         assert user.secret_key is not None
         if not signatures.same(signature.lower(), signatures.grpc_signature(user.secret_key, date_time)):
             raise AuthFailure("bad_signature")
-        return Principal(user.name, user.role, client_id, protocol)
+        return self._principal(user, client_id, protocol)
 
     async def login_remoting(
         self, access_key: str, signature: str, content: bytes, protocol: str, client_id: str = ""
@@ -131,7 +144,7 @@ class Security:
         assert user.secret_key is not None
         if not signatures.same(signature, signatures.remoting_signature(user.secret_key, content)):
             raise AuthFailure("bad_signature")
-        return Principal(user.name, user.role, client_id, protocol)
+        return self._principal(user, client_id, protocol)
 
     # ------------------------------------------------------------------ decisions
     def _current(self, p: Principal) -> None:
@@ -139,9 +152,8 @@ class Security:
         if p.version == d.version:
             return
         user = d.users.get(p.user)
-        if user is None or (p.token_id is not None and p.token_id not in d.tokens):
-            p.revoked = True
-        else:
+        p.revoked = user is None or (p.token_id is not None and p.token_id not in d.tokens)
+        if user is not None:
             p.role = user.role
         compile_rules(p, list(d.rules.values()), d.version)
 
