@@ -7,6 +7,7 @@ no open connection, so it can be created anywhere; readers create theirs inside 
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -40,12 +41,34 @@ def default_url() -> str:
     return os.environ.get("GATEWAY_URL") or DEFAULT_URL
 
 
-class ReadClient:
-    """The read API of one gateway (`url`: its HTTP address, e.g. http://gw:8082)."""
+def authorization(
+    user: str | None = None, password: str | None = None, token: str | None = None
+) -> str | None:
+    """The `Authorization` header for a gateway with `auth` on (docs/security.md): a token (Bearer),
+    else user and password (Basic), else `$GATEWAY_TOKEN`, else `$GATEWAY_USER`/`$GATEWAY_PASSWORD`;
+    None when none is given (a gateway without auth)."""
+    if token is None and user is None:
+        token = os.environ.get("GATEWAY_TOKEN") or None
+        if token is None:
+            user, password = os.environ.get("GATEWAY_USER") or None, os.environ.get("GATEWAY_PASSWORD")
+    if token:
+        return f"Bearer {token}"
+    if user:
+        return "Basic " + base64.b64encode(f"{user}:{password or ''}".encode()).decode()
+    return None
 
-    def __init__(self, url: str | None = None, timeout: float = 60.0) -> None:
+
+class ReadClient:
+    """The read API of one gateway (`url`: its HTTP address, e.g. http://gw:8082). `auth`: the
+    Authorization header to send (default: `authorization()` from the environment)."""
+
+    def __init__(self, url: str | None = None, timeout: float = 60.0, auth: str | None = None) -> None:
         self.url = (url or default_url()).rstrip("/")
         self.timeout = timeout
+        self.auth = auth if auth is not None else authorization()
+
+    def __repr__(self) -> str:  # never show the credentials
+        return f"ReadClient({self.url!r})"
 
     # ------------------------------------------------------------------ plumbing
     def _open(
@@ -62,6 +85,8 @@ class ReadClient:
             url += "?" + urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
         data = None
         hdrs = dict(headers or {})
+        if self.auth:
+            hdrs["Authorization"] = self.auth
         if body is not None:
             data = body if isinstance(body, bytes) else json.dumps(body).encode()
             hdrs["Content-Type"] = content_type

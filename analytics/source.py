@@ -20,7 +20,7 @@ import json
 import logging
 import math
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +43,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from .client import ReadClient, default_url
+from .client import ReadClient, authorization, default_url
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -104,6 +104,10 @@ class SourceOptions:
     fail_on_data_loss: bool = True
     commit_offsets: bool = True  # with a group: commit its offsets when a micro-batch commits
     timeout_s: float = 60.0
+    # Authorization header for a gateway with auth on: options token, or user + password, else the
+    # driver's GATEWAY_TOKEN / GATEWAY_USER + GATEWAY_PASSWORD (resolved on the driver: executors
+    # get the header with the options). Spark redacts options named *password*/*token* in plans.
+    auth: str | None = field(default=None, repr=False)
 
     KNOWN = (
         "url",
@@ -122,6 +126,9 @@ class SourceOptions:
         "failondataloss",
         "commitoffsets",
         "timeout",
+        "user",
+        "password",
+        "token",
         "path",  # what DataFrameReader.load(path) passes: the topic
     )
 
@@ -154,10 +161,11 @@ class SourceOptions:
             fail_on_data_loss=_bool(o.get("failondataloss", "true"), "failOnDataLoss"),
             commit_offsets=_bool(o.get("commitoffsets", "true"), "commitOffsets"),
             timeout_s=float(o.get("timeout", "60")),
+            auth=authorization(o.get("user") or None, o.get("password"), o.get("token") or None),
         )
 
     def client(self) -> ReadClient:
-        return ReadClient(self.url, self.timeout_s)
+        return ReadClient(self.url, self.timeout_s, self.auth or "")
 
 
 # ----------------------------------------------------------------------------- offsets
