@@ -21,6 +21,14 @@ this process is pinned there too) measures, in this order:
    consumer (prefetch 100, acking) on another generator process; latency = receive time - write
    time stamped in the body (CLOCK_MONOTONIC); p50/p99 over messages written in the window.
 
+Authentication (`--auth-rounds N`, default 3; `--quick`: 1): phase 1 again on fresh gateways
+started with `--auth` (first admin from GATEWAY_ADMIN_PASSWORD), whose load generator logs in as
+the `user`-role user `bench` (created through the admin API, POST /admin/users) under `--acl-rules`
+(1,000) ACL rules (imported as one policy file, POST /admin/acl/import): the few that allow `bench`
+its queues and the rest on other paths and for other users, some of them denies; alternating with
+runs with auth off (round 1's is the main run's phase 1). `confirms_auth_ratio` is the median over
+the rounds of auth-on / auth-off publisher-confirm throughput (target >= 0.9).
+
 Our gateway runs with its defaults: flush policy `sync`, i.e. a confirm is sent after the group
 commit's fdatasync (data directory under `--dir`, default the system temp directory; the output
 says which filesystem). RabbitMQ 3.10 (Debian) runs with its defaults (classic queues; confirms
@@ -34,25 +42,30 @@ machine uses < 0.3 CPUs besides itself, and reports per run `other_util` (CPUs u
 but the server and the generator during the window, from /proc/stat) and the load average.
 
 Output: a table (figures, gateway / RabbitMQ ratios, targets: ≥ 1.0× RabbitMQ on confirms and no
-more CPU per message); `--json` prints one JSON object instead (progress on stderr) with
-`confirms_ratio_vs_rabbitmq`, `consume_ratio_vs_rabbitmq`, `cpu_us_per_msg` (gateway, phase 1),
-`rabbitmq_cpu_us_per_msg`, `cpu_ratio_vs_rabbitmq`, `ratios`, `brokers` (figures and details per
-broker), `config`. A broker that cannot start or a phase that fails gives null figures and an
-`error`; the run goes on.
+more CPU per message, auth on ≥ 0.9× off); `--json` prints one JSON object instead (progress on
+stderr) with `confirms_ratio_vs_rabbitmq`, `consume_ratio_vs_rabbitmq`, `cpu_us_per_msg` (gateway,
+phase 1), `rabbitmq_cpu_us_per_msg`, `cpu_ratio_vs_rabbitmq`, `confirms_auth_ratio` (its rounds in
+`auth`), `ratios`, `brokers` (figures and details per broker), `config`. A broker that cannot start
+or a phase that fails gives null figures and an `error`; the run goes on.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import json
 import multiprocessing as mp
 import os
+import re
+import secrets
 import shutil
+import statistics
 import sys
 import tempfile
 import time
 import traceback
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -152,10 +165,68 @@ def loadavg() -> float:
         return float(f.read().split()[0])
 
 
+BENCH_USER = "bench"
+
+
+def acl_policy(n: int, queues: list[str]) -> str:
+    """`n` ACL rules as a policy file: `bench` may declare, publish to and consume its `queues`;
+    the others are rules of its role on other paths (a fifth of them denies) and other users'."""
+    rules = [(f"user:{BENCH_USER}", q, "publish,subscribe,admin", "allow") for q in queues]
+    i = 0
+    while len(rules) < n:
+        if i % 2:
+            rules.append((f"user:device{i}", f"devices/device{i}/#", "publish", "allow"))
+        else:
+            effect = "deny" if i % 10 == 0 else "allow"
+            rules.append(("role:user", f"telemetry/{i}/+/#", "publish,subscribe", effect))
+        i += 1
+    out = []
+    for subject, pattern, actions, effect in rules[:n]:
+        acts = ", ".join(f'"{a}"' for a in actions.split(","))
+        out.append(
+            f'[[rules]]\nsubject = "{subject}"\nkind = "topic"\npattern = "{pattern}"\n'
+            f'actions = [{acts}]\neffect = "{effect}"\n'
+        )
+    return "\n".join(out)
+
+
+def admin_call(base: str, password: str, method: str, path: str, body: bytes, ctype: str) -> Any:
+    """One admin API request as the bootstrap admin (HTTP Basic); the JSON answer."""
+    req = urllib.request.Request(base + path, data=body, method=method)
+    req.add_header("Content-Type", ctype)
+    req.add_header("Authorization", "Basic " + base64.b64encode(f"admin:{password}".encode()).decode())
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read() or b"null")
+
+
+def provision(server: AmqpServer, args: argparse.Namespace) -> dict[str, Any]:
+    """Create the `bench` user and the ACL rules through the admin API of a gateway started with
+    `--auth`."""
+    m = re.search(r"--http-port (\d+)", str(server.info.get("command", "")))
+    if m is None:
+        raise ServerError("no --http-port in the gateway's command line")
+    base = f"http://127.0.0.1:{m.group(1)}"
+    pw = args.admin_password
+    body = json.dumps({"name": BENCH_USER, "password": args.bench_password, "role": "user"}).encode()
+    admin_call(base, pw, "POST", "/admin/users", body, "application/json")
+    queues = [f"amqpbench.q{i}" for i in range(args.publishers)] + ["amqpbench.lat"]
+    t = time.monotonic()
+    res = admin_call(
+        base,
+        pw,
+        "POST",
+        "/admin/acl/import?replace=false",
+        acl_policy(args.acl_rules, queues).encode(),
+        "application/toml",
+    )
+    return {"acl_rules": res["rules"], "provision_s": time.monotonic() - t}
+
+
 class BrokerBench:
-    def __init__(self, server: AmqpServer, args: argparse.Namespace) -> None:
+    def __init__(self, server: AmqpServer, args: argparse.Namespace, auth: bool = False) -> None:
         self.server = server
         self.args = args
+        creds = {"user": BENCH_USER, "password": args.bench_password} if auth else {}
         self.base = Job(
             host="127.0.0.1",
             port=server.port,
@@ -164,6 +235,7 @@ class BrokerBench:
             prefetch=args.prefetch,
             rate=args.latency_rate,
             cpus=args.gen_cpu_list,
+            **creds,
         )
         self.kids = descendants(server.pid) if server.name == "gateway" else []
 
@@ -302,16 +374,21 @@ def _details(r: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def run_broker(name: str, args: argparse.Namespace) -> dict[str, Any]:
+def run_broker(
+    name: str, args: argparse.Namespace, *, auth: bool = False, phases: list[str] | None = None
+) -> dict[str, Any]:
+    """One broker started fresh, its `phases` (default `--phases`) measured; `auth`: our gateway with
+    `--auth`, the `bench` user and the ACL rules."""
     work = Path(tempfile.mkdtemp(prefix=f"amqpbench-{name}-", dir=args.dir))
     out: dict[str, Any] = {"figures": dict.fromkeys(k for k, _, _ in FIGURES), "phases": {}}
     server: AmqpServer | None = None
+    phase_list = args.phase_list if phases is None else phases
     try:
         if name == "gateway":
             server = start_gateway(
                 work,
                 "amqp",
-                args.gateway_args,
+                [*args.gateway_args, *(["--auth"] if auth else [])],
                 cpu=args.server_cpu,
                 src=args.gateway_src,
                 ready=amqp_ready,  # and the AMQP port sends connection.start
@@ -321,9 +398,11 @@ def run_broker(name: str, args: argparse.Namespace) -> dict[str, Any]:
         else:
             server = start_rabbitmq(work, args.server_cpu)
         out["info"] = {**server.info, "data_fs": fs_type(work)}
-        b = BrokerBench(server, args)
+        if auth:
+            out["info"].update(provision(server, args))
+        b = BrokerBench(server, args, auth)
         for phase, fn in (("confirms", b.confirms), ("consume", b.consume), ("latency", b.latency)):
-            if phase not in args.phase_list:
+            if phase not in phase_list:
                 continue
             log(f"{name}: {phase} ...")
             try:
@@ -360,6 +439,37 @@ def ratio(ours: float | None, peer: float | None) -> float | None:
     return ours / peer
 
 
+def auth_rounds(args: argparse.Namespace, first_off: dict[str, Any] | None) -> dict[str, Any]:
+    """Publisher confirms with auth on vs off, `--auth-rounds` alternating fresh gateways (round 1's
+    auth-off run is `first_off`, the main run, when it measured phase 1)."""
+    rounds = []
+    for i in range(args.auth_rounds):
+        off = first_off if i == 0 and first_off is not None else None
+        if off is None:
+            log(f"gateway (auth off, round {i + 1}) ...")
+            off = run_broker("gateway", args, phases=["confirms"])
+        log(f"gateway (auth on, {args.acl_rules} ACL rules, round {i + 1}) ...")
+        on = run_broker("gateway", args, auth=True, phases=["confirms"])
+        f_off, f_on = off["figures"], on["figures"]
+        rounds.append(
+            {
+                "confirms_off": f_off["confirms_msgs_per_s"],
+                "confirms_on": f_on["confirms_msgs_per_s"],
+                "ratio": ratio(f_on["confirms_msgs_per_s"], f_off["confirms_msgs_per_s"]),
+                "cpu_us_per_msg_off": f_off["cpu_us_per_msg"],
+                "cpu_us_per_msg_on": f_on["cpu_us_per_msg"],
+                "on": {k: on[k] for k in ("info", "phases", "error") if k in on},
+            }
+        )
+    ratios = [r["ratio"] for r in rounds if r["ratio"] is not None]
+    return {
+        "confirms_auth_ratio": statistics.median(ratios) if ratios else None,
+        "acl_rules": args.acl_rules,
+        "rounds": rounds,
+        "target": ">= 0.9",
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--brokers", default=",".join(BROKERS))
@@ -379,12 +489,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dir", default=None, help="parent of the brokers' data directories")
     p.add_argument("--gateway-src", type=Path, default=None)
     p.add_argument("--gateway-arg", dest="gateway_args", action="append", default=[])
+    p.add_argument("--auth-rounds", type=int, default=3, help="auth on/off rounds (0: none)")
+    p.add_argument("--acl-rules", type=int, default=1000)
     p.add_argument("--keep", action="store_true")
     p.add_argument("--quick", action="store_true", help="short runs (smoke test)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     if a.quick:
         a.duration, a.warmup, a.quiet_wait, a.latency_rate, a.consume_max = 1.5, 0.3, 0.0, 500, 12.0
+        a.auth_rounds = min(a.auth_rounds, 1)
     a.gen_cpu_list = [int(x) for x in a.gen_cpus.split(",") if x.strip()]
     a.phase_list = [x.strip() for x in a.phases.split(",") if x.strip()]
     ncpu = os.cpu_count() or 1
@@ -394,7 +507,13 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(OSError):
             os.sched_setaffinity(0, set(a.gen_cpu_list))
     brokers = [b.strip() for b in a.brokers.split(",") if b.strip()]
+    a.admin_password = secrets.token_urlsafe(16)  # the auth runs' first admin (bootstrap from env)
+    a.bench_password = secrets.token_urlsafe(16)
+    os.environ["GATEWAY_ADMIN_PASSWORD"] = a.admin_password
     results = {b: run_broker(b, a) for b in brokers}
+    auth: dict[str, Any] = {"confirms_auth_ratio": None}
+    if "gateway" in results and "confirms" in a.phase_list and a.auth_rounds > 0:
+        auth = auth_rounds(a, results["gateway"] if not results["gateway"].get("error") else None)
 
     g = results.get("gateway", {}).get("figures", {})
     r = results.get("rabbitmq", {}).get("figures", {})
@@ -405,6 +524,8 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_us_per_msg": g.get("cpu_us_per_msg"),
         "rabbitmq_cpu_us_per_msg": r.get("cpu_us_per_msg"),
         "cpu_ratio_vs_rabbitmq": ratios["cpu_us_per_msg"],
+        "confirms_auth_ratio": auth["confirms_auth_ratio"],
+        "auth": auth,
         "cpu_us_per_consumed_msg": g.get("cpu_us_per_consumed_msg"),
         "rabbitmq_cpu_us_per_consumed_msg": r.get("cpu_us_per_consumed_msg"),
         "p50_ms": g.get("p50_ms"),
@@ -414,10 +535,15 @@ def main(argv: list[str] | None = None) -> int:
         "targets": {
             "confirms_ratio_vs_rabbitmq": ">= 1.0",
             "cpu_ratio_vs_rabbitmq": "<= 1.0",
+            "confirms_auth_ratio": ">= 0.9",
         },
         "ratios": ratios,
         "brokers": results,
-        "config": {k: v for k, v in vars(a).items() if k not in ("gateway_src",) and not callable(v)}
+        "config": {
+            k: v
+            for k, v in vars(a).items()
+            if k not in ("gateway_src", "admin_password", "bench_password") and not callable(v)
+        }
         | {"gateway_src": str(a.gateway_src) if a.gateway_src else None, "cpus": os.cpu_count()},
     }
     if a.json:
@@ -446,7 +572,18 @@ def main(argv: list[str] | None = None) -> int:
                     f"gen_util={res.get('gen_util', 0) or 0:.2f} other_util={res.get('other_util', 0):.2f} "
                     f"load={res.get('loadavg_1m')} {res.get('bottleneck', '')}"
                 )
-    print("targets: confirms >= 1.0x RabbitMQ; server CPU per message <= RabbitMQ")
+    car = auth["confirms_auth_ratio"]
+    for i, r in enumerate(auth.get("rounds", ())):
+        print(
+            f"auth round {i + 1}: confirms off {r['confirms_off'] or 0:.4g} msg/s, on "
+            f"{r['confirms_on'] or 0:.4g} msg/s ({a.acl_rules} ACL rules)"
+        )
+    print(
+        f"confirms_auth_ratio (auth on / off, median): {car:.3f}"
+        if car is not None
+        else "confirms_auth_ratio: -"
+    )
+    print("targets: confirms >= 1.0x RabbitMQ; server CPU per message <= RabbitMQ; auth on >= 0.9x off")
     return 0
 
 

@@ -275,10 +275,14 @@ class MessagingProcessor:
         if len(messages) > limits.max_batch:
             raise ProcessorError(ErrorKind.BAD_REQUEST, f"more than {limits.max_batch} messages in one send")
         if self.security is not None:
+            allowed: set[str] = set()  # a batch's messages mostly share a path: check each path once
             for m in messages:  # the ACL path: the MQTT topic, else <topic> or <topic>/<tag>
                 path = m.properties.get("mqtt.topic") or (f"{m.topic}/{m.tag}" if m.tag else m.topic)
+                if path in allowed:
+                    continue
                 if not self.permits(ctx.identity, Action.PUBLISH, Resource("topic", path)):
                     raise ProcessorError(ErrorKind.FORBIDDEN, f"may not publish to {path}")
+                allowed.add(path)
         elif self.authorizer is not None:
             for t in topics:
                 await self.authorize(ctx.identity, Action.PUBLISH, Resource("topic", t))

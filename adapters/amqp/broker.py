@@ -58,6 +58,7 @@ class Broker:
         self.long_poll_ms = long_poll_ms
         self.max_inflight_publishes = max_inflight_publishes
         self.max_body_size = processor.limits.max_body_size
+        self.secured = processor.security is not None  # authentication and the ACL are on
         self.ctx = ClientContext("amqp", client_id="$amqp-broker", identity=PROXY_IDENTITY)
         self.vhosts: dict[str, VHost] = {}
         self.reply_channels: dict[str, DirectReplyTo] = {}  # direct reply-to tokens
@@ -101,11 +102,25 @@ class Broker:
         self.lifetimes.connection_closed(conn)
 
     async def authorize(
-        self, conn: Connection, action: Action, resource: Resource, cls: int, mid: int
+        self, conn: Connection, action: Action, resource: Resource, cls: int, mid: int, what: str = ""
     ) -> None:
-        if self.processor.authorizer is None:
+        """403 ACCESS_REFUSED (a channel error) unless the connection's user may `action` `resource`;
+        `what` names it in RabbitMQ's words ("queue 'q'"). With security on this is the ACL
+        (processor.permits, cached per connection); without, the processor's authorizer if any."""
+        p = self.processor
+        if p.security is not None:
+            if not p.permits(conn.ctx.identity, action, resource):
+                raise AMQPError(ReplyCode.ACCESS_REFUSED, refused(conn, what), class_id=cls, method_id=mid)
+            return
+        if p.authorizer is None:
             return
         try:
-            await self.processor.authorize(conn.ctx.identity, action, resource)
+            await p.authorize(conn.ctx.identity, action, resource)
         except ProcessorError as e:
             raise AMQPError(ReplyCode.ACCESS_REFUSED, e.message, class_id=cls, method_id=mid) from None
+
+
+def refused(conn: Connection, what: str) -> str:
+    """RabbitMQ's text of a refused action: "access to queue 'q' in vhost '/' refused for user 'u'"."""
+    vh = conn.vhost_obj.name if conn.vhost_obj is not None else "/"
+    return f"access to {what} in vhost '{vh}' refused for user '{conn.ctx.identity.username or ''}'"

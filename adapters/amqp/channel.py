@@ -20,7 +20,7 @@ from . import codec as c
 from .codec import AMQPError, ReplyCode, encode_method
 from .consumer import ACK, CLOSED, CLOSING, OPEN, REJECT, REQUEUE, Consumer, Unacked
 from .declaring import Declaring
-from .mapping import expires_at, now_ms, present
+from .mapping import expires_at, now_ms, present, store_name
 from .publish import Publisher
 from .reply_to import REPLY_TO, DirectReplyTo
 
@@ -55,7 +55,15 @@ class Channel:
         self.room = asyncio.Event()
         self.replies = DirectReplyTo(b.reply_channels, self._deliver_reply)
         self.publisher = Publisher(
-            conn, number, vh, b.work, b.queue_store.ready_count, self.replies, b.max_body_size, self.fail
+            conn,
+            number,
+            vh,
+            b.work,
+            b.queue_store.ready_count,
+            self.replies,
+            b.max_body_size,
+            self.fail,
+            conn.publish_acl.allows if conn.publish_acl is not None else None,
         )
         self.declaring = Declaring(conn, vh, b.registry, b.queue_store, self.reply, self.publisher.wait_sends)
         self._publish = self.publisher.publish
@@ -185,6 +193,7 @@ class Channel:
 
         async def run() -> None:
             b = self.broker
+            await self._may_read(m.queue, 20)
             q = await self.declaring.queue(m.queue, 60, 20)
             tag = m.consumer_tag or "amq.ctag-" + os.urandom(16).hex()
             if tag in self.consumers:
@@ -201,8 +210,9 @@ class Channel:
                     class_id=60,
                     method_id=20,
                 )
-            await b.authorize(self.conn, Action.SUBSCRIBE, Resource("topic", q.topic), 60, 20)
-            await b.authorize(self.conn, Action.SUBSCRIBE, Resource("group", q.group), 60, 20)
+            if not b.secured:  # (with security on: checked above, by name, before the queue is looked up)
+                await b.authorize(self.conn, Action.SUBSCRIBE, Resource("topic", q.topic), 60, 20)
+                await b.authorize(self.conn, Action.SUBSCRIBE, Resource("group", q.group), 60, 20)
             if q.deleted or self.state != OPEN:
                 raise AMQPError(
                     ReplyCode.NOT_FOUND,
@@ -220,6 +230,19 @@ class Channel:
                 cons.start()
 
         return run()
+
+    async def _may_read(self, queue: str, mid: int) -> None:
+        """With security on, basic.consume / basic.get need `subscribe` on the queue's topic, checked
+        before the queue is looked up (a refused user does not learn whether it exists). The queue's
+        store group is the mapping's own (one per queue, named like it), so no group rule is needed:
+        consumers pop with the connection's `pop_ctx`."""
+        b = self.broker
+        if b.secured:
+            name = self.declaring.queue_name(queue, 60, mid)
+            topic = store_name(self.declaring.vhost.name, name)
+            await b.authorize(
+                self.conn, Action.SUBSCRIBE, Resource("topic", topic), 60, mid, f"queue '{name}'"
+            )
 
     def _remove_consumer(self, cons: Consumer) -> None:
         q = cons.queue
@@ -253,9 +276,11 @@ class Channel:
         async def run() -> None:
             b = self.broker
             p = b.processor
-            ctx = self.conn.ctx
+            ctx = self.conn.pop_ctx
+            await self._may_read(m.queue, 70)
             q = await self.declaring.queue(m.queue, 60, 70)
-            await b.authorize(self.conn, Action.SUBSCRIBE, Resource("topic", q.topic), 60, 70)
+            if not b.secured:
+                await b.authorize(self.conn, Action.SUBSCRIBE, Resource("topic", q.topic), 60, 70)
             await self.publisher.wait_sends()
             self.lifetimes.touch(q)
             while True:

@@ -9,7 +9,7 @@ import logging
 from time import time_ns
 from typing import TYPE_CHECKING
 
-from messaging_processor import Delivery, DeliveryLoop, Outcome, ProcessorError
+from messaging_processor import Action, Delivery, DeliveryLoop, Outcome, ProcessorError, Resource
 
 from .codec import encode_deliver
 from .mapping import P_EXPIRES, present
@@ -54,6 +54,7 @@ class Consumer:
         "cancelled",
         "_loop",
         "_settle",
+        "_read",
     )
 
     def __init__(
@@ -70,6 +71,7 @@ class Consumer:
         self.cancelled = False
         self._loop = asyncio.get_running_loop()
         self._settle = channel.work.settle
+        self._read = Resource("topic", queue.topic)  # re-checked per delivery with security on
 
     def max_inflight(self) -> int:
         if self.no_ack:
@@ -87,7 +89,7 @@ class Consumer:
         mi = self.max_inflight()
         self.loop = DeliveryLoop(
             b.processor,
-            ch.conn.ctx,
+            ch.conn.pop_ctx,
             q.group,
             q.topic,
             self.handle,
@@ -123,6 +125,9 @@ class Consumer:
             await ch.work.dead_letter(q, m, "delivery_limit")
             return Outcome.ACK
         conn = ch.conn
+        if b.secured and not b.processor.permits(conn.ctx.identity, Action.SUBSCRIBE, self._read):
+            ch.server_cancel(self)  # the rules changed (or the user went away) since basic.consume
+            return Outcome.REQUEUE
         try:
             if not conn.writable.is_set():
                 await conn.writable.wait()

@@ -6,8 +6,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from messaging_processor import Action, Resource
+
 from . import codec as c
 from .codec import AMQPError, ReplyCode
+from .mapping import store_name
 from .queue_store import QueueStore
 from .queues import Queue
 from .registry import Registry
@@ -50,6 +53,13 @@ class Declaring:
             self.conn, self.vhost, self.queue_name(name, cls, mid), cls, mid
         )
 
+    async def may_bind(self, dest: str, topic: str, source: str, cls: int, mid: int) -> None:
+        """(Un)binding needs `admin` on the destination (queue `topic` or exchange) and `subscribe`
+        on the source exchange (RabbitMQ: write on the destination, read on the source)."""
+        auth = self.registry.authorize
+        await auth(self.conn, Action.ADMIN, Resource("topic", topic), cls, mid, dest)
+        await auth(self.conn, Action.SUBSCRIBE, Resource("topic", source), cls, mid, f"exchange '{source}'")
+
     # ------------------------------------------------------------------ exchange class
     async def exchange_declare(self, m: c.ExchangeDeclare) -> None:
         await self.registry.declare_exchange(
@@ -74,7 +84,10 @@ class Declaring:
     async def exchange_bind(self, m: c.ExchangeBind | c.ExchangeUnbind) -> None:
         bind = type(m) is c.ExchangeBind
         r = self.registry
-        dest = await r.find_exchange(self.vhost, m.destination, 40, 30 if bind else 40)
+        mid = 30 if bind else 40
+        if self.conn.broker.secured:
+            await self.may_bind(f"exchange '{m.destination}'", m.destination, m.source, 40, mid)
+        dest = await r.find_exchange(self.vhost, m.destination, 40, mid)
         if not dest.name:
             raise AMQPError(
                 ReplyCode.ACCESS_REFUSED,
@@ -105,7 +118,11 @@ class Declaring:
 
     async def queue_bind(self, m: c.QueueBind | c.QueueUnbind) -> None:
         bind = type(m) is c.QueueBind
-        q = await self.queue(m.queue, 50, 20 if bind else 50)
+        mid = 20 if bind else 50
+        if self.conn.broker.secured:
+            name = self.queue_name(m.queue, 50, mid)
+            await self.may_bind(f"queue '{name}'", store_name(self.vhost.name, name), m.exchange, 50, mid)
+        q = await self.queue(m.queue, 50, mid)
         if bind:
             await self.registry.bind(self.conn, self.vhost, q, m.exchange, m.routing_key, m.arguments, 50)
             if not m.nowait:
@@ -115,6 +132,12 @@ class Declaring:
             self.reply(c.QueueUnbindOk())
 
     async def queue_purge(self, m: c.QueuePurge) -> None:
+        if self.conn.broker.secured:  # RabbitMQ: read on the queue
+            name = self.queue_name(m.queue, 50, 30)
+            topic = store_name(self.vhost.name, name)
+            await self.registry.authorize(
+                self.conn, Action.SUBSCRIBE, Resource("topic", topic), 50, 30, f"queue '{name}'"
+            )
         q = await self.queue(m.queue, 50, 30)
         await self.wait_sends()
         n = await self.queue_store.purge(q)

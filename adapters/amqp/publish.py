@@ -10,11 +10,28 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
-from messaging_processor import ClientContext, ErrorKind, Message, ProcessorError
+from messaging_processor import (
+    Action,
+    ClientContext,
+    ErrorKind,
+    Identity,
+    Message,
+    MessagingProcessor,
+    ProcessorError,
+    Resource,
+)
 
 from . import codec as c
 from .codec import AMQPError, ReplyCode, encode_basic_ack, encode_basic_nack, encode_properties
-from .mapping import FLAG_EXPIRATION, FLAG_USER_ID, READABLE_FLAGS, flags_of, now_ms, parse_expiration
+from .mapping import (
+    FLAG_EXPIRATION,
+    FLAG_USER_ID,
+    READABLE_FLAGS,
+    flags_of,
+    now_ms,
+    parse_expiration,
+    tag_for,
+)
 from .queue_work import QueueWork
 from .queues import Queue
 from .reply_to import REPLY_PREFIX, REPLY_TO, DirectReplyTo
@@ -34,6 +51,36 @@ class PublishingConnection(Protocol):
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task: ...
     def publishes_started(self, n: int) -> None: ...
     def publishes_done(self, n: int) -> None: ...
+
+
+class PublishAcl:
+    """The paths one connection may publish to, as decided by `processor.permits` (which counts and
+    logs refusals), remembered until the security directory changes: the per-message check is a set
+    lookup."""
+
+    __slots__ = ("processor", "identity", "ok", "version")
+
+    def __init__(self, processor: MessagingProcessor, identity: Identity) -> None:
+        self.processor = processor
+        self.identity = identity
+        self.ok: set[str] = set()
+        self.version = -1
+
+    def allows(self, path: str) -> bool:
+        sec = self.processor.security
+        assert sec is not None
+        v = sec.directory.version
+        if v != self.version:
+            self.ok.clear()
+            self.version = v
+        elif path in self.ok:
+            return True
+        if not self.processor.permits(self.identity, Action.PUBLISH, Resource("topic", path)):
+            return False
+        if len(self.ok) >= 4096:
+            self.ok.clear()
+        self.ok.add(path)
+        return True
 
 
 class Confirm:
@@ -58,6 +105,7 @@ class Publisher:
         "replies",
         "max_body_size",
         "fail",
+        "may_publish",
         "open",
         "confirm",
         "pub_seq",
@@ -76,6 +124,7 @@ class Publisher:
         replies: DirectReplyTo,
         max_body_size: int,
         fail: Callable[[AMQPError], None],
+        may_publish: Callable[[str], bool] | None = None,
     ) -> None:
         self.conn = conn
         self.number = number
@@ -85,6 +134,7 @@ class Publisher:
         self.replies = replies
         self.max_body_size = max_body_size
         self.fail = fail  # the channel's error handling (a refused publish closes the channel)
+        self.may_publish = may_publish  # PublishAcl.allows with security on (None: everything allowed)
         self.open = True
         self.confirm = False  # confirm.select
         self.pub_seq = 0
@@ -170,6 +220,8 @@ class Publisher:
                     dest = None if self.replies.send(rk, raw, body) else []
                 else:
                     dest = route(ex, rk, raw)
+                    if dest and self.may_publish is not None:
+                        self._check_paths(dest, ex.name, rk)
                 if self.confirm:
                     self.pub_seq += 1
                 if dest is None:  # delivered straight to a reply consumer
@@ -210,6 +262,24 @@ class Publisher:
             self._flush_confirms()
         if error is not None:
             raise error
+
+    def _check_paths(self, dest: Any, exchange: str, rk: str) -> None:
+        """403 unless the user may publish to the path of each copy: `<queue topic>/<routing key>`
+        (the store tag) through a named exchange, `<queue topic>` through the default one. Checked
+        as each publish is routed, so the publishes before a refused one are stored as usual."""
+        tag = tag_for(rk) if exchange else ""
+        allows = self.may_publish
+        assert allows is not None
+        for q in dest:
+            path = f"{q.topic}/{tag}" if tag else q.topic
+            if not allows(path):
+                raise AMQPError(
+                    ReplyCode.ACCESS_REFUSED,
+                    f"access to topic '{path}' in exchange '{exchange or 'amq.default'}' in vhost "
+                    f"'{self.vhost.name}' refused for user '{self.conn.ctx.identity.username or ''}'",
+                    class_id=60,
+                    method_id=40,
+                )
 
     async def _send(
         self,
@@ -300,6 +370,8 @@ class Publisher:
             try:
                 await self.work.send(self.conn.ctx, msgs)
             except ProcessorError as e:
+                if e.kind in (ErrorKind.FORBIDDEN, ErrorKind.UNAUTHORIZED):  # the rules changed meanwhile
+                    raise AMQPError(ReplyCode.ACCESS_REFUSED, e.message, class_id=90, method_id=20) from None
                 raise AMQPError(
                     ReplyCode.INTERNAL_ERROR, f"commit failed: {e.message}", class_id=90, method_id=20
                 ) from None

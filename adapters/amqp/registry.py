@@ -31,7 +31,7 @@ from .routing import EXCHANGE_TYPES, Binding, Exchange, VHost
 if TYPE_CHECKING:
     from .session import Connection
 
-    Authorize = Callable[[Connection, Action, Resource, int, int], Awaitable[None]]
+    Authorize = Callable[[Connection, Action, Resource, int, int, str], Awaitable[None]]
 
 log = logging.getLogger("adapters.amqp")
 
@@ -204,6 +204,7 @@ class Registry:
         ae = args.get("alternate-exchange")
         if ae is not None and not isinstance(ae, str):
             raise err(ReplyCode.PRECONDITION_FAILED, "invalid arg 'alternate-exchange'", 40, 10)
+        await self.authorize(conn, Action.ADMIN, Resource("topic", name), 40, 10, f"exchange '{name}'")
         async with self.lock:
             ex = vh.exchanges.get(name) or await self._load_exchange(vh, name)
             if ex is not None:
@@ -223,7 +224,6 @@ class Registry:
                             10,
                         )
                 return
-            await self.authorize(conn, Action.ADMIN, Resource("exchange", f"{vh.name}/{name}"), 40, 10)
             ex = Exchange(vh.name, name, type_, durable, auto_delete, internal, args)
             if durable:
                 await self.records.put_exchange(ex)
@@ -236,6 +236,7 @@ class Registry:
             raise err(
                 ReplyCode.ACCESS_REFUSED, f"exchange name '{name}' contains reserved prefix 'amq.*'", 40, 20
             )
+        await self.authorize(conn, Action.ADMIN, Resource("topic", name), 40, 20, f"exchange '{name}'")
         async with self.lock:
             ex = vh.exchanges.get(name)
             if ex is None:
@@ -244,7 +245,6 @@ class Registry:
                 raise err(
                     ReplyCode.PRECONDITION_FAILED, f"exchange '{name}' in vhost '{vh.name}' in use", 40, 20
                 )
-            await self.authorize(conn, Action.ADMIN, Resource("exchange", f"{vh.name}/{name}"), 40, 20)
             await self._drop_exchange(vh, ex)
 
     async def _drop_exchange(self, vh: VHost, ex: Exchange) -> None:
@@ -370,10 +370,11 @@ class Registry:
             raise err(
                 ReplyCode.ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'", 50, 10
             )
+        topic = store_name(vh.name, name)
+        await self.authorize(conn, Action.ADMIN, Resource("topic", topic), 50, 10, f"queue '{name}'")
         async with self.lock:
             if name in vh.queues or await self._load_queue(vh, name, 50, 10) is not None:
                 return self._redeclare(conn, vh, name, durable, exclusive, auto_delete, args)
-            topic = store_name(vh.name, name)
             q = Queue(
                 vh.name, name, topic, durable=durable, exclusive=exclusive, auto_delete=auto_delete, args=args
             )
@@ -385,7 +386,6 @@ class Registry:
                     50,
                     10,
                 )
-            await self.authorize(conn, Action.ADMIN, Resource("topic", topic), 50, 10)
             q.own_topic = not await self.queue_store.topic_exists(topic)
             raw = await self.records.create_queue(q, args)
             if raw is not None:  # another proxy created it just now
@@ -425,6 +425,8 @@ class Registry:
     async def delete_queue(
         self, conn: Connection, vh: VHost, name: str, if_unused: bool, if_empty: bool
     ) -> int:
+        topic = store_name(vh.name, name)
+        await self.authorize(conn, Action.ADMIN, Resource("topic", topic), 50, 40, f"queue '{name}'")
         async with self.lock:
             if name not in vh.queues and await self._load_queue(vh, name, 50, 40) is None:
                 return 0  # idempotent, as in RabbitMQ
@@ -438,7 +440,6 @@ class Registry:
                 raise err(
                     ReplyCode.PRECONDITION_FAILED, f"queue '{name}' in vhost '{vh.name}' is not empty", 50, 40
                 )
-            await self.authorize(conn, Action.ADMIN, Resource("topic", q.topic), 50, 40)
             await self._drop_queue(q)
             return n
 

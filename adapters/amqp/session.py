@@ -4,8 +4,9 @@ The asyncio glue (server.py) feeds received bytes to `Connection.feed` and gives
 `write(bytes)`, `close()` and reading pause/resume callables; channels (channel.py) do the rest.
 
 States: HEADER (protocol header expected) -> START (connection.start sent, start-ok expected;
-credentials checked by processor.authorize) -> TUNE (tune-ok expected) -> OPENING (connection.open
-expected; the vhost checked) -> OPEN -> CLOSING (connection.close sent, close-ok expected) ->
+credentials checked by processor.authenticate, or its authorizer without security; what arrives
+meanwhile waits, in order) -> TUNE (tune-ok expected) -> OPENING (connection.open expected; the
+vhost checked) -> OPEN -> CLOSING (connection.close sent, close-ok expected) ->
 CLOSED. Errors: a channel error closes the channel (channel.close, the connection stays usable),
 any other closes the connection (connection.close, then the socket); framing errors that lose
 sync with the byte stream close the socket at once. Writes of one event-loop tick are sent with one
@@ -20,7 +21,7 @@ import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from messaging_processor import Action, ClientContext, Identity, ProcessorError, Resource
+from messaging_processor import Action, ClientContext, ErrorKind, Identity, ProcessorError, Resource
 
 from . import codec as c
 from .channel import CLOSED as CH_CLOSED
@@ -38,6 +39,7 @@ from .codec import (
     encode_method,
 )
 from .mapping import now_ms
+from .publish import PublishAcl
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -112,6 +114,11 @@ class Connection:
         self.decoder = Decoder(decode_properties=False, keep_body_size=broker.max_body_size)
         self.state = HEADER
         self.ctx = ClientContext("amqp", remote=remote)
+        # what consumers pop with: `ctx` itself, or with authentication on the same user as an
+        # in-process identity (the adapter checks `subscribe` on the queue; its store group is the
+        # mapping's own, not something ACL rules name)
+        self.pop_ctx = self.ctx
+        self.publish_acl: PublishAcl | None = None  # with authentication on: what it may publish to
         self.vhost_obj: VHost | None = None
         self.channels: dict[int, Channel] = {}
         self.exclusive_queues: set[Queue] = set()
@@ -220,6 +227,9 @@ class Connection:
             self._publish(bch, batch)
 
     def _publish(self, number: int, batch: list[Message]) -> None:
+        if self._backlog is not None:  # the handshake is not done yet: in order, after it
+            self._backlog.append((number, batch))
+            return
         ch = self.channels.get(number)
         if ch is None:
             if self.state == OPEN:
@@ -338,7 +348,10 @@ class Connection:
         for ev in backlog or ():
             if self.state in (CLOSING, CLOSED):
                 return
-            self._handle(ev)
+            if type(ev) is tuple:  # (channel, publishes); after a new wait they queue up again
+                self._publish(*ev)
+            else:
+                self._handle(ev)
 
     async def _start_ok(self, m: c.ConnectionStartOk) -> None:
         caps = m.client_properties.get("capabilities") if isinstance(m.client_properties, dict) else None
@@ -350,20 +363,34 @@ class Connection:
             self._refuse(ReplyCode.COMMAND_INVALID, f"unknown authentication mechanism '{mech}'")
             return
         cred = credentials(mech, m.response)
+        # one text for every reason (RabbitMQ's): the client learns nothing about which part was wrong
         refused = (
             f"Login was refused using authentication mechanism {mech}. For details see the broker logfile."
         )
-        if cred is None:
+        p = self.broker.processor
+        if cred is None and p.security is None:
             self._refuse(ReplyCode.ACCESS_REFUSED, refused)
             return
-        identity = Identity(cred[0], cred[1], mech.lower())
+        identity = Identity(cred[0], cred[1], mech.lower()) if cred is not None else Identity()
         self.ctx = ClientContext(
             "amqp", client_id=f"amqp-{self.remote}", identity=identity, remote=self.remote
         )
         try:
-            await self.broker.processor.authorize(identity, Action.CONNECT, Resource("cluster", "amqp"))
-        except ProcessorError as e:
-            log.info("amqp %s: login of %r refused: %s", self.remote, cred[0], e)
+            if p.security is not None:
+                # argon2 runs in a thread meanwhile: what the client sends waits in the backlog
+                await p.authenticate(self.ctx)
+                self.publish_acl = PublishAcl(p, self.ctx.identity)
+                self.pop_ctx = ClientContext(
+                    "amqp",
+                    client_id=self.ctx.client_id,
+                    identity=Identity(self.ctx.identity.username, None, "internal"),
+                    remote=self.remote,
+                )
+            else:
+                await p.authorize(identity, Action.CONNECT, Resource("cluster", "amqp"))
+                self.pop_ctx = self.ctx
+        except ProcessorError:
+            log.info("amqp %s: login refused (mechanism %s)", self.remote, mech)
             self._refuse(ReplyCode.ACCESS_REFUSED, refused)
             return
         if self.state != START:
@@ -389,12 +416,19 @@ class Connection:
 
     async def _open(self, m: c.ConnectionOpen) -> None:
         vhost = m.virtual_host or "/"
+        p = self.broker.processor
+        identity = self.ctx.identity
         try:
-            await self.broker.processor.authorize(self.ctx.identity, Action.CONNECT, Resource("vhost", vhost))
+            if p.security is not None:
+                if not p.may_open_vhost(identity, vhost):
+                    p.metrics.acl_denials[("amqp", Action.CONNECT.value)] += 1
+                    raise ProcessorError(ErrorKind.FORBIDDEN, "vhost refused")
+            else:
+                await p.authorize(identity, Action.CONNECT, Resource("vhost", vhost))
         except ProcessorError:
             self._refuse(
                 ReplyCode.NOT_ALLOWED,
-                f"access to vhost '{vhost}' refused for user '{self.ctx.identity.username or ''}'",
+                f"access to vhost '{vhost}' refused for user '{identity.username or ''}'",
             )
             return
         if self.state != OPENING:

@@ -1,6 +1,7 @@
 """Smoke test of bench/amqp_bench.py: a quick run against our gateway (and RabbitMQ when
 `run_rabbitmq` is asked for with AMQP_BENCH_RABBITMQ=1 and Debian's rabbitmq-server is installed)
-prints one JSON object with the contract keys and positive figures, within 30 s."""
+prints one JSON object with the contract keys and positive figures, the auth on / off round
+included (`confirms_auth_ratio`), within 45 s (one gateway more for the auth round)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "amqp_bench.py"
+LIMIT_S = 45  # gateway only
 
 FIGURES = [
     "confirms_msgs_per_s",
@@ -48,7 +50,7 @@ def test_amqp_bench_quick_json(tmp_path: Path) -> None:
         start_new_session=True,
     )
     try:
-        out, err = proc.communicate(timeout=60 if "rabbitmq" in brokers else 30)
+        out, err = proc.communicate(timeout=LIMIT_S + (30 if "rabbitmq" in brokers else 0))
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
@@ -62,6 +64,7 @@ def test_amqp_bench_quick_json(tmp_path: Path) -> None:
         "consume_ratio_vs_rabbitmq",
         "cpu_us_per_msg",
         "rabbitmq_cpu_us_per_msg",
+        "confirms_auth_ratio",
     ]:
         assert key in res, key
     assert _positive(res["cpu_us_per_msg"]), proc.stderr[-3000:]
@@ -79,7 +82,14 @@ def test_amqp_bench_quick_json(tmp_path: Path) -> None:
         assert _positive(res["confirms_ratio_vs_rabbitmq"]) and _positive(res["rabbitmq_cpu_us_per_msg"])
     else:
         assert res["confirms_ratio_vs_rabbitmq"] is None
-    assert elapsed < (60 if "rabbitmq" in brokers else 30)
+    auth = res["auth"]
+    assert _positive(res["confirms_auth_ratio"]) and len(auth["rounds"]) == 1, auth
+    on = auth["rounds"][0]["on"]
+    assert "error" not in on and on["info"]["acl_rules"] == 1000, on
+    assert "--auth" in on["info"]["command"]
+    c = on["phases"]["confirms"]
+    assert c["nacks"] == 0 and not c["errors"] and _positive(c["confirms_msgs_per_s"]), c
+    assert elapsed < LIMIT_S + (30 if "rabbitmq" in brokers else 0)
     assert list(tmp_path.iterdir()) == []  # work directories are removed
 
 

@@ -47,9 +47,12 @@ class Env:
         return pika.BlockingConnection(self.pika_params(**kw))
 
 
-async def open_env(data_dir: str, port: int = 0, flush: str = "async", **adapter_kw) -> Env:
-    """Store + processor + AmqpAdapter on `data_dir`, listening on `port` (0: any)."""
-    core = await Core.open(data_dir, **store_kw(flush))
+async def open_env(
+    data_dir: str, port: int = 0, flush: str = "async", *, auth: bool = False, **adapter_kw
+) -> Env:
+    """Store + processor + AmqpAdapter on `data_dir`, listening on `port` (0: any); `auth`: with
+    authentication and the ACL on (users and rules through `env.core.security`)."""
+    core = await Core.open(data_dir, auth=auth, **store_kw(flush))
     return Env(core, await core.add(AmqpAdapter(core.processor, "127.0.0.1", port, **adapter_kw)))
 
 
