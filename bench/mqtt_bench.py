@@ -30,6 +30,16 @@ packets; this process is pinned there too) measures, in this order:
    another generator process; latency = receive time - write time stamped in the payload
    (CLOCK_MONOTONIC), p50/p99 over messages written in the measured window.
 
+6. Authentication (`--auth-rounds N`, default 3; `--quick`: 1): phase 3 again on fresh gateways per
+   round, one started as usual (auth off) and one with `--auth` (first admin from
+   GATEWAY_ADMIN_PASSWORD), which of them goes first alternating from round to round. The auth-on
+   gateway's publishers log in as the `user`-role user `bench` (created through the admin API, POST
+   /admin/users) under `--acl-rules` (1,000) ACL rules (one policy file, POST /admin/acl/import):
+   one allows `bench` to publish to `bench/#`, the others are its role's rules on other paths (a
+   tenth of them denies) and other users' rules. Both sides run the same gateway code path, the
+   real login and the per-message ACL check of `processor.send` included. `qos1_auth_ratio` is the
+   median over the rounds of auth-on / auth-off QoS 1 throughput (target >= 0.9).
+
 Server CPU is utime+stime from /proc/<pid>/stat of the server process (the gateway's fsync helper
 child, when its store uses one, is reported separately in `cpu_us_per_qos1_msg_incl_children`;
 with Linux AIO fdatasync, the default, the kernel worker that runs it is not counted), so it stays
@@ -51,25 +61,30 @@ measures wall time, so the frame that waits in the event loop also collects idle
 Output: a table of the figures, our ratio to each peer (gateway / peer; the arrow says which way is
 better) and the targets; `--json` prints one JSON object instead (progress goes to stderr) with the
 top-level keys `qos1_ratio_vs_mosquitto`, `qos1_ratio_vs_amqtt`, `cpu_us_per_qos1_msg`,
-`p99_ms_at_5k`, `idle_conn_rss_mib_per_10k` (our gateway), `targets`, `ratios`, `brokers` (figures
-and per-phase details per broker) and `config`. A broker that cannot start, or a phase that fails,
-gives null figures and an `error`; the run goes on.
+`p99_ms_at_5k`, `idle_conn_rss_mib_per_10k`, `qos1_auth_ratio` (our gateway; its rounds in `auth`),
+`targets`, `ratios`, `brokers` (figures and per-phase details per broker) and `config`. A broker
+that cannot start, or a phase that fails, gives null figures and an `error`; the run goes on.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import json
 import multiprocessing as mp
 import os
+import re
 import resource
+import secrets
 import shlex
 import shutil
+import statistics
 import sys
 import tempfile
 import time
 import traceback
+import urllib.request
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -180,9 +195,10 @@ class Generator:
 
 
 class BrokerBench:
-    def __init__(self, server: Server, args: argparse.Namespace) -> None:
+    def __init__(self, server: Server, args: argparse.Namespace, auth: bool = False) -> None:
         self.server = server
         self.args = args
+        creds = {"username": BENCH_USER, "password": args.bench_password} if auth else {}
         self.base = Job(
             host="127.0.0.1",
             port=server.port,
@@ -192,6 +208,7 @@ class BrokerBench:
             rate=args.latency_rate,
             cpus=args.gen_cpu_list,
             loop=args.loop,
+            **creds,
         )
         self.kids = descendants(server.pid)  # the gateway's fsync helper
 
@@ -399,11 +416,11 @@ def _run_details(r: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
-def start_server(name: str, workdir: Path, args: argparse.Namespace) -> Server:
+def start_server(name: str, workdir: Path, args: argparse.Namespace, auth: bool = False) -> Server:
     if name == "gateway":
         src = Path(args.gateway_src).resolve() if args.gateway_src else None
         prof = Path(args.gateway_profile).resolve() if args.gateway_profile else None
-        extra = shlex.split(args.gateway_args)
+        extra = shlex.split(args.gateway_args) + (["--auth"] if auth else [])
         return start_gateway(workdir, "mqtt", extra, cpu=args.server_cpu, src=src, profile=prof)
     if name == "mosquitto":
         return start_mosquitto(workdir, args.server_cpu)
@@ -421,22 +438,29 @@ PHASES: list[tuple[str, Callable[[BrokerBench], dict[str, Any]]]] = [
 ]
 
 
-def bench_broker(name: str, args: argparse.Namespace) -> dict[str, Any]:
+def bench_broker(
+    name: str, args: argparse.Namespace, *, auth: bool = False, phases: list[str] | None = None
+) -> dict[str, Any]:
+    """One broker started fresh and its `phases` (default `--phases`) measured; `auth`: our gateway
+    with `--auth`, the `bench` user and the ACL rules."""
     res: dict[str, Any] = {k: None for k, _, _ in FIGURES}
     res["details"] = {}
     workdir = Path(tempfile.mkdtemp(prefix=f"mqtt-bench-{name}-", dir=args.dir))
     t = time.monotonic()
     server: Server | None = None
+    phase_list = args.phase_list if phases is None else phases
     try:
-        log(f"[{name}] starting")
-        server = start_server(name, workdir, args)
+        log(f"[{name}] starting" + (" with --auth" if auth else ""))
+        server = start_server(name, workdir, args, auth)
         res["info"] = dict(server.info)
         res["info"]["start_s"] = round(time.monotonic() - t, 2)
         if name == "gateway":
             res["info"]["data_fs"] = fs_type(workdir)
-        b = BrokerBench(server, args)
+        if auth:
+            res["info"].update(provision(server, args))
+        b = BrokerBench(server, args, auth)
         for phase, fn in PHASES:
-            if phase not in args.phase_list:
+            if phase not in phase_list:
                 continue
             if not server.alive():
                 res["details"][phase] = {"error": f"{name} is not running"}
@@ -475,6 +499,96 @@ def bench_broker(name: str, args: argparse.Namespace) -> dict[str, Any]:
         else:
             shutil.rmtree(workdir, ignore_errors=True)
     return res
+
+
+# ---------------------------------------------------------------------------- auth on vs off
+
+BENCH_USER = "bench"
+
+
+def acl_policy(n: int) -> str:
+    """`n` ACL rules as a policy file: the one that lets `bench` publish to `bench/#`, then rules of
+    its role on other paths (a tenth of them denies) and other users' rules."""
+    rules = [(f"user:{BENCH_USER}", "bench/#", "publish", "allow")]
+    i = 0
+    while len(rules) < n:
+        if i % 2:
+            rules.append((f"user:device{i}", f"devices/device{i}/#", "publish,subscribe", "allow"))
+        else:
+            effect = "deny" if i % 10 == 0 else "allow"
+            rules.append(("role:user", f"telemetry/{i}/%u/+/#", "publish,subscribe", effect))
+        i += 1
+    out = []
+    for subject, pattern, actions, effect in rules[:n]:
+        acts = ", ".join(f'"{a}"' for a in actions.split(","))
+        out.append(
+            f'[[rules]]\nsubject = "{subject}"\nkind = "topic"\npattern = "{pattern}"\n'
+            f'actions = [{acts}]\neffect = "{effect}"\n'
+        )
+    return "\n".join(out)
+
+
+def admin_call(base: str, password: str, path: str, body: bytes, ctype: str) -> Any:
+    """One POST to the admin API as the bootstrap admin (HTTP Basic); the JSON answer."""
+    req = urllib.request.Request(base + path, data=body, method="POST")
+    req.add_header("Content-Type", ctype)
+    req.add_header("Authorization", "Basic " + base64.b64encode(f"admin:{password}".encode()).decode())
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read() or b"null")
+
+
+def provision(server: Server, args: argparse.Namespace) -> dict[str, Any]:
+    """Create the `bench` user and the ACL rules through the admin API of a gateway started with
+    `--auth` (its first admin's password from GATEWAY_ADMIN_PASSWORD)."""
+    m = re.search(r"--http-port (\d+)", str(server.info.get("command", "")))
+    if m is None:
+        raise ServerError("no --http-port in the gateway's command line")
+    base = f"http://127.0.0.1:{m.group(1)}"
+    t = time.monotonic()
+    user = {"name": BENCH_USER, "password": args.bench_password, "role": "user"}
+    admin_call(base, args.admin_password, "/admin/users", json.dumps(user).encode(), "application/json")
+    res = admin_call(
+        base,
+        args.admin_password,
+        "/admin/acl/import?replace=false",
+        acl_policy(args.acl_rules).encode(),
+        "application/toml",
+    )
+    return {"acl_rules": res.get("rules"), "provision_s": round(time.monotonic() - t, 2)}
+
+
+def auth_rounds(args: argparse.Namespace) -> dict[str, Any]:
+    """QoS 1 throughput with auth on vs off: `--auth-rounds` rounds, each a fresh gateway with auth
+    off and a fresh one with auth on (the same phase, the same load), in alternating order (off
+    first in odd rounds, on first in even ones) so that neither side always runs second."""
+    rounds = []
+    for i in range(args.auth_rounds):
+        figs = {}
+        for auth in (False, True) if i % 2 == 0 else (True, False):
+            log(f"[gateway] auth round {i + 1}: auth {'on' if auth else 'off'}")
+            r = bench_broker("gateway", args, auth=auth, phases=["qos1"])
+            err = r.get("error") or r["details"].get("qos1", {}).get("error")
+            figs[auth] = (r.get("qos1_msgs_per_s"), r.get("cpu_us_per_qos1_msg"), err, r.get("info", {}))
+        (off, cpu_off, err_off, _), (on, cpu_on, err_on, info_on) = figs[False], figs[True]
+        rounds.append(
+            {
+                "qos1_off": off,
+                "qos1_on": on,
+                "ratio": on / off if on and off else None,
+                "cpu_us_per_qos1_msg_off": cpu_off,
+                "cpu_us_per_qos1_msg_on": cpu_on,
+                "errors": [e for e in (err_off, err_on) if e],
+                "on_info": {k: info_on.get(k) for k in ("acl_rules", "provision_s")},
+            }
+        )
+        log(f"  round {i + 1}: off {off} msg/s, on {on} msg/s")
+    ratios = [r["ratio"] for r in rounds if r["ratio"] is not None]
+    return {
+        "qos1_auth_ratio": statistics.median(ratios) if ratios else None,
+        "acl_rules": args.acl_rules,
+        "rounds": rounds,
+        "target": ">= 0.9",
+    }
 
 
 def _last_error_line(server: Server) -> str | None:
@@ -522,6 +636,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="before each measured run wait up to this long for other jobs to leave the CPUs (0: never)",
     )
     ap.add_argument("--drain-max", type=float, default=10.0, help="longest wait for a server to go idle")
+    ap.add_argument(
+        "--auth-rounds", type=int, default=3, help="QoS 1 auth off/on rounds of our gateway (0: none)"
+    )
+    ap.add_argument("--acl-rules", type=int, default=1000, help="ACL rules of the auth-on runs")
     ap.add_argument("--dir", default=None, help="parent of the temporary work directories")
     ap.add_argument("--keep", action="store_true", help="keep work directories (logs, configs)")
     ap.add_argument("--quick", action="store_true", help="small fast run (smoke test)")
@@ -537,6 +655,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.idle_conns = min(args.idle_conns, 500)
         args.drain_max = min(args.drain_max, 3.0)
         args.quiet_wait = min(args.quiet_wait, 1.0)
+        args.auth_rounds = min(args.auth_rounds, 1)
     args.payload = max(args.payload, 8)
     args.broker_list = [b.strip() for b in args.brokers.split(",") if b.strip()]
     args.phase_list = [p.strip() for p in args.phases.split(",") if p.strip()]
@@ -556,10 +675,24 @@ def main(argv: list[str] | None = None) -> int:
     raise_nofile()
     if args.gen_cpu_list:
         os.sched_setaffinity(0, args.gen_cpu_list)
+    args.admin_password = secrets.token_urlsafe(16)  # the auth runs' first admin (bootstrap from env)
+    args.bench_password = secrets.token_urlsafe(16)
+    os.environ["GATEWAY_ADMIN_PASSWORD"] = args.admin_password
     brokers: dict[str, dict[str, Any]] = {}
     for name in args.broker_list:
         brokers[name] = bench_broker(name, args)
+    auth: dict[str, Any] = {"qos1_auth_ratio": None}
+    if "gateway" in args.broker_list and "qos1" in args.phase_list and args.auth_rounds > 0:
+        auth = auth_rounds(args)
     report = build_report(brokers, args)
+    report["qos1_auth_ratio"] = auth["qos1_auth_ratio"]
+    report["config"].update(auth_rounds=args.auth_rounds, acl_rules=args.acl_rules)
+    report["auth"] = auth
+    report["targets"]["qos1_auth"] = {
+        "target": "QoS 1 throughput with auth on and 1,000 ACL rules >= 0.9x auth off",
+        "value": auth["qos1_auth_ratio"],
+        "met": None if auth["qos1_auth_ratio"] is None else auth["qos1_auth_ratio"] >= 0.9,
+    }
     text = json.dumps(report, default=str)
     if args.json_file:
         Path(args.json_file).write_text(text + "\n")
@@ -567,6 +700,16 @@ def main(argv: list[str] | None = None) -> int:
         print(text)
     else:
         print_table(report)
+        for i, r in enumerate(auth.get("rounds", ())):
+            print(
+                f"auth round {i + 1}: QoS 1 off {r['qos1_off'] or 0:,.0f} msg/s, on {r['qos1_on'] or 0:,.0f}"
+                f" msg/s ({args.acl_rules} ACL rules)"
+            )
+    qar = auth["qos1_auth_ratio"]
+    text_ratio = f"{qar:.3f}" if qar is not None else "-"
+    log(f"qos1_auth_ratio (auth on / off, median of {len(auth.get('rounds', ()))}): {text_ratio}")
+    if not args.json:
+        print(f"qos1_auth_ratio (QoS 1 auth on / off, median): {text_ratio} (target >= 0.9)")
     return 0
 
 

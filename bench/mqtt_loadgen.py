@@ -66,9 +66,16 @@ def mqtt_str(s: str) -> bytes:
     return len(b).to_bytes(2, "big") + b
 
 
-def encode_connect(client_id: str, keep_alive: int) -> bytes:
-    """MQTT 3.1.1 CONNECT, clean session, no will, no credentials."""
-    body = mqtt_str("MQTT") + bytes([4, 0x02]) + keep_alive.to_bytes(2, "big") + mqtt_str(client_id)
+def encode_connect(
+    client_id: str, keep_alive: int, username: str | None = None, password: str | None = None
+) -> bytes:
+    """MQTT 3.1.1 CONNECT, clean session, no will; a user name and password when given."""
+    flags = 0x02 | (0x80 if username is not None else 0) | (0x40 if password is not None else 0)
+    body = mqtt_str("MQTT") + bytes([4, flags]) + keep_alive.to_bytes(2, "big") + mqtt_str(client_id)
+    if username is not None:
+        body += mqtt_str(username)
+    if password is not None:
+        body += mqtt_str(password)
     return b"\x10" + varint(len(body)) + body
 
 
@@ -116,6 +123,8 @@ class Job:
     drain_timeout: float = 5.0
     cpus: list[int] | None = None
     loop: str = "uvloop"
+    username: str | None = None  # CONNECT credentials (a gateway started with --auth)
+    password: str | None = None
 
 
 @dataclass(slots=True)
@@ -415,7 +424,11 @@ class Worker:
                     lambda: _CLASSES[spec.role](self, spec), j.host, j.port
                 )
                 assert isinstance(c, Client)
-                c.write(encode_connect(f"{j.tag}{pid}-{spec.role}{spec.index}", j.keep_alive))
+                c.write(
+                    encode_connect(
+                        f"{j.tag}{pid}-{spec.role}{spec.index}", j.keep_alive, j.username, j.password
+                    )
+                )
                 rc = await asyncio.wait_for(c.connack, j.connect_timeout)
                 if rc != 0:
                     raise ConnectionError(f"CONNACK return code {rc}")

@@ -27,8 +27,10 @@ from .session import Session
 from .shared import Shares
 from .subscriptions import Subscriptions
 
-# Clean sessions' fan-out pops as the proxy itself, which also positions share and persistent-session
-# groups (an authorizer must allow it SUBSCRIBE; no client can present the "internal" mechanism).
+# Every delivery loop (clean sessions' fan-out, persistent sessions, shared subscriptions) pops as
+# the proxy itself, which also positions share and persistent-session groups (an authorizer must
+# allow it SUBSCRIBE; no client can present the "internal" mechanism). With security on, each
+# delivery is checked against the receiving session's own rights instead (access.py).
 PROXY_IDENTITY = Identity("$mqtt-proxy", None, "internal")
 
 

@@ -15,6 +15,9 @@ when the connection drops first, so it comes again on the next connection, after
 The same scan re-syncs attached persistent sessions that have root-wildcard subscriptions.
 
 Shared subscriptions have their own loops (shared.py).
+
+Every loop pops as the proxy (PROXY_IDENTITY); with security on, what reaches a session is checked
+against that session's own rights (access.py) before it is delivered.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from messaging_processor import (
     ProcessorError,
 )
 
+from . import access
 from .codec import MQTT_5, TopicTrie, topic_matches
 from .mapping import (
     P_CLIENT,
@@ -174,10 +178,14 @@ class Fanout:
         publisher = sp.get(P_CLIENT)
         best: dict[Session, Sub] = {}
         ids: dict[Session, list[int]] | None = None
+        p = self.processor
+        version = access.acl_version(p)
         for sub in subs:
             s = sub.session
             if publisher is not None and sub.nl and s.client_id == publisher:
                 continue
+            if (sub.check or sub.acl_version != version) and not access.may_read(p, s.ctx.identity, path):
+                continue  # the subscriber may not read this path (the ACL: access.py)
             cur = best.get(s)
             if cur is None or sub.qos > cur.qos:
                 best[s] = sub
@@ -331,6 +339,10 @@ class Fanout:
             sub, ids = _best_persistent(st, m)
             if sub is None:
                 return Outcome.ACK
+            path = path_of(m)
+            p = self.processor
+            if not access.delivers(p, sub, conn.ctx.identity, path, access.acl_version(p)):
+                return Outcome.ACK  # the connection's user may not read this path
             sp = m.properties
             now = int(time.time() * 1000)
             if expired(sp, now):
@@ -339,10 +351,10 @@ class Fanout:
             props = with_sub_ids(v5_properties(sp, now), ids) if conn.version == MQTT_5 else None
             retain = sub.rap and sp.get(P_RETAIN) == "1"
             if q == 0:
-                conn.deliver(path_of(m), m.body, 0, retain, props)
+                conn.deliver(path, m.body, 0, retain, props)
                 return Outcome.ACK
             done = loop.create_future()
-            conn.deliver(path_of(m), m.body, q, retain, props, done)
+            conn.deliver(path, m.body, q, retain, props, done)
             return Outcome.ACK if await done else Outcome.REQUEUE
 
         def ended(e: ProcessorError) -> None:
@@ -351,7 +363,7 @@ class Fanout:
 
         lp = DeliveryLoop(
             self.processor,
-            s.ctx,
+            self.ctx,  # pops as the proxy; the connection's rights are checked per message above
             st.group,
             topic,
             handler,

@@ -55,8 +55,11 @@ class Publisher:
             if retain:
                 await self.retained.keep(msg)
         except ProcessorError as e:
-            self._queues.pop(topic, None)
-            log.info("mqtt %s: publish to %s refused: %s", ctx.client_id, topic, e)
+            if e.kind is ErrorKind.FORBIDDEN:  # the processor's audit log has it (once per path)
+                log.debug("mqtt %s: publish to %s refused: %s", ctx.client_id, topic, e)
+            else:
+                self._queues.pop(topic, None)
+                log.info("mqtt %s: publish to %s refused: %s", ctx.client_id, topic, e)
             return _ERROR_REASON.get(e.kind, ReasonCode.UNSPECIFIED_ERROR)
         except Exception:  # noqa: BLE001
             log.exception("mqtt %s: publish to %s failed", ctx.client_id, topic)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from messaging_processor import ClientContext, Message, MessagingProcessor
 
+from . import access
 from .codec import MQTT_5, PropertyId, ReasonCode, encode_pubrel
 from .mapping import to_message
 from .persistence import (
@@ -180,6 +181,7 @@ class SessionRegistry:
         st.attached = s
         st.disconnected_at = None
         s.pstate = st
+        access.regrant(self.processor, s.ctx.identity, st.subs.values())  # this connection's user
         s.awaiting_rel = st.awaiting_rel
         s.nl_count = sum(1 for x in st.subs.values() if x.nl)
         await save(self.processor, st)

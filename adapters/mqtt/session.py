@@ -251,15 +251,13 @@ class Session:
             "mqtt-password" if c.username is not None or c.password is not None else "none",
         )
         self.ctx = ClientContext("mqtt", cid, identity, self.remote)
-        try:
-            await self.broker.processor.authorize(identity, Action.CONNECT, Resource("cluster", "mqtt"))
-        except ProcessorError as e:
-            log.info("mqtt %s (%s) refused: %s", cid, self.remote, e)
-            self._write(encode_connack(False, connack_code(ReasonCode.NOT_AUTHORIZED, v), v))
+        refusal = await self._authenticate(c)
+        if self.state == CLOSED:
+            return
+        if refusal is not None:
+            self._write(encode_connack(False, connack_code(refusal, v), v))
             self._backlog = None
             self.close()
-            return
-        if self.state == CLOSED:
             return
         self.will = c.will
         keep_alive = c.keep_alive
@@ -304,6 +302,40 @@ class Session:
             if self.state == CLOSED:
                 break
             self.handle(pkt)
+
+    async def _authenticate(self, c: Connect) -> int | None:
+        """Check the CONNECT's credentials and will: None when accepted (`self.ctx.identity` then the
+        verified one), else the 5.0 reason code to refuse it with. As Mosquitto with
+        `allow_anonymous false`, a CONNECT without credentials gets Not authorized (3.1.1: 5); bad
+        credentials, whichever part was wrong, Bad User Name or Password (3.1.1: 4); a will whose
+        topic the user may not publish to, Not authorized."""
+        p = self.broker.processor
+        ctx = self.ctx
+        try:
+            if p.security is not None:
+                anonymous = ctx.identity.mechanism == "none"
+                try:
+                    await p.authenticate(ctx)
+                except ProcessorError:
+                    return ReasonCode.NOT_AUTHORIZED if anonymous else ReasonCode.BAD_USER_NAME_OR_PASSWORD
+            await p.authorize(ctx.identity, Action.CONNECT, Resource("cluster", "mqtt"))
+        except ProcessorError as e:
+            log.info("mqtt %s (%s) refused: %s", ctx.client_id, self.remote, e)
+            return ReasonCode.NOT_AUTHORIZED
+        w = c.will
+        if (
+            w is not None
+            and p.security is not None
+            and not p.permits(ctx.identity, Action.PUBLISH, Resource("topic", w.topic))
+        ):
+            log.info(
+                "mqtt %s (%s) refused: may not publish its will to %s",
+                ctx.client_id,
+                self.remote,
+                w.topic,
+            )
+            return ReasonCode.NOT_AUTHORIZED
+        return None
 
     def _refuse(self, reason: int, text: str) -> None:
         v = self.version
@@ -375,7 +407,9 @@ class Session:
         for i, pid in acks:
             rc = rcs[i]
             if rc >= 0x80 and v != MQTT_5:
-                return None, None  # 3.1.1 has no negative PUBACK: close the connection
+                if rc != ReasonCode.NOT_AUTHORIZED:
+                    return None, None  # 3.1.1 has no negative PUBACK: close the connection
+                rc = 0  # denied by the ACL: acknowledged and dropped, as Mosquitto does
             out.append(encode_puback(pid, rc, v))
         return b"".join(out), None
 
@@ -383,6 +417,10 @@ class Session:
         rc = await send
         v = self.version
         if rc >= 0x80:
+            if v != MQTT_5 and rc == ReasonCode.NOT_AUTHORIZED:
+                # denied by the ACL: 3.1.1 has no negative PUBACK/PUBREC, so the message is
+                # acknowledged and dropped (as Mosquitto does); a QoS 2 one then completes normally
+                return (encode_puback(pid) if qos == 1 else encode_pubrec(pid, 0, v)), None
             if qos == 2:
                 self.awaiting_rel.discard(pid)
             if v != MQTT_5:

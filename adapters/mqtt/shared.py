@@ -5,7 +5,9 @@ Mosquitto and EMQX do. Members on other proxies compete through the store (pop),
 balanced both across proxies and across the members of one proxy.
 
 A message whose member goes away before acknowledging it is given back at once (REQUEUE) and goes
-to another member. `Shares` keeps this proxy's ShareGroups and handles `$share/...` SUBSCRIBEs: a new
+to another member. The loop pops as the proxy; each member's own rights are checked per message
+(access.py): a member that may not read a path is skipped, and a message no connected member may
+read is dropped. `Shares` keeps this proxy's ShareGroups and handles `$share/...` SUBSCRIBEs: a new
 share group (consumer group `mqtt.share.<name>`) starts at the current end of its store topic."""
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from messaging_processor import (
     Outcome,
     ProcessorError,
 )
+from messaging_processor.security import Grant
 
+from . import access
 from .codec import ReasonCode
 from .codec.topics import topic_matches
 from .fanout import position_at_end
@@ -43,13 +47,14 @@ MAX_INFLIGHT_PER_MEMBER = 64
 class ShareMember:
     """One subscription's place in a ShareGroup; `stop()` leaves the group (the Sub.loop handle)."""
 
-    __slots__ = ("group", "session", "qos", "sub_id")
+    __slots__ = ("group", "session", "qos", "sub_id", "sub")
 
-    def __init__(self, group: ShareGroup, session: Session, qos: int, sub_id: int) -> None:
+    def __init__(self, group: ShareGroup, session: Session, sub: Sub) -> None:
         self.group = group
         self.session = session
-        self.qos = qos
-        self.sub_id = sub_id
+        self.qos = sub.qos
+        self.sub_id = sub.sub_id
+        self.sub = sub  # its ACL decision (access.py)
 
     async def stop(self, drain_timeout: float = 0) -> None:  # noqa: ARG002 - DeliveryLoop's signature
         await self.group.leave(self)
@@ -61,12 +66,14 @@ class ShareGroup:
     def __init__(
         self,
         processor: MessagingProcessor,
+        ctx: ClientContext,
         group: str,
         topic: str,
         filt: str,
         on_empty: Callable[[ShareGroup], None],
     ) -> None:
         self.processor = processor
+        self.ctx = ctx  # the proxy's own: members' rights are checked per delivery
         self.group = group
         self.topic = topic
         self.filter = filt
@@ -75,15 +82,15 @@ class ShareGroup:
         self._loop: DeliveryLoop | None = None
         self._on_empty = on_empty
 
-    def join(self, session: Session, qos: int, sub_id: int) -> ShareMember:
+    def join(self, session: Session, sub: Sub) -> ShareMember:
         """Add a member (starting the loop with the first one)."""
-        m = ShareMember(self, session, qos, sub_id)
+        m = ShareMember(self, session, sub)
         self.members.append(m)
         if self._loop is None:
             filt = self.filter
             self._loop = DeliveryLoop(
                 self.processor,
-                session.ctx,
+                self.ctx,
                 self.group,
                 self.topic,
                 self._handle,
@@ -112,29 +119,37 @@ class ShareGroup:
     def _capacity(self) -> int:
         return max(1, sum(max(1, min(m.session.send_quota, MAX_INFLIGHT_PER_MEMBER)) for m in self.members))
 
-    def _pick(self) -> ShareMember | None:
-        """The next connected member with room in its Receive Maximum, else the next connected one."""
+    def _pick(self, path: str) -> tuple[ShareMember | None, bool]:
+        """(the next connected member that may read `path` with room in its Receive Maximum, else
+        the next connected one that may read it; whether some member was connected at all)."""
         members = self.members
         n = len(members)
         fallback = None
+        connected = False
+        version = access.acl_version(self.processor)
         for i in range(n):
             m = members[(self._next + i) % n]
             s = m.session
             if s.state != CONNECTED:
                 continue
+            connected = True
+            if not access.delivers(self.processor, m.sub, s.ctx.identity, path, version):
+                continue
             if len(s.inflight) < s.send_quota:
                 self._next = (self._next + i + 1) % n
-                return m
+                return m, True
             if fallback is None:
                 fallback = m
-        return fallback
+        return fallback, connected
 
     async def _handle(self, d: Any) -> Outcome:
-        m = self._pick()
-        if m is None:
-            return Outcome.REQUEUE
-        s = m.session
         msg = d.message
+        path = path_of(msg)
+        m, connected = self._pick(path)
+        if m is None:
+            # no member may read it: dropped for this share (as Mosquitto drops a denied delivery)
+            return Outcome.ACK if connected else Outcome.REQUEUE
+        s = m.session
         sp = msg.properties
         now = int(time.time() * 1000)
         if expired(sp, now):
@@ -144,10 +159,10 @@ class ShareGroup:
         if s.version == MQTT_5:
             props = with_sub_ids(v5_properties(sp, now), [m.sub_id] if m.sub_id else None)
         if q == 0:
-            s.deliver(path_of(msg), msg.body, 0, False, props)
+            s.deliver(path, msg.body, 0, False, props)
             return Outcome.ACK
         done = asyncio.get_running_loop().create_future()
-        s.deliver(path_of(msg), msg.body, q, False, props, done)
+        s.deliver(path, msg.body, q, False, props, done)
         return Outcome.ACK if await done else Outcome.REQUEUE
 
 
@@ -165,10 +180,18 @@ class Shares:
         self.groups: dict[tuple[str, str, str], ShareGroup] = {}
 
     async def subscribe(
-        self, s: Session, holder: dict[str, Sub], filt: str, name: str, inner: str, qos: int, sub_id: int
+        self,
+        s: Session,
+        holder: dict[str, Sub],
+        filt: str,
+        name: str,
+        inner: str,
+        qos: int,
+        sub_id: int,
+        grant: Grant = Grant.ALLOW,
     ) -> int:
         """Subscribe `s` to `$share/<name>/<inner>` (`filt`), replacing a membership of the same
-        filter in `holder`; the SUBACK reason code."""
+        filter in `holder`; the SUBACK reason code. `grant`: the ACL's decision on `inner`."""
         old = holder.pop(filt, None)
         if old is not None and old.loop is not None:
             await old.loop.stop(drain_timeout=0)
@@ -187,6 +210,7 @@ class Shares:
             log.warning("mqtt shared subscription %s: %s", filt, e)
             return ReasonCode.UNSPECIFIED_ERROR
         sub = Sub(s if s.pstate is None else None, inner, qos, False, name, sub_id=sub_id)
+        access.apply(p, sub, grant)
         sub.loop = self.join(sub, s, group, topic)
         holder[filt] = sub
         return qos
@@ -203,6 +227,6 @@ class Shares:
         sg = self.groups.get(key)
         if sg is None:
             sg = self.groups[key] = ShareGroup(
-                self.processor, group, topic, sub.filter, lambda g: self.groups.pop(key, None)
+                self.processor, self.ctx, group, topic, sub.filter, lambda g: self.groups.pop(key, None)
             )
-        return sg.join(s, sub.qos, sub.sub_id)
+        return sg.join(s, sub)

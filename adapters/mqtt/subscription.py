@@ -19,7 +19,21 @@ class Sub:
     """One subscription (hashable by identity, the TopicTrie item). `session` is the connection for
     clean sessions; persistent sessions' subscriptions are routed through their SessionState."""
 
-    __slots__ = ("session", "filter", "qos", "rap", "nl", "rh", "sub_id", "first", "wild", "share", "loop")
+    __slots__ = (
+        "session",
+        "filter",
+        "qos",
+        "rap",
+        "nl",
+        "rh",
+        "sub_id",
+        "first",
+        "wild",
+        "share",
+        "loop",
+        "check",
+        "acl_version",
+    )
 
     def __init__(
         self,
@@ -44,6 +58,8 @@ class Sub:
         self.wild = first in ("+", "#")
         self.first = first
         self.loop: ShareMember | None = None  # a shared subscription's membership
+        self.check = False  # ACL: each delivered path must be checked (access.py)
+        self.acl_version = 0  # ... and the rules version it was made on (0: none yet, with auth on)
 
 
 def make_sub(

@@ -1,8 +1,10 @@
 """SUBSCRIBE and UNSUBSCRIBE for every session of this proxy, and which deliveries a session's
 subscriptions need.
 
-A SUBSCRIBE filter is authorized as `Action.SUBSCRIBE` on its store topic (`*` for a root
-wildcard), then: a shared one (`$share/...`) joins a share (shared.py); a clean session's is
+With security on, a SUBSCRIBE filter is decided by the ACL (access.py: refused in the SUBACK, or
+granted with or without a check of each delivered path, retained messages included); with only an
+authorizer, it is authorized as `Action.SUBSCRIBE` on its store topic (`*` for a root wildcard).
+Then: a shared one (`$share/...`) joins a share (shared.py); a clean session's is
 indexed for the fan-out (fanout.py), whose loop is positioned before the SUBACK; a persistent
 session's is saved and its group positioned at the end of each store topic it newly covers. The
 retained messages matching a filter (per its retain handling) go out right after the SUBACK.
@@ -14,7 +16,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from messaging_processor import Action, DeliveryLoop, Message, MessagingProcessor, ProcessorError, Resource
+from messaging_processor.security import Grant
 
+from . import access
 from .codec import MQTT_5, PropertyId, ReasonCode, Subscribe, encode_suback, parse_shared
 from .mapping import qos_of, store_topic_of_level, v5_properties, with_sub_ids
 from .persistence import save
@@ -63,7 +67,11 @@ class Subscriptions:
             inner = shared[1] if shared else filt
             first = inner.split("/", 1)[0]
             wild = first in ("+", "#")
-            if self.processor.authorizer is not None:
+            grant = access.decide(self.processor, s.ctx.identity, inner)
+            if grant is Grant.DENY:
+                codes.append(ReasonCode.NOT_AUTHORIZED)  # 3.1.1: 0x80 Failure
+                continue
+            if self.processor.security is None and self.processor.authorizer is not None:
                 try:
                     await self.processor.authorize(
                         s.ctx.identity,
@@ -77,7 +85,9 @@ class Subscriptions:
                 if wild:
                     codes.append(ReasonCode.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED)
                     continue
-                codes.append(await self.shares.subscribe(s, holder, filt, shared[0], inner, qos, sub_id))
+                codes.append(
+                    await self.shares.subscribe(s, holder, filt, shared[0], inner, qos, sub_id, grant)
+                )
                 changed = True
                 continue
             sub = holder.get(filt)
@@ -93,6 +103,7 @@ class Subscriptions:
                     so.retain_handling,
                     sub_id,
                 )
+                access.apply(self.processor, sub, grant)
                 if st is not None:
                     await fanout.cover(st, sub)
                     if sub.wild:
@@ -110,12 +121,15 @@ class Subscriptions:
                 sub.nl = so.no_local
                 sub.rh = so.retain_handling
                 sub.sub_id = sub_id
+                access.apply(self.processor, sub, grant)
             changed = True
             codes.append(qos)
             rh = so.retain_handling
             if rh == 0 or (rh == 1 and new):
+                version = access.acl_version(self.processor)
                 for path, m in await self.retained.matching(filt):
-                    to_send.append((sub, m, path))
+                    if access.delivers(self.processor, sub, s.ctx.identity, path, version):
+                        to_send.append((sub, m, path))
         if changed:
             s.nl_count = sum(1 for x in holder.values() if x.nl)
             if st is not None:

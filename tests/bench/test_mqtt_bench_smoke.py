@@ -1,5 +1,6 @@
 """Smoke test of bench/mqtt_bench.py: a quick run against our gateway and Mosquitto prints one JSON
-object with the contract keys, all positive numbers, within the 30 s budget of `--quick`."""
+object with the contract keys, all positive numbers (the auth on / off round's `qos1_auth_ratio`
+included), within the 60 s budget of `--quick`."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "mqtt_bench.py"
 MOSQUITTO = "/usr/sbin/mosquitto"
 
-OUR_KEYS = ["cpu_us_per_qos1_msg", "p99_ms_at_5k", "idle_conn_rss_mib_per_10k"]
+OUR_KEYS = ["cpu_us_per_qos1_msg", "p99_ms_at_5k", "idle_conn_rss_mib_per_10k", "qos1_auth_ratio"]
 BROKER_FIGURES = [
     "qos0_msgs_per_s",
     "qos1_msgs_per_s",
@@ -68,6 +69,10 @@ def test_mqtt_bench_quick_json(tmp_path: Path) -> None:
     for key in OUR_KEYS:
         assert _positive(res[key]), (key, res[key], proc.stderr[-3000:])
     assert res["qos1_ratio_vs_amqtt"] is None  # amqtt was not run
+    (auth_round,) = res["auth"]["rounds"]  # one round with --quick
+    assert auth_round["errors"] == [], auth_round["errors"]
+    assert auth_round["on_info"]["acl_rules"] == 1000
+    assert _positive(auth_round["qos1_on"]) and _positive(auth_round["qos1_off"])
     for name in brokers.split(","):
         b = res["brokers"][name]
         assert "error" not in b, b["error"]
