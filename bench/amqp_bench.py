@@ -445,11 +445,18 @@ def auth_rounds(args: argparse.Namespace, first_off: dict[str, Any] | None) -> d
     rounds = []
     for i in range(args.auth_rounds):
         off = first_off if i == 0 and first_off is not None else None
+        on_first = off is None and i % 2 == 1  # alternate which runs first: no order bias
+
+        def run_on(i: int = i) -> dict[str, Any]:
+            log(f"gateway (auth on, {args.acl_rules} ACL rules, round {i + 1}) ...")
+            return run_broker("gateway", args, auth=True, phases=["confirms"])
+
+        on = run_on() if on_first else None
         if off is None:
             log(f"gateway (auth off, round {i + 1}) ...")
             off = run_broker("gateway", args, phases=["confirms"])
-        log(f"gateway (auth on, {args.acl_rules} ACL rules, round {i + 1}) ...")
-        on = run_broker("gateway", args, auth=True, phases=["confirms"])
+        if on is None:
+            on = run_on()
         f_off, f_on = off["figures"], on["figures"]
         rounds.append(
             {

@@ -191,6 +191,19 @@ class MessagingProcessor:
                 )
         return ok
 
+    def _may_publish(self, identity: Identity, path: str) -> bool:
+        """`permits(PUBLISH, topic path)` with the cached allow answered first (the send path)."""
+        p = identity.principal
+        sec = self.security
+        if (
+            p is not None
+            and sec is not None
+            and p.version == sec.directory.version
+            and p.decisions.get(("publish", "topic", path))
+        ):
+            return True
+        return self.permits(identity, Action.PUBLISH, Resource("topic", path))
+
     def grant_subscription(self, identity: Identity, topic_filter: str) -> Grant:
         """An MQTT-style subscription filter's decision: DENY, ALLOW, or CHECK (then each delivered
         path must pass `permits(SUBSCRIBE)`)."""
@@ -280,7 +293,7 @@ class MessagingProcessor:
                 path = m.properties.get("mqtt.topic") or (f"{m.topic}/{m.tag}" if m.tag else m.topic)
                 if path in allowed:
                     continue
-                if not self.permits(ctx.identity, Action.PUBLISH, Resource("topic", path)):
+                if not self._may_publish(ctx.identity, path):
                     raise ProcessorError(ErrorKind.FORBIDDEN, f"may not publish to {path}")
                 allowed.add(path)
         elif self.authorizer is not None:
