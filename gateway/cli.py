@@ -53,6 +53,15 @@ _START_FLAGS: dict[str, dict[str, Any]] = {
     "tls_key": {"metavar": "PEM", "help": "private key of --tls-cert (default: inside the cert file)"},
     "mqtt_tls_port": {"type": int, "metavar": "N", "help": "MQTT over TLS port (default 8883)"},
     "amqp_tls_port": {"type": int, "metavar": "N", "help": "AMQP over TLS port (default 5671)"},
+    "amqp_mqtt_exchange": {
+        "metavar": "NAME",
+        "help": "AMQP exchange of vhost / that MQTT topics map to (default amq.topic; '' = none)",
+    },
+    "amqp_max_body_size": {
+        "type": int,
+        "metavar": "BYTES",
+        "help": "largest AMQP message body (default 16 MiB, as RabbitMQ 4)",
+    },
     "mqtt_max_keep_alive": {"type": int, "metavar": "S", "help": "longest MQTT keep-alive allowed (0 = any)"},
     "cloudevents_dedup_window_s": {
         "type": int,

@@ -83,6 +83,8 @@ class Settings:
     tls_key: str | None = None  # PEM private key of tls_cert (default: in the tls_cert file)
     mqtt_tls_port: int = 8883
     amqp_tls_port: int = 5671
+    amqp_mqtt_exchange: str = "amq.topic"  # AMQP exchange (vhost "/") shared with MQTT; "" = none
+    amqp_max_body_size: int = 16 * MIB  # AMQP's own body limit (RabbitMQ 4's default max_message_size)
     mqtt_max_keep_alive: int = 0  # 0: clients choose; else the most a client may ask (5.0: Server Keep Alive)
     cloudevents_dedup_window_s: int = 0  # > 0: CloudEvents ingest skips a source+id stored this recently
     # CLUSTER mode (docs/cluster.md): `gateway start --mode cluster` proxies and `gateway store` nodes.
@@ -126,6 +128,7 @@ class Settings:
         if self.tls_key is not None and self.tls_cert is None:
             raise ConfigError("tls_key needs tls_cert")
         _check_int("max_body_size", self.max_body_size, 1, MAX_BODY_LIMIT)
+        _check_int("amqp_max_body_size", self.amqp_max_body_size, 1, MAX_BODY_LIMIT)
         _check_int("default_queues", self.default_queues, 1, 1024)
         _check_int("transaction_timeout_ms", self.transaction_timeout_ms, 1, None)
         _check_int("transaction_check_interval_ms", self.transaction_check_interval_ms, 1, None)
@@ -164,6 +167,11 @@ class Settings:
             object.__setattr__(self, "protocols", parse_protocols(self.protocols))
         else:
             parse_protocols(self.protocols)
+
+    @property
+    def largest_body_size(self) -> int:
+        """The largest body any listener accepts (the store's and a store node's limit)."""
+        return max(self.max_body_size, self.amqp_max_body_size)
 
     def port(self, protocol: str) -> int:
         return getattr(self, f"{protocol}_port")

@@ -63,7 +63,7 @@ def store_config(s: Settings) -> StoreConfig:
         flush=s.flush,
         default_queues=s.default_queues,
         auto_create_topics=False,  # the processor decides (settings.auto_create_topics)
-        max_message_size=max(s.max_body_size, StoreConfig().max_message_size),
+        max_message_size=max(s.largest_body_size, StoreConfig().max_message_size),
         transaction_timeout_ms=s.transaction_timeout_ms,
         transaction_check_interval_ms=s.transaction_check_interval_ms,
     )
@@ -125,7 +125,7 @@ class Gateway:
             security = Security(store_client)
         self.processor = MessagingProcessor(
             store_client,
-            limits=Limits(max_body_size=s.max_body_size),
+            limits=Limits(max_body_size=s.max_body_size, body_sizes={"amqp": s.amqp_max_body_size}),
             auto_create_topics=s.auto_create_topics,
             security=security,
         )
@@ -243,6 +243,7 @@ class Gateway:
                 s.amqp_port,
                 ssl=self._tls_context(),
                 tls_port=s.amqp_tls_port,
+                mqtt_exchange=s.amqp_mqtt_exchange,
             )
         if name == "remoting":
             from adapters.remoting import RemotingAdapter

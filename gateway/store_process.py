@@ -31,7 +31,7 @@ def node_config(settings: Settings) -> StoreNodeConfig:
         cluster_name=s.cluster_name,
         lease_period_s=s.lease_period_s,
         lease_expiry_s=s.lease_expiry_s,
-        max_body_size=s.max_body_size,
+        max_body_size=s.largest_body_size,
     )
 
 

@@ -278,8 +278,9 @@ class MessagingProcessor:
         limits = self.limits
         now = time_ns() // 1_000_000  # (now_ms inlined: one call less per send)
         topics: set[str] = set()
+        max_body = limits.body_sizes.get(ctx.protocol, limits.max_body_size)
         for m in messages:
-            check_message(m, limits, now)
+            check_message(m, limits, now, max_body)
             if m.msg_type == MessageType.FIFO and not m.message_group:
                 raise ProcessorError(ErrorKind.ILLEGAL_MESSAGE_GROUP, "a FIFO message needs a message group")
             topics.add(m.topic)

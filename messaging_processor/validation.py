@@ -4,7 +4,7 @@ body size, delay and invisible-time bounds)."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from store import Message
 
@@ -27,6 +27,9 @@ class Limits:
     max_invisible_time_ms: int = 12 * 3600 * 1000
     max_long_poll_ms: int = 30_000
     max_batch: int = 1024  # messages per send or pop
+    # per-protocol body limits (ClientContext.protocol -> bytes) in place of max_body_size for
+    # `send`, e.g. {"amqp": 16 MiB} (RabbitMQ 4's default) while the other protocols keep theirs
+    body_sizes: dict[str, int] = field(default_factory=dict)
 
 
 def check_topic(name: str, limits: Limits, *, for_send: bool = False) -> None:
@@ -54,17 +57,20 @@ _OK_PROP_NAMES: set[str] = set()
 _CACHE_MAX = 65536
 
 
-def check_message(msg: Message, limits: Limits, now_ms: int) -> None:
-    """Raise ProcessorError for a message no producer may send."""
+def check_message(msg: Message, limits: Limits, now_ms: int, max_body_size: int | None = None) -> None:
+    """Raise ProcessorError for a message no producer may send (`max_body_size`: the sender's
+    protocol's body limit, default `limits.max_body_size`)."""
+    if max_body_size is None:
+        max_body_size = limits.max_body_size
     topic = msg.topic
     if topic not in _OK_TOPICS or len(topic) > limits.max_topic_length:
         check_topic(topic, limits, for_send=True)
         if len(_OK_TOPICS) < _CACHE_MAX:
             _OK_TOPICS.add(topic)
-    if len(msg.body) > limits.max_body_size:
+    if len(msg.body) > max_body_size:
         raise ProcessorError(
             ErrorKind.BODY_TOO_LARGE,
-            f"message body of {len(msg.body)} bytes exceeds the limit of {limits.max_body_size}",
+            f"message body of {len(msg.body)} bytes exceeds the limit of {max_body_size}",
         )
     tag = msg.tag
     if tag and (not tag.strip() or "|" in tag or _CONTROL.search(tag)):

@@ -28,6 +28,7 @@ from messaging_processor import (
 )
 
 from .blocking import Blocking
+from .bridge import ExchangeBridge
 from .codec import AMQPError, ReplyCode
 from .queue_store import QueueStore
 from .queue_work import QueueWork
@@ -51,13 +52,15 @@ class Broker:
         consumer_timeout_ms: int = 1_800_000,
         long_poll_ms: int = 20_000,
         max_inflight_publishes: int = 20_000,
+        mqtt_exchange: str = "amq.topic",
     ) -> None:
         self.processor = processor
         self.invisible_time_ms = invisible_time_ms
         self.consumer_timeout_ms = consumer_timeout_ms
         self.long_poll_ms = long_poll_ms
         self.max_inflight_publishes = max_inflight_publishes
-        self.max_body_size = processor.limits.max_body_size
+        limits = processor.limits  # AMQP's own body limit if the processor has one (amqp_max_body_size)
+        self.max_body_size = limits.body_sizes.get("amqp", limits.max_body_size)
         self.secured = processor.security is not None  # authentication and the ACL are on
         self.ctx = ClientContext("amqp", client_id="$amqp-broker", identity=PROXY_IDENTITY)
         self.vhosts: dict[str, VHost] = {}
@@ -77,11 +80,17 @@ class Broker:
             self.spawn,
         )
         self.lifetimes = self.registry.lifetimes
+        # the MQTT exchange of vhost "/" ("" = none): RabbitMQ's MQTT convention (bridge.py)
+        self.bridge = ExchangeBridge(
+            processor, self.ctx, self.registry.vhost, self.work, mqtt_exchange, long_poll_ms=long_poll_ms
+        )
 
     async def start(self) -> None:
         await self.registry.start()
+        await self.bridge.start()
 
     async def close(self) -> None:
+        await self.bridge.close()
         self.work.close()
         self.blocking.close()
         self.registry.close()

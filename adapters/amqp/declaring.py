@@ -87,7 +87,14 @@ class Declaring:
         mid = 30 if bind else 40
         if self.conn.broker.secured:
             await self.may_bind(f"exchange '{m.destination}'", m.destination, m.source, 40, mid)
-        dest = await r.find_exchange(self.vhost, m.destination, 40, mid)
+        if bind:
+            dest = await r.find_exchange(self.vhost, m.destination, 40, mid)
+        else:
+            dest = await _or_none(r.find_exchange(self.vhost, m.destination, 40, mid))
+            if dest is None:
+                if not m.nowait:
+                    self.reply(c.ExchangeUnbindOk())
+                return
         if not dest.name:
             raise AMQPError(
                 ReplyCode.ACCESS_REFUSED,
@@ -122,14 +129,16 @@ class Declaring:
         if self.conn.broker.secured:
             name = self.queue_name(m.queue, 50, mid)
             await self.may_bind(f"queue '{name}'", store_name(self.vhost.name, name), m.exchange, 50, mid)
-        q = await self.queue(m.queue, 50, mid)
         if bind:
+            q = await self.queue(m.queue, 50, mid)
             await self.registry.bind(self.conn, self.vhost, q, m.exchange, m.routing_key, m.arguments, 50)
             if not m.nowait:
                 self.reply(c.QueueBindOk())
-        else:
+            return
+        q = await _or_none(self.queue(self.queue_name(m.queue, 50, mid), 50, mid))
+        if q is not None:
             await self.registry.unbind(self.conn, self.vhost, q, m.exchange, m.routing_key, m.arguments, 50)
-            self.reply(c.QueueUnbindOk())
+        self.reply(c.QueueUnbindOk())
 
     async def queue_purge(self, m: c.QueuePurge) -> None:
         if self.conn.broker.secured:  # RabbitMQ: read on the queue
@@ -150,3 +159,15 @@ class Declaring:
         n = await self.registry.delete_queue(self.conn, self.vhost, name, m.if_unused, m.if_empty)
         if not m.nowait:
             self.reply(c.QueueDeleteOk(n))
+
+
+async def _or_none(found: Awaitable[Any]) -> Any:
+    """What `found` returns, or None where it raises 404: unbinding from a queue or exchange that
+    no longer exists succeeds, as in RabbitMQ (an auto-delete queue may be gone by then, as the
+    reply queue of aio-pika's RPC pattern is when it unbinds it after its last basic.cancel)."""
+    try:
+        return await found
+    except AMQPError as e:
+        if e.code != ReplyCode.NOT_FOUND:
+            raise
+        return None

@@ -58,13 +58,14 @@ class PublishAcl:
     logs refusals), remembered until the security directory changes: the per-message check is a set
     lookup."""
 
-    __slots__ = ("processor", "identity", "ok", "version")
+    __slots__ = ("processor", "identity", "ok", "version", "bridge_denied")
 
     def __init__(self, processor: MessagingProcessor, identity: Identity) -> None:
         self.processor = processor
         self.identity = identity
         self.ok: set[str] = set()
         self.version = -1
+        self.bridge_denied: set[str] = set()
 
     def allows(self, path: str) -> bool:
         sec = self.processor.security
@@ -72,6 +73,7 @@ class PublishAcl:
         v = sec.directory.version
         if v != self.version:
             self.ok.clear()
+            self.bridge_denied.clear()
             self.version = v
         elif path in self.ok:
             return True
@@ -81,6 +83,27 @@ class PublishAcl:
             self.ok.clear()
         self.ok.add(path)
         return True
+
+    def may_bridge(self, path: str) -> bool:
+        """Whether the MQTT-path copy of a publish to the MQTT exchange may be stored: an ACL
+        check that is neither counted nor logged as a denial (the publish itself goes on)."""
+        sec = self.processor.security
+        assert sec is not None
+        if sec.directory.version != self.version:
+            self.ok.clear()
+            self.bridge_denied.clear()
+            self.version = sec.directory.version
+        if path in self.ok:
+            return True
+        if path in self.bridge_denied:
+            return False
+        p = self.identity.principal
+        ok = p is not None and sec.permits(p, Action.PUBLISH.value, "topic", path)[0]
+        cache = self.ok if ok else self.bridge_denied
+        if len(cache) >= 4096:
+            cache.clear()
+        cache.add(path)
+        return ok
 
 
 class Confirm:
@@ -112,6 +135,7 @@ class Publisher:
         "confirms",
         "tx_msgs",
         "sends",
+        "may_bridge",
     )
 
     def __init__(
@@ -135,6 +159,8 @@ class Publisher:
         self.max_body_size = max_body_size
         self.fail = fail  # the channel's error handling (a refused publish closes the channel)
         self.may_publish = may_publish  # PublishAcl.allows with security on (None: everything allowed)
+        acl = getattr(may_publish, "__self__", None)  # MQTT copies of publishes to the MQTT exchange
+        self.may_bridge = acl.may_bridge if isinstance(acl, PublishAcl) else None
         self.open = True
         self.confirm = False  # confirm.select
         self.pub_seq = 0
@@ -154,11 +180,20 @@ class Publisher:
             await asyncio.gather(*self.sends, return_exceptions=True)
 
     # ------------------------------------------------------------------ publishing
-    def publish(self, events: list[Any], tx: bool) -> None:
+    def publish(self, events: list[Any], tx: bool, looked_up: bool = False) -> Awaitable[None] | None:
         """Route the publishes of one read and store them with one send (confirm tags in order);
-        in a transaction (`tx`) keep them for tx.commit."""
+        in a transaction (`tx`) keep them for tx.commit. Publishes to exchanges this proxy does
+        not know that may be store topics' exchanges (bridge.py) wait for that look-up: the
+        awaitable returned (the channel handles what follows after it)."""
         conn = self.conn
         vh = self.vhost
+        if vh.topic_exchange is not None and not looked_up:
+            known = vh.exchanges
+            for ev in events:
+                if ev.method.exchange not in known and ev.method.exchange != "amq.default":
+                    missing = {e.method.exchange for e in events if e.method.exchange not in known}
+                    missing.discard("amq.default")
+                    return self._publish_later(events, tx, missing)
         route = vh.route
         copies = self.work.copies
         max_body_size = self.max_body_size
@@ -166,6 +201,7 @@ class Publisher:
         queues: set[Queue] = set()
         first = self.pub_seq + 1
         limited: list[tuple[int, Any, int]] = []  # (tag, queues, index of the first copy)
+        bridged: list[Message] = []  # the MQTT exchange's store message of the current publish
         now = now_ms()
         error: AMQPError | None = None
         try:
@@ -222,11 +258,21 @@ class Publisher:
                     dest = route(ex, rk, raw)
                     if dest and self.may_publish is not None:
                         self._check_paths(dest, ex.name, rk)
+                    if ex.bridge is not None:  # the MQTT exchange (bridge.py): also stored for MQTT
+                        bm = ex.bridge(rk, raw, body, props)
+                        if bm is None:
+                            pass
+                        elif ex.stores:  # a store topic's exchange: the message itself
+                            if self.may_publish is not None:
+                                self._check_stored(bm, ex.name)
+                            bridged.append(bm)
+                        elif self.may_bridge is None or self.may_bridge(bm.properties["mqtt.topic"]):
+                            bridged.append(bm)
                 if self.confirm:
                     self.pub_seq += 1
                 if dest is None:  # delivered straight to a reply consumer
                     continue
-                if not dest:
+                if not dest and not bridged:
                     if m.mandatory:
                         conn.write(
                             c.encode_return(
@@ -238,7 +284,8 @@ class Publisher:
                     if q.limited:
                         limited.append((self.pub_seq, dest, len(msgs)))
                         break
-                msgs.extend(copies(dest, ex.name, rk, raw, body, props, ttl, now))
+                cs = copies(dest, ex.name, rk, raw, body, props, ttl, now) if dest else []
+                msgs.extend(_merge(bridged.pop(), cs) if bridged else cs)
                 queues.update(dest)
         except AMQPError as e:
             error = e
@@ -262,6 +309,28 @@ class Publisher:
             self._flush_confirms()
         if error is not None:
             raise error
+        return None
+
+    async def _publish_later(self, events: list[Any], tx: bool, names: set[str]) -> None:
+        find = self.vhost.topic_exchange
+        assert find is not None
+        for name in names:
+            await find(name)
+        self.publish(events, tx, True)
+
+    def _check_stored(self, m: Message, exchange: str) -> None:
+        """403 unless the user may publish to the path of `m`, a publish to a store topic's exchange."""
+        path = m.properties.get("mqtt.topic") or (f"{m.topic}/{m.tag}" if m.tag else m.topic)
+        allows = self.may_publish
+        assert allows is not None
+        if not allows(path):
+            raise AMQPError(
+                ReplyCode.ACCESS_REFUSED,
+                f"access to topic '{path}' in exchange '{exchange}' in vhost '{self.vhost.name}' refused "
+                f"for user '{self.conn.ctx.identity.username or ''}'",
+                class_id=60,
+                method_id=40,
+            )
 
     def _check_paths(self, dest: Any, exchange: str, rk: str) -> None:
         """403 unless the user may publish to the path of each copy: `<queue topic>/<routing key>`
@@ -379,3 +448,17 @@ class Publisher:
 
     def rollback(self) -> None:
         self.tx_msgs.clear()
+
+
+def _merge(bm: Message, copies: list[Message]) -> list[Message]:
+    """The store messages of a publish to the MQTT exchange: the queue copies plus `bm` on its MQTT
+    store topic, or, when a bound queue's topic is that store topic, that copy with bm's MQTT
+    properties (stored once: the queue and MQTT read the same message)."""
+    for i, m in enumerate(copies):
+        if m.topic == bm.topic:
+            p = dict(m.properties)
+            p.update(bm.properties)
+            copies[i] = Message(m.topic, m.body, m.tag, (), p)
+            return copies
+    copies.append(bm)
+    return copies

@@ -5,7 +5,10 @@ Routing happens at publish time, in memory; declarations are in registry.py."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
+
+from messaging_processor import Message
 
 from .codec import AMQPError, ReplyCode
 from .mapping import headers_of
@@ -51,6 +54,9 @@ class Exchange:
         "alternate",
         "deleted",
         "queues_only",
+        "bridge",
+        "watch",
+        "stores",
     )
 
     def __init__(
@@ -78,6 +84,11 @@ class Exchange:
         self._headers: list[tuple[bool, bool, dict[str, Any], Any]] = []
         self.deleted = False
         self.queues_only = True  # no exchange-to-exchange binding from here
+        # the MQTT exchange (bridge.py): the store message for MQTT of a publish, and a callback
+        # for binding changes
+        self.bridge: Callable[[str, bytes, bytes, Any], Message | None] | None = None
+        self.watch: Callable[[], None] | None = None
+        self.stores = False  # the exchange of a store topic (bridge.py): a publish is stored on it
 
     def __repr__(self) -> str:
         return f"Exchange({self.vhost!r}, {self.name!r}, {self.type})"
@@ -114,6 +125,8 @@ class Exchange:
         self._direct = direct
         self._headers = headers
         self.queues_only = all(not isinstance(b.dest, Exchange) for b in self.bindings.values())
+        if self.watch is not None:
+            self.watch()
 
     # ------------------------------------------------------------------ matching
     def match(self, routing_key: str, raw_properties: bytes) -> tuple[Any, ...] | list[Any]:
@@ -190,7 +203,7 @@ def headers_match(any_: bool, want: dict[str, Any], headers: dict[str, Any]) -> 
 class VHost:
     """A virtual host: its exchanges (the default and amq.* ones pre-declared) and queues."""
 
-    __slots__ = ("name", "exchanges", "queues", "dropping")
+    __slots__ = ("name", "exchanges", "queues", "dropping", "topic_exchange")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -200,6 +213,8 @@ class VHost:
         self.queues: dict[str, Queue] = {}
         # ("q" | "e", name) being deleted: their records must not be adopted back meanwhile
         self.dropping: set[tuple[str, str]] = set()
+        # vhost "/": the exchange of store topic `name`, made on first use (bridge.py); None if none
+        self.topic_exchange: Callable[[str], Awaitable[Exchange | None]] | None = None
 
     def exchange(self, name: str, cls: int, mid: int) -> Exchange:
         """An exchange this proxy knows (the publish path: no store round trip); 404 if none."""

@@ -80,6 +80,7 @@ class AmqpAdapter:
         consumer_timeout_ms: int = 1_800_000,
         ssl: ssl_mod.SSLContext | None = None,
         tls_port: int = 5671,
+        mqtt_exchange: str = "amq.topic",
     ) -> None:
         self.processor = processor
         self.host = host
@@ -88,7 +89,10 @@ class AmqpAdapter:
         self.frame_max = frame_max
         self.channel_max = channel_max
         self.broker = Broker(
-            processor, invisible_time_ms=invisible_time_ms, consumer_timeout_ms=consumer_timeout_ms
+            processor,
+            invisible_time_ms=invisible_time_ms,
+            consumer_timeout_ms=consumer_timeout_ms,
+            mqtt_exchange=mqtt_exchange,
         )
         self.connections: set[AmqpProtocol] = set()
         self.net = TcpListeners(host, port, ssl=ssl, tls_port=tls_port, tls_name="amqps")

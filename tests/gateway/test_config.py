@@ -209,6 +209,8 @@ NON_DEFAULT = {
     "tls_key": "/etc/gw/key.pem",
     "mqtt_tls_port": 8884,
     "amqp_tls_port": 5672,
+    "amqp_mqtt_exchange": "mqtt.bridge",
+    "amqp_max_body_size": 1000,
     "mqtt_max_keep_alive": 120,
     "cloudevents_dedup_window_s": 600,
     "mode": "cluster",

@@ -18,6 +18,7 @@ tags and names); str is encoded as UTF-8 (with surrogateescape, so decoded names
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 from .constants import DEFAULT_FRAME_MAX, PROTOCOL_HEADER
 from .methods import AMQPMethod, encode_arguments
@@ -101,14 +102,19 @@ def encode_body(channel: int, body: bytes, frame_max: int = DEFAULT_FRAME_MAX) -
         raise ValueError(f"frame_max {frame_max} leaves no room for a body")
     if size <= chunk:
         return b"".join((_FRAME_HEAD(3, channel, size), body, b"\xce"))
+    return b"".join(_body_frames(channel, body, chunk))
+
+
+def _body_frames(channel: int, body: bytes, chunk: int) -> list[Any]:
+    """The body frames of `body` as parts to join (heads, views of `body`, frame ends)."""
     view = memoryview(body)
-    out = []
-    for i in range(0, size, chunk):
+    out: list[Any] = []
+    for i in range(0, len(body), chunk):
         part = view[i : i + chunk]
         out.append(_FRAME_HEAD(3, channel, len(part)))
         out.append(part)
         out.append(b"\xce")
-    return b"".join(out)
+    return out
 
 
 def encode_message(
@@ -130,7 +136,7 @@ def encode_message(
     )
 
 
-def _content_tail(channel: int, props: bytes, body: bytes, frame_max: int) -> list[bytes]:
+def _content_tail(channel: int, props: bytes, body: bytes, frame_max: int) -> list[Any]:
     """Frame end of the method frame + header frame + body frames, as parts to join."""
     size = len(body)
     parts = [_END_AND_HEADER(0xCE, 2, channel, 12 + len(props), 60, 0, size), props]
@@ -140,7 +146,7 @@ def _content_tail(channel: int, props: bytes, body: bytes, frame_max: int) -> li
         parts += (_END_AND_BODY(0xCE, 3, channel, size), body, b"\xce")
     else:
         parts.append(b"\xce")
-        parts.append(encode_body(channel, body, frame_max))
+        parts += _body_frames(channel, body, frame_max - 8)  # joined once, with the rest
     return parts
 
 
