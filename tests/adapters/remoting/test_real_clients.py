@@ -143,6 +143,8 @@ async def test_4x_messages_reach_mqtt_amqp_and_pop_consumers(gw, tmp_path):
     amqp = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{amqp_port}/")
     channel = await amqp.channel()
     queue = await channel.declare_queue("iot", durable=True)  # AMQP queue iot is store topic iot
+    temps = await channel.declare_queue("iot-temps", durable=True)  # RabbitMQ style: bound by pattern
+    await temps.bind("amq.topic", "iot.temp")
     async with aiomqtt.Client("127.0.0.1", mqtt_port, identifier="sub-4x") as sub:
         await sub.subscribe("iot/#", qos=1)
         await asyncio.sleep(0.2)
@@ -188,6 +190,17 @@ async def test_4x_messages_reach_mqtt_amqp_and_pop_consumers(gw, tmp_path):
             await m.ack()
             if len(amqp_got) == 4:
                 break
+    bound = []
+    async with temps.iterator() as it:
+        async for m in it:  # routing key <topic>.<tag>: only ali-ons' `temp` messages match
+            bound.append((m.body.decode(), m.exchange, m.routing_key, m.headers.get("origin")))
+            await m.ack()
+            if len(bound) == 2:
+                break
+    assert sorted(bound) == [
+        ("js-0", "amq.topic", "iot.temp", "ali-ons"),
+        ("js-1", "amq.topic", "iot.temp", "ali-ons"),
+    ]
     await amqp.close()
     assert sorted(amqp_got) == [
         ("cpp-0", "hum", "cpp"),
