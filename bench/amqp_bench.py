@@ -52,7 +52,6 @@ or a phase that fails gives null figures and an `error`; the run goes on.
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
 import json
 import multiprocessing as mp
@@ -65,7 +64,6 @@ import sys
 import tempfile
 import time
 import traceback
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -73,11 +71,13 @@ from amqp_loadgen import Job, Spec, worker_main
 from amqp_servers import AmqpServer, amqp_ready, epmd_cpu_s, start_rabbitmq
 from common import (
     ServerError,
+    admin_call,
     cpu_s,
     descendants,
     fs_type,
     log,
     pct_ms,
+    policy_toml,
     sleep_until,
     start_gateway,
     system_busy_s,
@@ -180,23 +180,7 @@ def acl_policy(n: int, queues: list[str]) -> str:
             effect = "deny" if i % 10 == 0 else "allow"
             rules.append(("role:user", f"telemetry/{i}/+/#", "publish,subscribe", effect))
         i += 1
-    out = []
-    for subject, pattern, actions, effect in rules[:n]:
-        acts = ", ".join(f'"{a}"' for a in actions.split(","))
-        out.append(
-            f'[[rules]]\nsubject = "{subject}"\nkind = "topic"\npattern = "{pattern}"\n'
-            f'actions = [{acts}]\neffect = "{effect}"\n'
-        )
-    return "\n".join(out)
-
-
-def admin_call(base: str, password: str, method: str, path: str, body: bytes, ctype: str) -> Any:
-    """One admin API request as the bootstrap admin (HTTP Basic); the JSON answer."""
-    req = urllib.request.Request(base + path, data=body, method=method)
-    req.add_header("Content-Type", ctype)
-    req.add_header("Authorization", "Basic " + base64.b64encode(f"admin:{password}".encode()).decode())
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return json.loads(r.read() or b"null")
+    return policy_toml(rules[:n])
 
 
 def provision(server: AmqpServer, args: argparse.Namespace) -> dict[str, Any]:
@@ -208,16 +192,16 @@ def provision(server: AmqpServer, args: argparse.Namespace) -> dict[str, Any]:
     base = f"http://127.0.0.1:{m.group(1)}"
     pw = args.admin_password
     body = json.dumps({"name": BENCH_USER, "password": args.bench_password, "role": "user"}).encode()
-    admin_call(base, pw, "POST", "/admin/users", body, "application/json")
+    admin_call(base, pw, "/admin/users", body, "application/json", timeout=30)
     queues = [f"amqpbench.q{i}" for i in range(args.publishers)] + ["amqpbench.lat"]
     t = time.monotonic()
     res = admin_call(
         base,
         pw,
-        "POST",
         "/admin/acl/import?replace=false",
         acl_policy(args.acl_rules, queues).encode(),
         "application/toml",
+        timeout=30,
     )
     return {"acl_rules": res["rules"], "provision_s": time.monotonic() - t}
 

@@ -430,3 +430,30 @@ def fmt(v: Any) -> str:
             return f"{v:.2f}"
         return f"{v:.2g}"
     return str(v)
+
+
+# ----------------------------------------------------------------------------- auth-on runs
+def policy_toml(rules: list[tuple[str, str, str, str]]) -> str:
+    """ACL rules (subject, topic pattern, comma list of actions, allow|deny) as the policy file that
+    `POST /admin/acl/import` takes (docs/security.md)."""
+    out = []
+    for subject, pattern, actions, effect in rules:
+        acts = ", ".join(f'"{a}"' for a in actions.split(","))
+        out.append(
+            f'[[rules]]\nsubject = "{subject}"\nkind = "topic"\npattern = "{pattern}"\n'
+            f'actions = [{acts}]\neffect = "{effect}"\n'
+        )
+    return "\n".join(out)
+
+
+def admin_call(base: str, password: str, path: str, body: bytes, ctype: str, timeout: float = 60) -> Any:
+    """One POST to a gateway's admin API as its bootstrap admin (HTTP Basic); the JSON answer."""
+    import base64
+    import json
+    import urllib.request
+
+    req = urllib.request.Request(base + path, data=body, method="POST")
+    req.add_header("Content-Type", ctype)
+    req.add_header("Authorization", "Basic " + base64.b64encode(f"admin:{password}".encode()).decode())
+    with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 - the bench's own gateway
+        return json.loads(r.read() or b"null")

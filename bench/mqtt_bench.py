@@ -69,7 +69,6 @@ that cannot start, or a phase that fails, gives null figures and an `error`; the
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
 import json
 import multiprocessing as mp
@@ -84,7 +83,6 @@ import sys
 import tempfile
 import time
 import traceback
-import urllib.request
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -93,11 +91,13 @@ from typing import Any
 from common import (
     Server,
     ServerError,
+    admin_call,
     cpu_s,
     descendants,
     fs_type,
     log,
     pct_ms,
+    policy_toml,
     rss_bytes,
     sleep_until,
     start_gateway,
@@ -518,23 +518,7 @@ def acl_policy(n: int) -> str:
             effect = "deny" if i % 10 == 0 else "allow"
             rules.append(("role:user", f"telemetry/{i}/%u/+/#", "publish,subscribe", effect))
         i += 1
-    out = []
-    for subject, pattern, actions, effect in rules[:n]:
-        acts = ", ".join(f'"{a}"' for a in actions.split(","))
-        out.append(
-            f'[[rules]]\nsubject = "{subject}"\nkind = "topic"\npattern = "{pattern}"\n'
-            f'actions = [{acts}]\neffect = "{effect}"\n'
-        )
-    return "\n".join(out)
-
-
-def admin_call(base: str, password: str, path: str, body: bytes, ctype: str) -> Any:
-    """One POST to the admin API as the bootstrap admin (HTTP Basic); the JSON answer."""
-    req = urllib.request.Request(base + path, data=body, method="POST")
-    req.add_header("Content-Type", ctype)
-    req.add_header("Authorization", "Basic " + base64.b64encode(f"admin:{password}".encode()).decode())
-    with urllib.request.urlopen(req, timeout=60) as r:
-        return json.loads(r.read() or b"null")
+    return policy_toml(rules[:n])
 
 
 def provision(server: Server, args: argparse.Namespace) -> dict[str, Any]:
