@@ -26,29 +26,31 @@ Result: passed / failed / errors / skipped counts and the failing test ids by te
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import secrets
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
-import urllib.parse
-import urllib.request
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from conformance.amqp_suite import CACHE
 from conformance.gateway_proc import GATEWAY, LISTENERS, GatewayProcess
 from conformance.runner import _conformance_python
+from conformance.sdist import PinnedSdist
 
 PACKAGE, VERSION = "aio-pika", "10.2.1"
 SDIST = f"aio_pika-{VERSION}.tar.gz"
-SHA256 = "e4f77afd9179a3cca5a904c3b0a1190256a36d9f90650db908b1b2245eb27487"
-SDIST_PATH = f"5d/31/70f0d7a9fe1affc3241d86d24c24714a4a2ac648961efd3d835ef734a6a1/{SDIST}"
+PIN = PinnedSdist(
+    PACKAGE,
+    VERSION,
+    SDIST.removesuffix(".tar.gz"),
+    "e4f77afd9179a3cca5a904c3b0a1190256a36d9f90650db908b1b2245eb27487",
+    "5d/31/70f0d7a9fe1affc3241d86d24c24714a4a2ac648961efd3d835ef734a6a1/aio_pika-10.2.1.tar.gz",
+    "AIOPIKA_SUITE_SDIST",
+)
 
 CONFTEST = '''\
 """Replaces aio-pika's Docker client (tests/docker_client.py) with gateways (conformance/aiopika_suite.py).
@@ -149,52 +151,13 @@ dc.check_docker_available = lambda: dc.DockerHostInfo(is_tcp=False, socket_path=
 
 def fetch_sdist(explicit: str | None = None) -> Path:
     """The pinned sdist: `explicit`, $AIOPIKA_SUITE_SDIST, the cache, else PyPI (sha256 checked)."""
-    path = explicit or os.environ.get("AIOPIKA_SUITE_SDIST")
-    if path:
-        return Path(path)
-    target = CACHE / SDIST
-    if target.exists() and hashlib.sha256(target.read_bytes()).hexdigest() == SHA256:
-        return target
-    data = b""
-    errors = []
-    for url in _sdist_urls():
-        try:
-            with urllib.request.urlopen(url, timeout=60) as r:
-                data = r.read()
-            break
-        except OSError as e:
-            errors.append(f"{url}: {e}")
-    if not data:
-        raise OSError("; ".join(errors))
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != SHA256:
-        raise RuntimeError(f"{SDIST}: sha256 {digest}, expected {SHA256}")
-    CACHE.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(data)
-    return target
-
-
-def _sdist_urls():
-    """PyPI's file host, then whatever PyPI's JSON API (or a mirror's) gives for this sdist."""
-    yield f"https://files.pythonhosted.org/packages/{SDIST_PATH}"
-    api = f"https://pypi.org/pypi/{PACKAGE}/json"
-    try:
-        with urllib.request.urlopen(api, timeout=30) as r:
-            meta = json.load(r)
-    except (OSError, ValueError):
-        return
-    for u in meta.get("releases", {}).get(VERSION, []):
-        if u.get("packagetype") == "sdist":
-            yield urllib.parse.urljoin(api, u["url"])
+    return PIN.fetch(explicit)
 
 
 def unpack_tests(sdist: Path, dest: Path) -> Path:
-    """Only tests/ (the installed aio-pika from .venv-conformance is the one under test)."""
-    top = f"aio_pika-{VERSION}"
-    with tarfile.open(sdist) as tar:
-        members = [m for m in tar.getmembers() if m.name.startswith(f"{top}/tests/") and ".." not in m.name]
-        tar.extractall(dest, members=members, filter="data")
-    root = dest / top
+    """Only tests/ (the installed aio-pika from .venv-conformance is the one under test), with the
+    Docker fixtures replaced (CONFTEST)."""
+    root = PIN.unpack_tests(sdist, dest)
     (root / "conftest.py").write_text(CONFTEST)
     return root
 

@@ -20,28 +20,30 @@ function, as a table or (``--json``) one JSON object.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
-import urllib.parse
-import urllib.request
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from conformance.gateway_proc import GatewayProcess
 from conformance.runner import _conformance_python
+from conformance.sdist import PinnedSdist
 
 PACKAGE, VERSION = "aiormq", "7.2.4"
 SDIST = f"{PACKAGE}-{VERSION}.tar.gz"
-SHA256 = "5fd20bb9583d73de85572198496b65cf028f27527c1733c9840d458e0b40e8fa"
-SDIST_PATH = f"71/11/8b93eac7630c5087c34df3d34ce0bdf50d6ea2fb83061f17e8c73877141d/{SDIST}"
-CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gateway-conformance"
+PIN = PinnedSdist(
+    PACKAGE,
+    VERSION,
+    SDIST.removesuffix(".tar.gz"),
+    "5fd20bb9583d73de85572198496b65cf028f27527c1733c9840d458e0b40e8fa",
+    "71/11/8b93eac7630c5087c34df3d34ce0bdf50d6ea2fb83061f17e8c73877141d/aiormq-7.2.4.tar.gz",
+    "AMQP_SUITE_SDIST",
+)
 
 CONFTEST = '''\
 """Fixtures the aiormq sdist's tests expect from aiormq's repository (a RabbitMQ container there):
@@ -68,52 +70,13 @@ def rabbitmq_container():
 
 
 def fetch_sdist(explicit: str | None = None) -> Path:
-    path = explicit or os.environ.get("AMQP_SUITE_SDIST")
-    if path:
-        return Path(path)
-    target = CACHE / SDIST
-    if target.exists() and hashlib.sha256(target.read_bytes()).hexdigest() == SHA256:
-        return target
-    data = b""
-    errors = []
-    for url in _sdist_urls():
-        try:
-            with urllib.request.urlopen(url, timeout=60) as r:
-                data = r.read()
-            break
-        except OSError as e:
-            errors.append(f"{url}: {e}")
-    if not data:
-        raise OSError("; ".join(errors))
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != SHA256:
-        raise RuntimeError(f"{SDIST}: sha256 {digest}, expected {SHA256}")
-    CACHE.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(data)
-    return target
-
-
-def _sdist_urls():
-    """PyPI's file host (the path PyPI's JSON API gives for this sdist), then whatever the JSON API
-    of the configured index says (mirrors answer with relative URLs)."""
-    yield f"https://files.pythonhosted.org/packages/{SDIST_PATH}"
-    api = f"https://pypi.org/pypi/{PACKAGE}/json"
-    try:
-        with urllib.request.urlopen(api, timeout=30) as r:
-            meta = json.load(r)
-    except (OSError, ValueError):
-        return
-    for u in meta.get("releases", {}).get(VERSION, []):
-        if u.get("packagetype") == "sdist":
-            yield urllib.parse.urljoin(api, u["url"])
+    """The pinned sdist: `explicit`, $AMQP_SUITE_SDIST, the cache, else PyPI (sha256 checked)."""
+    return PIN.fetch(explicit)
 
 
 def unpack_tests(sdist: Path, dest: Path) -> Path:
-    prefix = f"{PACKAGE}-{VERSION}/tests/"
-    with tarfile.open(sdist) as tar:
-        members = [m for m in tar.getmembers() if m.name.startswith(prefix) and ".." not in m.name]
-        tar.extractall(dest, members=members, filter="data")
-    root = dest / f"{PACKAGE}-{VERSION}"
+    """Only tests/ of the sdist, with the fixtures it lacks (CONFTEST)."""
+    root = PIN.unpack_tests(sdist, dest)
     (root / "conftest.py").write_text(CONFTEST)
     return root
 
