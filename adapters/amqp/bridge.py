@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from messaging_processor import ClientContext, ErrorKind, Filter, Message, MessagingProcessor, ProcessorError
+from messaging_processor.properties import P_USER_PROPERTIES, user_property_pairs
 
 from .codec import BasicProperties, encode_properties
 from .mapping import P_EXCHANGE, P_RK, base_properties, headers_of, is_amqp, now_ms, tag_for
@@ -39,7 +40,6 @@ P_MQTT_TOPIC = "mqtt.topic"  # the MQTT adapter's property names (adapters/mqtt/
 P_MQTT_QOS = "mqtt.qos"
 P_MQTT_CONTENT_TYPE = "mqtt.content_type"
 P_MQTT_CORRELATION = "mqtt.correlation_data"
-P_MQTT_USER = "mqtt.user_properties"
 GROUP_PREFIX = "amqp|x|"
 MAX_STORE_TOPIC = 127
 _OK = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
@@ -80,10 +80,8 @@ def foreign_properties(m: Message) -> bytes:
     if P_MQTT_CORRELATION in p:
         with contextlib.suppress(binascii.Error, ValueError):
             corr = base64.b64decode(p[P_MQTT_CORRELATION]).decode("utf-8")
-    if P_MQTT_USER in p:
-        with contextlib.suppress(ValueError, TypeError):
-            for k, v in json.loads(p[P_MQTT_USER]):
-                headers.setdefault(str(k), str(v))
+    for k, v in user_property_pairs(p):
+        headers.setdefault(k, v)
     props = BasicProperties(
         content_type=p.get(P_MQTT_CONTENT_TYPE) or p.get("ce_datacontenttype"),
         headers=headers or None,
@@ -112,7 +110,7 @@ def mqtt_properties(
         [k, v if isinstance(v, str) else str(v)] for k, v in headers.items() if isinstance(v, _HEADER_TYPES)
     ]
     if user:
-        p[P_MQTT_USER] = json.dumps(user, separators=(",", ":"))
+        p[P_USER_PROPERTIES] = json.dumps(user, separators=(",", ":"))
     return p
 
 

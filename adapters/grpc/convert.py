@@ -22,6 +22,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from adapters.grpc.codes import Code
 from adapters.grpc.generated import definition_pb2 as d
 from messaging_processor import Delivery, ErrorKind, Identity, Message, MessageType, ProcessorError
+from messaging_processor.properties import P_USER_PROPERTIES, user_property_pairs
 
 Timestamp = timestamp_pb2.Timestamp
 Duration = duration_pb2.Duration
@@ -182,7 +183,9 @@ def _system_properties(m: Message, sp: d.SystemProperties) -> None:
 
 def split_properties(props: dict[str, str]) -> tuple[list[tuple[str, str]], str | None, int | None]:
     """A stored message's properties → (user properties, trace context, orphaned-transaction
-    recovery seconds). The store's and this adapter's own properties are not user properties."""
+    recovery seconds). The store's and this adapter's own properties are not user properties; the
+    pairs of `mqtt.user_properties` (MQTT 5 user properties, AMQP headers) are user properties too,
+    each under its own name unless a store property has that name (the first pair of a name wins)."""
     user = []
     trace = recovery = None
     for k, v in props.items():
@@ -192,6 +195,12 @@ def split_properties(props: dict[str, str]) -> tuple[list[tuple[str, str]], str 
             trace = v
         elif k == PROP_CHECK_IMMUNITY:
             recovery = _immunity_seconds(v)
+    if P_USER_PROPERTIES in props:
+        names = set(props)
+        for k, v in user_property_pairs(props):
+            if k not in names and k not in HIDDEN_PROPERTIES:
+                names.add(k)
+                user.append((k, v))
     return user, trace, recovery
 
 

@@ -2,11 +2,12 @@
 
 Run as a subprocess only: its generated protobuf modules cannot share a process with ours.
 
-    python official_client.py simple|push|transaction|probe ENDPOINT TOPIC GROUP [AK SK]
+    python official_client.py simple|push|transaction|probe|send|receive ENDPOINT TOPIC GROUP [AK SK]
 
 AK SK: the client's `Credentials` (it then signs every request). `probe` sends one message, then
 receives with a simple consumer, and reports each step's result or refusal (the exception's type
-and code) instead of failing. Prints one JSON object on stdout."""
+and code) instead of failing. `send` only sends 3 messages (tag TagA, keys, property seq), `receive`
+only receives (and acks) 3 with a SimpleConsumer of GROUP. Prints one JSON object on stdout."""
 
 from __future__ import annotations
 
@@ -70,6 +71,28 @@ def simple(endpoint: str, topic: str, group: str) -> dict:
     empty_after = len(consumer.receive(32, 15))
     consumer.shutdown()
     return {"sent": sent, "got": got, "empty_after": empty_after}
+
+
+def send(endpoint: str, topic: str, group: str) -> dict:
+    producer = Producer(ClientConfiguration(endpoint, CREDENTIALS), (topic,))
+    producer.startup()
+    sent = [producer.send(_message(topic, i)).message_id for i in range(3)]
+    producer.shutdown()
+    return {"sent": sent}
+
+
+def receive(endpoint: str, topic: str, group: str) -> dict:
+    cfg = ClientConfiguration(endpoint, CREDENTIALS)
+    consumer = SimpleConsumer(cfg, group, {topic: FilterExpression("*")}, await_duration=5)
+    consumer.startup()
+    got = []
+    deadline = time.time() + 30
+    while len(got) < 3 and time.time() < deadline:
+        for m in consumer.receive(32, 15):
+            got.append(_view(m))
+            consumer.ack(m)
+    consumer.shutdown()
+    return {"got": got}
 
 
 class _Checker(TransactionChecker):
@@ -167,6 +190,13 @@ if __name__ == "__main__":
     mode, endpoint, topic, group = sys.argv[1:5]
     if len(sys.argv) > 6:
         CREDENTIALS = Credentials(sys.argv[5], sys.argv[6])
-    modes = {"simple": simple, "push": push, "transaction": transaction, "probe": probe}
+    modes = {
+        "simple": simple,
+        "push": push,
+        "transaction": transaction,
+        "probe": probe,
+        "send": send,
+        "receive": receive,
+    }
     result = modes[mode](endpoint, topic, group)
     print(json.dumps(result), flush=True)

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from adapters.grpc.convert import fill_proto
+from adapters.grpc.convert import fill_proto, split_properties
 from adapters.grpc.delivery_bytes import delivery_response
 from adapters.grpc.generated import service_pb2 as s
 from messaging_processor import Delivery
@@ -56,7 +56,21 @@ VARIANTS = {
     "recovery not ASCII digits": {"properties": {"CHECK_IMMUNITY_TIME_IN_SECONDS": "²"}},
     "recovery beyond int64": {"properties": {"CHECK_IMMUNITY_TIME_IN_SECONDS": str(2**63)}},
     "empty topic": {"topic": ""},
+    "MQTT 5 user properties": {
+        "properties": {
+            "mqtt.user_properties": '[["site","north"],["k","1"],["k","2"],["seq","x"]]',
+            "seq": "7",
+        }
+    },
 }
+
+
+def test_user_property_pairs_are_user_properties_unless_a_property_has_the_name() -> None:
+    user, _, _ = split_properties(
+        {"mqtt.user_properties": '[["site","north"],["k","1"],["k","2"],["seq","x"]]', "seq": "7"}
+    )
+    assert dict(user) == {"mqtt.user_properties": user[0][1], "seq": "7", "site": "north", "k": "1"}
+    assert split_properties({"mqtt.user_properties": "not json"})[0] == [("mqtt.user_properties", "not json")]
 
 
 def _expected(dl: Delivery, host: str) -> s.ReceiveMessageResponse:
