@@ -44,6 +44,11 @@ _START_FLAGS: dict[str, dict[str, Any]] = {
     },
     "max_body_size": {"type": int, "metavar": "BYTES", "help": "largest message body (default 4 MiB)"},
     "default_queues": {"type": int, "metavar": "N", "help": "queues of a new topic (default 8)"},
+    "segment_size_mib": {
+        "type": int,
+        "metavar": "MIB",
+        "help": "commit log segment size (default 128; grown to hold the largest body)",
+    },
     "transaction_timeout_ms": {"type": int, "metavar": "MS", "help": "first transaction check (6000)"},
     "transaction_check_interval_ms": {"type": int, "metavar": "MS", "help": "between checks (5000)"},
     "drain_timeout_s": {"type": float, "metavar": "S", "help": "shutdown drain time (default 5)"},
@@ -106,6 +111,7 @@ _STORE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "flush": ("flush", _START_FLAGS["flush"]),
     "default_queues": ("default_queues", _START_FLAGS["default_queues"]),
     "max_body_size": ("max_body_size", _START_FLAGS["max_body_size"]),
+    "segment_size_mib": ("segment_size_mib", _START_FLAGS["segment_size_mib"]),
     "transaction_timeout_ms": ("transaction_timeout_ms", _START_FLAGS["transaction_timeout_ms"]),
     "transaction_check_interval_ms": (
         "transaction_check_interval_ms",

@@ -73,6 +73,7 @@ class Settings:
     advertise_host: str | None = None
     auto_create_topics: bool = False
     max_body_size: int = 4 * MIB
+    segment_size_mib: int = 128  # commit log segment files (grown to hold the largest body)
     default_queues: int = 8
     transaction_timeout_ms: int = 6000
     transaction_check_interval_ms: int = 5000
@@ -130,6 +131,7 @@ class Settings:
         _check_int("max_body_size", self.max_body_size, 1, MAX_BODY_LIMIT)
         _check_int("amqp_max_body_size", self.amqp_max_body_size, 1, MAX_BODY_LIMIT)
         _check_int("default_queues", self.default_queues, 1, 1024)
+        _check_int("segment_size_mib", self.segment_size_mib, 1, 1024)
         _check_int("transaction_timeout_ms", self.transaction_timeout_ms, 1, None)
         _check_int("transaction_check_interval_ms", self.transaction_check_interval_ms, 1, None)
         for name in ("auto_create_topics", "auth", "allow_anonymous"):
@@ -172,6 +174,11 @@ class Settings:
     def largest_body_size(self) -> int:
         """The largest body any listener accepts (the store's and a store node's limit)."""
         return max(self.max_body_size, self.amqp_max_body_size)
+
+    @property
+    def segment_size(self) -> int:
+        """Commit log segment size in bytes: `segment_size_mib`, at least the largest body + 1 MiB."""
+        return max(self.segment_size_mib * MIB, -(-(self.largest_body_size + MIB) // MIB) * MIB)
 
     def port(self, protocol: str) -> int:
         return getattr(self, f"{protocol}_port")

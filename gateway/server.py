@@ -61,6 +61,7 @@ def store_config(s: Settings) -> StoreConfig:
     return StoreConfig(
         data_dir=s.data_dir,
         flush=s.flush,
+        segment_size=s.segment_size,
         default_queues=s.default_queues,
         auto_create_topics=False,  # the processor decides (settings.auto_create_topics)
         max_message_size=max(s.largest_body_size, StoreConfig().max_message_size),

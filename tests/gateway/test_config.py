@@ -8,6 +8,7 @@ import pytest
 from gateway import config
 from gateway.cli import build_parser, settings_from_args
 from gateway.config import ConfigError, Settings, load
+from gateway.server import store_config
 
 
 def write_toml(tmp_path: Path, text: str) -> Path:
@@ -154,6 +155,20 @@ def test_env_values_are_typed():
     assert s.advertise_host == "10.1.2.3"
 
 
+def test_segment_size_default_env_flag_and_growth_to_the_largest_body(tmp_path):
+    mib = 1024 * 1024
+    assert Settings().segment_size == 128 * mib
+    assert load(env={"GATEWAY_SEGMENT_SIZE_MIB": "64"}).segment_size == 64 * mib
+    args = build_parser().parse_args(["start", "--segment-size-mib", "32", "--amqp-max-body-size", "1024"])
+    assert settings_from_args(args, env={}).segment_size == 32 * mib
+    # a segment holds the largest body any listener accepts (AMQP's 16 MiB by default) + 1 MiB
+    assert Settings(segment_size_mib=2).segment_size == 17 * mib
+    assert Settings(segment_size_mib=2, max_body_size=40 * mib + 1).segment_size == 42 * mib
+    with pytest.raises(ConfigError, match="segment_size_mib"):
+        Settings(segment_size_mib=0)
+    assert store_config(Settings(data_dir=str(tmp_path), segment_size_mib=20)).segment_size == 20 * mib
+
+
 @pytest.mark.parametrize(
     ("env", "match"),
     [
@@ -190,6 +205,7 @@ NON_DEFAULT = {
     "data_dir": "/x",
     "host": "0.0.0.0",
     "flush": "async",
+    "segment_size_mib": 64,
     "grpc_port": 1,
     "remoting_port": 2,
     "http_port": 3,
