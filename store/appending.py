@@ -22,7 +22,7 @@ from .config import HALF_TOPIC, SCHEDULE_TOPIC, StoreConfig
 from .consumequeue import ENTRY
 from .errors import MessageTooLarge, StoreError
 from .index import ID32, KIND_ID, MessageIndex
-from .message import AppendResult, Message, MessageType, tag_hash
+from .message import PATH_PROPERTY, AppendResult, Message, MessageType, path_hash, tag_hash
 from .popping import LongPolling
 from .retention import SegmentStats
 from .scheduling import hold
@@ -196,7 +196,11 @@ class Appender:
                     rec = filler + rec
                 cq.next_offset = qoff + 1
                 tag = msg.tag
-                th = tag_hash(tag) if tag else 0
+                if tag:
+                    th = tag_hash(tag)
+                else:
+                    path = props.get(PATH_PROPERTY) if (props := msg.properties) else None
+                    th = path_hash(path) if path else 0
                 keys = msg.keys
                 mb = mid.encode()
                 if not keys and len(mb) == 32:

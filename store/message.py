@@ -71,6 +71,25 @@ def tag_hash(tag: str) -> int:
     return zlib.crc32(tag.encode()) + 1 if tag else 0
 
 
+PATH_PROPERTY = "mqtt.topic"  # the MQTT-style path of a message (adapters/mqtt/mapping.py)
+PATH_HASH_BIT = 1 << 63  # set in every path hash, never in a tag hash (at most 2**32)
+
+
+def path_hash(path: str) -> int:
+    """Stable 64-bit hash of a message's path as kept in the consume queue entry of an untagged
+    message: the marker bit, crc32 and adler32 (31 bits) of the UTF-8 path."""
+    b = path.encode()
+    return PATH_HASH_BIT | zlib.crc32(b) << 31 | zlib.adler32(b) & 0x7FFFFFFF
+
+
+def entry_hash(msg: Message) -> int:
+    """A message's consume queue hash: its tag's, else its path's (`mqtt.topic`), else 0."""
+    if msg.tag:
+        return tag_hash(msg.tag)
+    path = msg.properties.get(PATH_PROPERTY) if msg.properties else None
+    return path_hash(path) if path else 0
+
+
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 

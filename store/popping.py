@@ -37,12 +37,13 @@ def encode_handle(seq: int, group: str, topic: str, qid: int, offset: int) -> st
 
 
 class _Waiter:
-    __slots__ = ("fut", "hashes", "has_predicate")
+    __slots__ = ("fut", "hashes", "has_predicate", "skip")
 
     def __init__(self, fut: asyncio.Future[None], f: Filter) -> None:
         self.fut = fut
         self.hashes = f.hashes
         self.has_predicate = f.predicate is not None
+        self.skip = f.skip
 
 
 class LongPolling:
@@ -82,6 +83,8 @@ class LongPolling:
         for w in ws:
             if w.fut.done():
                 continue
+            if hashes is not None and w.skip is not None and all(map(w.skip, hashes)):
+                continue  # only records its filter passes over unread
             if hashes is None or w.hashes is None or w.has_predicate or not w.hashes.isdisjoint(hashes):
                 w.fut.set_result(None)
 
@@ -220,6 +223,7 @@ class Popper:
     ) -> None:
         progress = self.progress
         qid = cq.queue_id
+        skip = f.skip
         if q is None:
             q = st.queue(qid)
         if q.cursor < cq.min_offset:
@@ -228,7 +232,7 @@ class Popper:
             base = q.cursor
             for i, (clo, size, th, _ts) in enumerate(cq.entries(base, max_n - len(out))):
                 offset = base + i
-                if hashes is not None and th not in hashes:
+                if (hashes is not None and th not in hashes) or (skip is not None and skip(th)):
                     progress.done(st, qid, offset)
                     continue
                 msg = self.read_message(clo, size)

@@ -62,11 +62,12 @@ class Reader:
         end = cq.max_offset if end is None else min(end, cq.max_offset)
         out: list[Message] = []
         hashes = filter.hashes
+        skip = filter.skip
         off = start
         while off < end and len(out) < max_messages:
             n = min(end - off, 256)
             for clo, size, th, _ts in cq.entries(off, n):
-                if hashes is None or th in hashes:
+                if (hashes is None or th in hashes) and (skip is None or not skip(th)):
                     m = self.commitlog.read_message(clo, size)
                     if m is not None and filter.matches(m):
                         out.append(m)

@@ -16,7 +16,7 @@ from .commitlog import CommitLog
 from .config import StoreConfig
 from .consumer import ConsumerProgress
 from .index import MessageIndex
-from .message import tag_hash
+from .message import entry_hash
 from .retention import SegmentStats
 
 log = logging.getLogger("store")
@@ -98,7 +98,7 @@ class Recovery:
                 if msg.queue_offset < cq.next_offset:
                     continue
                 return False
-            cq.reserve(clo, size, tag_hash(msg.tag), msg.store_timestamp)
+            cq.reserve(clo, size, entry_hash(msg), msg.store_timestamp)
             self.index.add(msg.message_id, msg.keys, clo)
             idx += MessageIndex.encode(msg.message_id, msg.keys, clo)
             count_segment(clo, msg.topic, size, msg.store_timestamp)

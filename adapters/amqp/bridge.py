@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from messaging_processor import ClientContext, ErrorKind, Filter, Message, MessagingProcessor, ProcessorError
-from messaging_processor.properties import P_USER_PROPERTIES, user_property_pairs
+from messaging_processor.properties import P_USER_PROPERTIES, path_hash, user_property_pairs
 
 from .codec import BasicProperties, encode_properties
 from .mapping import P_EXCHANGE, P_RK, base_properties, headers_of, is_amqp, now_ms, tag_for
@@ -141,7 +141,7 @@ class ExchangeBridge:
         exchange: str = "amq.topic",
         *,
         refresh_s: float = 1.0,
-        long_poll_ms: int = 20_000,
+        long_poll_ms: int = 1_000,
     ) -> None:
         self.processor = processor
         self.ctx = ctx
@@ -159,7 +159,9 @@ class ExchangeBridge:
         self.changed_at: int | None = None  # the first binding change not reconciled yet (epoch ms)
         self.task: asyncio.Task | None = None
         self.decisions: dict[str, bool] = {}  # topic + MQTT path or tag -> some binding matches
-        self.filter = Filter(predicate=self._wanted)
+        # per store topic: path hashes of untagged foreign messages no binding matches, which
+        # the store then passes over unread (cleared, in place, when the bindings change)
+        self.passed: dict[str, set[int]] = {}
         self.routed = 0  # copies appended (for tests and measurements)
 
     # ------------------------------------------------------------------ lifecycle
@@ -240,13 +242,20 @@ class ExchangeBridge:
         p = m.properties
         if P_EXCHANGE in p or P_RK in p:  # entered over AMQP: routed when published
             return False
-        key = f"{m.topic}\x00{p.get(P_MQTT_TOPIC) or m.tag}"
+        path = p.get(P_MQTT_TOPIC)
+        key = f"{m.topic}\x00{path or m.tag}"
         ok = self.decisions.get(key)
         if ok is None:
             ok = bool(self._destinations(m))
             if len(self.decisions) >= 65536:
                 self.decisions.clear()
             self.decisions[key] = ok
+        if not ok and path and not m.tag:  # its entry hash is its path's: pass such entries over
+            passed = self.passed.get(m.topic)
+            if passed is not None:
+                if len(passed) >= 65536:
+                    passed.clear()
+                passed.add(path_hash(path))
         return ok
 
     def _destinations(self, m: Message) -> list[tuple[Exchange, str, Any]]:
@@ -271,6 +280,8 @@ class ExchangeBridge:
 
     def _bindings_changed(self) -> None:
         self.decisions.clear()
+        for passed in self.passed.values():
+            passed.clear()
         if self.changed_at is None:
             self.changed_at = now_ms()
         self.changed.set()
@@ -356,6 +367,8 @@ class ExchangeBridge:
     async def _route_loop(self, group: str, topic: str) -> None:
         """Pop the matching foreign messages of `topic`, append their queue copies in one send, ack."""
         p, ctx, work = self.processor, self.ctx, self.work
+        passed = self.passed.setdefault(topic, set())
+        f = Filter(predicate=self._wanted, skip=passed.__contains__)
         backoff = 0.1
         while True:
             try:
@@ -363,7 +376,7 @@ class ExchangeBridge:
                     ctx,
                     group,
                     topic,
-                    filter=self.filter,
+                    filter=f,
                     max_messages=min(32, p.limits.max_batch),
                     invisible_time_ms=60_000,
                     long_poll_ms=self.long_poll_ms,

@@ -82,7 +82,13 @@ class Broker:
         self.lifetimes = self.registry.lifetimes
         # the MQTT exchange of vhost "/" ("" = none): RabbitMQ's MQTT convention (bridge.py)
         self.bridge = ExchangeBridge(
-            processor, self.ctx, self.registry.vhost, self.work, mqtt_exchange, long_poll_ms=long_poll_ms
+            processor,
+            self.ctx,
+            self.registry.vhost,
+            self.work,
+            mqtt_exchange,
+            # appends of passed-over paths wake no routing loop: its offset trails by at most this
+            long_poll_ms=min(long_poll_ms, 1_000),
         )
 
     async def start(self) -> None:

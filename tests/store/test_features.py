@@ -26,7 +26,7 @@ from store import (
     TopicNotFound,
     TransactionNotFound,
 )
-from store.message import now_ms
+from store.message import entry_hash, now_ms, path_hash, tag_hash
 from tests.store.support import HERE, ROOT, append, bodies, install_clock, read_all, read_queue, wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -82,6 +82,51 @@ async def test_tag_filter_pop_and_read(make_store):
     await s.append(Message("p", b"no", properties={"k": "w"}))
     pred = Filter(predicate=lambda m: m.properties.get("k") == "v")
     assert [p.message.body for p in await s.pop("gp", "p", filter=pred)] == [b"yes"]
+
+
+async def test_skip_filter_passes_paths_over_unread_and_their_appends_wake_no_pop(make_store):
+    s = await make_store()
+    s.create_topic("t", queues=1)
+    passed: set[int] = set()
+    seen: list[bytes] = []
+
+    def keep(m: Message) -> bool:
+        seen.append(m.body)  # every message the store read for the predicate
+        path = m.properties.get("mqtt.topic")
+        if path == "a/keep":
+            return True
+        if path and not m.tag:
+            passed.add(path_hash(path))
+        return False
+
+    f = Filter(predicate=keep, skip=passed.__contains__)
+    for i, (path, tag) in enumerate(
+        [("a/drop", ""), ("a/drop", ""), ("a/keep", ""), ("a/drop", ""), ("", "T")]
+    ):
+        await s.append(
+            Message("t", f"{i}".encode(), tag=tag, properties={"mqtt.topic": path} if path else {})
+        )
+    assert [p.message.body for p in await s.pop("g", "t", max_messages=32, filter=f)] == [b"2"]
+    assert seen == [b"0", b"2", b"4"]  # the 2nd and 3rd `a/drop` were passed over unread
+    stored = [
+        (th, m)
+        for (_, _, th, _), m in zip(
+            s._catalog.queue("t", 0).entries(0, 5), read_queue(s, "t", 0), strict=True
+        )
+    ]
+    assert [th for th, _ in stored] == [entry_hash(m) for _, m in stored]
+    assert stored[0][0] == path_hash("a/drop") >= 1 << 63 and stored[4][0] == tag_hash("T") < 1 << 33
+    # a long poll is not woken by a passed-over path, and is by a kept one
+    task = asyncio.create_task(s.pop("g", "t", wait_ms=5000, filter=f))
+    await asyncio.sleep(0.05)
+    await s.append(Message("t", b"5", properties={"mqtt.topic": "a/drop"}))
+    await asyncio.sleep(0.3)
+    assert not task.done()
+    await s.append(Message("t", b"6", properties={"mqtt.topic": "a/keep"}))
+    assert [p.message.body for p in await asyncio.wait_for(task, 3)] == [b"6"]
+    assert b"5" not in seen
+    with pytest.raises(ValueError, match="predicate"):
+        Filter(skip=passed.__contains__)
 
 
 # ============================================================================ lookup

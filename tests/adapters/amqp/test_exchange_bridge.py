@@ -116,6 +116,34 @@ async def test_pika_queue_bound_with_hash_gets_one_paths_messages_in_order(env):
     assert got == [("sensors.s1.temp", str(i).encode()) for i in range(5)]
 
 
+async def test_a_path_passed_over_is_routed_once_a_binding_wants_it(env):
+    """Paths no binding matches are passed over unread (their hashes kept per topic); a new
+    binding clears that memory, so the path's next message reaches the new queue."""
+    conn = await env.connect()
+    async with conn:
+        ch = await conn.channel()
+        q1 = await bound_queue(ch, "dev1-worker", "plant3.dev1.telemetry")
+        bridge = env.adapter.broker.bridge
+        async with mqtt_client(env, "fleet") as dev:
+            await dev.publish("plant3/dev2/telemetry", b"unwanted", qos=1)
+            await dev.publish("plant3/dev1/telemetry", b"wanted-1", qos=1)
+            assert (await get_message(q1)).body == b"wanted-1"
+            # dev2's path hash is kept: its next messages are not read
+            await asyncio.wait_for(_until(lambda: bridge.passed.get("plant3")), T)
+            q2 = await bound_queue(ch, "dev2-worker", "plant3.dev2.*")
+            await asyncio.wait_for(_until(lambda: not bridge.passed["plant3"]), T)
+            await dev.publish("plant3/dev2/telemetry", b"wanted-2", qos=1)
+            m = await get_message(q2)
+            assert (m.body, m.routing_key) == (b"wanted-2", "plant3.dev2.telemetry")
+            assert await q2.get(fail=False) is None  # the message before the binding is not copied
+            assert await q1.get(fail=False) is None
+
+
+async def _until(cond) -> None:
+    while not cond():
+        await asyncio.sleep(0.01)
+
+
 async def test_amqp_publish_to_amq_topic_reaches_mqtt_and_bound_queues_once(env):
     async with mqtt_client(env, "dev7") as dev:
         await dev.subscribe("plant1/+/cmd", qos=1)
