@@ -153,6 +153,7 @@ class ExchangeBridge:
         self.ex: Exchange | None = None
         if exchange and exchange not in self.vh.exchanges:  # before durable bindings are loaded
             self.vh.exchanges[exchange] = Exchange("/", exchange, "topic", durable=True)
+        self.vh.topic_exchange = self.topic_exchange  # durable bindings to store topics load too
         self.loops: dict[str, asyncio.Task] = {}  # store topic -> its routing loop
         self.missing: set[str] = set()  # wanted topics that did not exist yet: start at their start
         self.changed = asyncio.Event()
@@ -219,7 +220,8 @@ class ExchangeBridge:
             return None
         ex = vh.exchanges.get(name)
         if ex is None:
-            ex = vh.exchanges[name] = Exchange("/", name, "topic", durable=False)
+            # durable: it lasts as long as its topic, and so do durable queues' bindings to it
+            ex = vh.exchanges[name] = Exchange("/", name, "topic", durable=True)
             ex.stores = True
             ex.bridge = functools.partial(self.stored_on, name)
             ex.watch = self._bindings_changed

@@ -86,6 +86,7 @@ class Registry:
                 continue
             self.vhost(vh).queues[name] = q
         for key, value in await rs.bindings():
+            await self._store_topic_source(key, value)
             self._link_record(key, value, None)
         n = 0
         for vh in self.vhosts.values():
@@ -126,6 +127,17 @@ class Registry:
                 self.spawn(self.records.delete_binding_key(key))
             return
         self._link(src, dest, rk, args)
+
+    async def _store_topic_source(self, key: str, value: bytes) -> None:
+        """Make the exchange of a store topic that a stored binding has as its source (those are
+        made on first use, bridge.py), so that the binding is linked rather than dropped."""
+        try:
+            vh = self.vhosts.get(parse_vkey(key)[0])
+            source = Records.parse_binding(value)[0]
+        except (ValueError, KeyError, TypeError):
+            return
+        if vh is not None and vh.topic_exchange is not None and source not in vh.exchanges:
+            await vh.topic_exchange(source)
 
     async def _load_exchange(self, vh: VHost, name: str) -> Exchange | None:
         """A durable exchange another proxy declared (None if there is none)."""

@@ -335,3 +335,33 @@ async def test_a_durable_binding_to_amq_topic_keeps_routing_after_a_restart(tmp_
                 await m.ack()
         finally:
             await close_env(e)
+
+
+async def test_a_durable_binding_to_a_topics_exchange_keeps_routing_after_a_restart(tmp_path):
+    data = str(tmp_path / "data")
+    for round_ in range(2):
+        e = await open_env(data)
+        try:
+            if round_ == 0:
+                await e.processor.create_topic("orders")
+            g = await e.core.add(GrpcAdapter(e.processor, host="127.0.0.1", port=0))
+            channel = grpc.aio.insecure_channel(g.address)
+            e.core.on_close(channel.close)
+            stub = service_pb2_grpc.MessagingServiceStub(channel)
+            conn = await e.connect()
+            async with conn:
+                ch = await conn.channel()
+                if round_ == 0:
+                    q = await bound_queue(ch, "eu-orders", "eu.*", exchange="orders")
+                else:
+                    q = await ch.declare_queue("eu-orders", passive=True)
+                await send(stub, msg("orders", f"order-{round_}".encode(), tag=f"eu.r{round_}"))
+                m = await get_message(q)
+                assert (m.body, m.exchange, m.routing_key) == (
+                    f"order-{round_}".encode(),
+                    "orders",
+                    f"eu.r{round_}",
+                )
+                await m.ack()
+        finally:
+            await close_env(e)
