@@ -30,7 +30,7 @@ from messaging_processor import ClientContext, ErrorKind, Filter, Message, Messa
 from messaging_processor.properties import P_USER_PROPERTIES, path_hash, user_property_pairs
 
 from .codec import BasicProperties, encode_properties
-from .mapping import P_EXCHANGE, P_RK, base_properties, headers_of, is_amqp, now_ms, tag_for
+from .mapping import P_EXCHANGE, P_RK, base_properties, headers_of, is_amqp, now_ms, parse_expiration, tag_for
 from .queue_work import QueueWork
 from .routing import Exchange, VHost
 
@@ -40,6 +40,7 @@ P_MQTT_TOPIC = "mqtt.topic"  # the MQTT adapter's property names (adapters/mqtt/
 P_MQTT_QOS = "mqtt.qos"
 P_MQTT_CONTENT_TYPE = "mqtt.content_type"
 P_MQTT_CORRELATION = "mqtt.correlation_data"
+P_MQTT_EXPIRY_AT = "mqtt.expiry_at"  # absolute epoch ms (MQTT 5 Message Expiry Interval)
 GROUP_PREFIX = "amqp|x|"
 MAX_STORE_TOPIC = 127
 _OK = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
@@ -69,11 +70,24 @@ def routing_key_of(m: Message) -> str:
     return f"{m.topic}.{m.tag}" if m.tag else m.topic
 
 
-def foreign_properties(m: Message) -> bytes:
+def remaining_ttl(m: Message, now: int) -> int | None:
+    """The ms an MQTT 5 message has left before its Message Expiry (None: it does not expire;
+    <= 0: expired)."""
+    v = m.properties.get(P_MQTT_EXPIRY_AT)
+    if not v:
+        return None
+    try:
+        return int(v) - now
+    except ValueError:
+        return None
+
+
+def foreign_properties(m: Message, ttl_ms: int | None = None) -> bytes:
     """Raw AMQP properties for a message from another protocol: content_type (MQTT content type or
     CloudEvents datacontenttype), correlation_id (MQTT correlation data when it is UTF-8),
-    delivery_mode 2, message_id, timestamp, and headers: every store property as a string plus each
-    MQTT 5 user property as its own header."""
+    delivery_mode 2, message_id, timestamp, expiration (the ms left of an MQTT 5 Message Expiry, as
+    RabbitMQ's MQTT plugin maps it to a per-message TTL), and headers: every store property as a
+    string plus each MQTT 5 user property as its own header."""
     p = m.properties
     headers: dict[str, Any] = {k: v for k, v in p.items() if not k.startswith("__")}
     corr = None
@@ -89,6 +103,7 @@ def foreign_properties(m: Message) -> bytes:
         correlation_id=corr if corr and len(corr) <= 255 else None,
         message_id=m.message_id or None,
         timestamp=(m.born_timestamp or m.store_timestamp) // 1000 or None,
+        expiration=str(ttl_ms) if ttl_ms is not None else None,
     )
     return encode_properties(props)
 
@@ -97,7 +112,8 @@ def mqtt_properties(
     path: str, props: BasicProperties | None, headers: dict[str, Any]
 ) -> dict[str, str] | None:
     """The MQTT properties of an AMQP publish stored for MQTT under `path` (None if `path` is no
-    MQTT topic name): path, QoS 1, content type, correlation data, headers as user properties."""
+    MQTT topic name): path, QoS 1, content type, correlation data, headers as user properties, and
+    an `expiration` (per-message TTL) as the Message Expiry."""
     if not path or "+" in path or "#" in path or "\x00" in path:
         return None
     p = {P_MQTT_TOPIC: path, P_MQTT_QOS: "1"}
@@ -106,6 +122,8 @@ def mqtt_properties(
             p[P_MQTT_CONTENT_TYPE] = props.content_type
         if props.correlation_id is not None:
             p[P_MQTT_CORRELATION] = base64.b64encode(props.correlation_id.encode()).decode("ascii")
+        if props.expiration is not None and (ttl := parse_expiration(props.expiration)) is not None:
+            p[P_MQTT_EXPIRY_AT] = str(now_ms() + ttl)
     user = [
         [k, v if isinstance(v, str) else str(v)] for k, v in headers.items() if isinstance(v, _HEADER_TYPES)
     ]
@@ -390,10 +408,13 @@ class ExchangeBridge:
                     m = d.message
                     if is_amqp(m):  # (a remote store may not apply the filter)
                         continue
+                    ttl = remaining_ttl(m, now)
+                    if ttl is not None and ttl <= 0:
+                        continue  # MQTT 5 expiry passed: not delivered, as to MQTT subscribers
                     raw = None
                     for ex, rk, dest in self._destinations(m):
-                        raw = raw or foreign_properties(m)
-                        msgs.extend(work.copies(dest, ex.name, rk, raw, m.body, None, None, now))
+                        raw = raw or foreign_properties(m, ttl)
+                        msgs.extend(work.copies(dest, ex.name, rk, raw, m.body, None, ttl, now))
                         queues.update(dest)
                 if msgs:
                     await work.send(ctx, msgs)

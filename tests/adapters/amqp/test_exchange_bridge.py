@@ -365,3 +365,35 @@ async def test_a_durable_binding_to_a_topics_exchange_keeps_routing_after_a_rest
                 await m.ack()
         finally:
             await close_env(e)
+
+
+async def test_message_expiry_and_per_message_ttl_map_both_ways(env):
+    """MQTT 5 Message Expiry -> the copy's `expiration` (ms left) and per-message TTL of the bound
+    queue; an AMQP `expiration` -> the MQTT Message Expiry Interval (RabbitMQ's MQTT plugin maps
+    them the same way)."""
+    await env.processor.create_topic("plant6")
+    conn = await env.connect()
+    async with conn:
+        ch = await conn.channel(publisher_confirms=True)
+        q = await bound_queue(ch, "expiring-worker", "plant6.*.telemetry")
+        async with mqtt_client(env, "dev6") as dev:
+            await dev.subscribe("plant6/+/cmd", qos=1)
+            for body, seconds in ((b"short", 1), (b"long", 600)):
+                props = Properties(PacketTypes.PUBLISH)
+                props.MessageExpiryInterval = seconds
+                await dev.publish("plant6/dev6/telemetry", body, qos=1, properties=props)
+            long_copy = None
+            async with asyncio.timeout(T):
+                while long_copy is None:  # the short one is dropped once its second is over
+                    m = await get_message(q)
+                    if m.body == b"long":
+                        long_copy = m
+                    else:
+                        assert m.body == b"short" and 0 < m.expiration <= 1  # (aio-pika: seconds)
+            assert 590 < long_copy.expiration <= 600
+            await long_copy.ack()
+            ex = await ch.get_exchange("amq.topic")
+            await ex.publish(aio_pika.Message(b"reboot", expiration=30), routing_key="plant6.dev6.cmd")
+            async with asyncio.timeout(T):
+                m = await anext(aiter(dev.messages))
+            assert m.payload == b"reboot" and 0 < m.properties.MessageExpiryInterval <= 30
