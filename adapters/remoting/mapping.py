@@ -18,6 +18,7 @@ import time
 from adapters.remoting import message_codec as wm
 from adapters.remoting.message_codec import MessageExt
 from messaging_processor import Message, MessageType
+from messaging_processor.properties import P_USER_PROPERTIES, user_property_pairs
 from remoting import parse_host_port
 from remoting.codes import SYSFLAG_TRANSACTION_MASK, SYSFLAG_TRANSACTION_PREPARED
 
@@ -129,8 +130,15 @@ def to_store(
 
 
 def wire_properties(msg: Message) -> dict[str, str]:
-    """The properties string of a stored message as 4.x consumers expect it."""
-    out = {k: v for k, v in msg.properties.items() if k not in HIDDEN}
+    """The properties string of a stored message as 4.x consumers expect it; the pairs of
+    `mqtt.user_properties` (MQTT 5 user properties, AMQP headers) are properties of their own
+    unless a stored property has the name (the first pair of a name wins)."""
+    props = msg.properties
+    out = {k: v for k, v in props.items() if k not in HIDDEN}
+    if P_USER_PROPERTIES in props:
+        for k, v in user_property_pairs(props):
+            if k not in out and k not in HIDDEN:
+                out[k] = v
     if msg.tag:
         out[wm.PROPERTY_TAGS] = msg.tag
     if msg.keys:

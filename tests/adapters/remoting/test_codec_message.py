@@ -228,6 +228,10 @@ def test_outbound_mapping():
     back, _ = decode_message(encode_message(w))
     assert back.born_host == ("127.0.0.1", 0) and back.msg_id == "MID"
     assert to_wire(msg, ("1.1.1.1", 1), reconsume_times=0).reconsume_times == 0
+    # MQTT 5 user properties / AMQP headers are properties of their own (stored names win)
+    msg.properties = {"p": "1", "mqtt.user_properties": '[["site","north"],["p","x"],["k","1"],["k","2"]]'}
+    w = to_wire(msg, ("10.1.1.1", 8080))
+    assert (w.properties["site"], w.properties["p"], w.properties["k"]) == ("north", "1", "1")
 
 
 def test_uniq_keys():
