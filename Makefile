@@ -45,7 +45,7 @@ $(STAMP): uv.lock pyproject.toml | $(UV)
 
 install: $(STAMP)
 
-# Pinned Debian packages: deps/debian-packages.txt for the tests (mosquitto-clients, mosquitto),
+# Pinned Debian packages: deps/debian-packages.txt for the tests (mosquitto-clients, mosquitto, etcd-server),
 # deps/debian-bench-packages.txt as well for `make bench` (rabbitmq-server, the AMQP bench's peer).
 install-system:
 	deps/install-debian.sh deps/debian-packages.txt
