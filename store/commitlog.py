@@ -280,22 +280,24 @@ class CommitLog:
             self.scan_end = seg.base + self.segment_size
 
     def truncate(self, offset: int) -> None:
-        """Discard everything from `offset` on: zero the torn tail, drop later segments."""
+        """Discard everything from `offset` on: zero the rest of its segment, then drop later
+        segments, newest first (a crash in between leaves a log that ends at `offset`)."""
         self.write_pos = offset
-        for seg in self.segments():
-            if seg.base > offset:
-                self._drop(seg)
         seg = self.segment_for(offset)
-        if seg is None:
-            return
-        pos = offset - seg.base
-        while pos < self.segment_size:
-            n = min(len(ZERO_CHUNK), self.segment_size - pos)
-            if os.pread(seg.fd, n, pos) == ZERO_CHUNK[:n]:
-                break
-            os.pwrite(seg.fd, ZERO_CHUNK[:n], pos)
-            pos += n
-        os.fsync(seg.fd)
+        if seg is not None:
+            pos = offset - seg.base
+            while pos < self.segment_size:
+                n = min(len(ZERO_CHUNK), self.segment_size - pos)
+                if os.pread(seg.fd, n, pos) == ZERO_CHUNK[:n]:
+                    break
+                os.pwrite(seg.fd, ZERO_CHUNK[:n], pos)
+                pos += n
+            os.fsync(seg.fd)
+        later = [s for s in self.segments() if s.base > offset]
+        for s in reversed(later):
+            self._drop(s)
+        if later:
+            _fsync_dir(self.dir)
 
     def _drop(self, seg: Segment) -> None:
         with self._lock:

@@ -120,6 +120,38 @@ class MessageIndex:
         self.fd = fd
         self.length = len(data)
 
+    def forget_from(self, clo: int) -> None:
+        """Loop: forget the entries at or past commit log offset `clo` (the log was cut there;
+        `mem` must be empty: a checkpoint wrote it). `cut_file` cuts the file."""
+        assert not self.mem
+        for d in (self.ids, self.keys):
+            for k in list(d):
+                v = d[k]
+                if isinstance(v, int):
+                    if v >= clo:
+                        del d[k]
+                else:
+                    kept = [c for c in v if c < clo]
+                    if not kept:
+                        del d[k]
+                    else:
+                        d[k] = kept[0] if len(kept) == 1 else kept
+
+    def cut_file(self, clo: int) -> None:
+        """IO thread: cut the file before its first entry at or past `clo` (it is in commit log
+        order) and sync it."""
+        data = os.pread(self.fd, self.length, 0)
+        pos = 0
+        while pos < len(data):
+            _kind, n = _HEAD.unpack_from(data, pos)
+            if _CLO.unpack_from(data, pos + 3 + n)[0] >= clo:
+                break
+            pos += 11 + n
+        if pos != self.length:
+            os.ftruncate(self.fd, pos)
+            self.length = pos
+        os.fsync(self.fd)
+
     def sync(self) -> None:
         os.fsync(self.fd)
 

@@ -22,6 +22,7 @@ from .commitlog import CommitLog, StoreFullError
 from .config import GroupConfig, Metadata, RetryPolicy, StoreConfig, TopicConfig
 from .consumequeue import ConsumeQueue
 from .consumer import ConsumerProgress
+from .epochs import EpochLog
 from .errors import StoreError
 from .filters import ALL, Filter
 from .index import MessageIndex
@@ -30,6 +31,7 @@ from .message import AppendResult, Message, PoppedMessage
 from .popping import LongPolling, Popper
 from .reading import Reader
 from .recovery import Recovery
+from .replication import LogReplica
 from .retention import Retention, SegmentStats
 from .scheduling import DelayedMessages, Transactions
 from .writer import GroupCommitWriter
@@ -60,6 +62,7 @@ class Store:
     _delays: DelayedMessages
     _transactions: Transactions
     _retention: Retention
+    _replica: LogReplica
 
     def __init__(self, config: StoreConfig) -> None:
         self.config = config
@@ -75,6 +78,7 @@ class Store:
         self.cqs = self._catalog.cqs
         self.commitlog = CommitLog(os.path.join(d, "commitlog"), config.segment_size, config.min_free_bytes)
         self.index = MessageIndex(os.path.join(d, "index"))
+        self.epochs = EpochLog(d)
         self._segments = SegmentStats(config.segment_size)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._io = ThreadPoolExecutor(1, thread_name_prefix="store-io")
@@ -136,6 +140,22 @@ class Store:
         self._retention = Retention(
             config, catalog, cl, index, segments, delays, transactions, checkpoints, run_io
         )
+        self._replica = LogReplica(
+            loop,
+            run_io,
+            config,
+            catalog,
+            cl,
+            index,
+            segments,
+            self._writer,
+            checkpoints,
+            progress,
+            polls,
+            delays,
+            transactions,
+            self.epochs,
+        )
 
     def _start_tasks(self) -> None:
         loop, config, checkpoints = self._loop, self.config, self._checkpoints
@@ -178,6 +198,8 @@ class Store:
         if self._closed:
             return
         self._closed = self._appender.closed = self._pops.closed = True
+        async with self._replica.lock:  # an apply or truncate under way ends first
+            self._replica.closed = True
         await self._writer.drain()
         for t in self._tasks:
             t.cancel()
@@ -356,6 +378,30 @@ class Store:
     async def apply_retention(self, now: int | None = None) -> int:
         """Delete whole old segments past every contained topic's age/size limit; returns how many."""
         return await self._retention.apply(now)
+
+    # =========================================================================== replication
+    @property
+    def log_end(self) -> int:
+        """The commit log end of the records written and durable per the flush policy (what a
+        replica may be sent)."""
+        return self._replica.log_end
+
+    def read_log_chunk(self, start: int, max_bytes: int) -> bytes:
+        """Primary: the commit log bytes of whole records from `start` (a record boundary), at most
+        `max_bytes` but at least one record, up to `log_end` and the end of `start`'s segment
+        (padding included). ValueError: not a boundary; KeyError: no longer stored."""
+        return self._replica.read(start, max_bytes)
+
+    async def apply_log_chunk(self, start: int, data: bytes) -> int:
+        """Replica: write a primary's chunk at `start` (which must be `log_end`: else ValueError)
+        after checking every record (`CorruptChunk`, nothing written), durably per the flush policy,
+        and index it; returns the new `log_end`. The store must take no appends of its own."""
+        return await self._replica.apply(start, data)
+
+    async def truncate_log(self, offset: int) -> None:
+        """Replica: drop the log from `offset` (a record boundary <= `log_end`) with everything
+        derived from it (queue and index entries, segment counts, epochs from there)."""
+        await self._replica.truncate(offset)
 
 
 def _lock_dir(d: str) -> int:
