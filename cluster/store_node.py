@@ -25,9 +25,13 @@ from remoting.server import FrameConnection, FrameServer, close_tcp, serve_tcp
 from store import Message, Store, StoreError
 
 from . import store_wire as w
+from .replication import CODES as REPLICATION_CODES
+from .replication import Primary
 
 log = logging.getLogger("cluster.store_node")
 POP = w.OPS["pop"]
+APPEND = w.OPS["append"]
+IN_SYNC_LAG = 64 * 1024 * 1024  # a replica further behind than this does not count as in sync
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,11 @@ class StoreNodeConfig:
     lease_period_s: float = 30.0
     lease_expiry_s: float = 120.0
     max_body_size: int = 4 * 1024 * 1024
+    # a primary's acknowledgement policy (cluster/replication.py): "sync" acknowledges a send once
+    # `min_insync` nodes (itself included) hold it durably, else refuses it; "async" after itself
+    replication: str = "async"
+    min_insync: int = 1
+    replication_timeout_s: float = 3.0
 
 
 def default_node_name(port: int) -> str:
@@ -65,6 +74,8 @@ class StoreNode:
         self._rr = 0
         self.namesrv: NameServerClient | None = None
         self._registration: asyncio.Task | None = None
+        # the primary's side of replication: replicas pull this node's log (cluster/replication.py)
+        self.replication: Primary | None = None
         store.transaction_checker = self._check_transaction
 
     @property
@@ -129,11 +140,17 @@ class StoreNode:
         if cmd.code == w.CANCEL:  # a proxy abandons one of its pending requests (a losing poll)
             conn.cancel(int(cmd.ext_fields.get("opaque", "-1")))
             return None
+        if cmd.code in REPLICATION_CODES and self.replication is not None:
+            return await self.replication.handle(cmd)
         name = w.OP_NAMES.get(cmd.code)
         if name is None:
             return cmd.response(
                 ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"request type {cmd.code} not supported"
             )
+        if cmd.code == APPEND and self._replicas_needed():
+            refused = self._refuse_unreplicated(cmd)
+            if refused is not None:
+                return refused
         if cmd.code == POP:
             task = asyncio.current_task()
             assert task is not None
@@ -152,9 +169,38 @@ class StoreNode:
             return cmd.response(
                 ResponseCode.SYSTEM_ERROR, f"{type(e).__name__}: {e}", {"error": "StoreError"}
             )
+        if self.replication is not None and name in w.WRITES:
+            self.replication.appended()
+            if name == "append" and self._replicas_needed():
+                end = max(r[4] + r[5] for r in result)  # commit log offset + size of each record
+                need, c = self._replicas_needed(), self.config
+                if not await self.replication.wait_replicated(end, need, c.replication_timeout_s):
+                    return cmd.response(
+                        ResponseCode.SYSTEM_ERROR,
+                        f"not replicated to {c.min_insync} nodes within {c.replication_timeout_s:g} s",
+                        {"error": "StoreError"},
+                    )
         if name in w.MESSAGE_REPLIES:
             return cmd.response(ResponseCode.SUCCESS, None, None, w.encode_messages(result))
         return cmd.response(ResponseCode.SUCCESS, None, None, w.reply_body(result))
+
+    def _replicas_needed(self) -> int:
+        """How many replicas must acknowledge a send before this primary does (0: none)."""
+        c = self.config
+        return c.min_insync - 1 if self.replication is not None and c.replication == "sync" else 0
+
+    def _refuse_unreplicated(self, cmd: RemotingCommand) -> RemotingCommand | None:
+        """Refuse a send at once (before writing it) when fewer replicas than needed are in sync."""
+        assert self.replication is not None
+        need = self._replicas_needed()
+        in_sync = self.replication.in_sync(IN_SYNC_LAG, self.config.replication_timeout_s)
+        if len(in_sync) >= need:
+            return None
+        return cmd.response(
+            ResponseCode.SYSTEM_ERROR,
+            f"{len(in_sync) + 1} of the {self.config.min_insync} nodes the sync policy needs are in sync",
+            {"error": "StoreError"},
+        )
 
     async def _check_transaction(self, msg: Message) -> None:
         """Hand an unresolved half message to one connected proxy (round robin)."""

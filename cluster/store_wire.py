@@ -90,6 +90,8 @@ CANCEL = 9198  # oneway: extField `opaque` = a pending request of this connectio
 TXN_CHECK = 9199  # store node -> proxy, oneway: body = one encoded message (a half message)
 # Operations whose reply body is encoded messages instead of JSON.
 MESSAGE_REPLIES = frozenset({"pop", "read", "get_by_id", "get_message"})
+# Operations that append to the commit log (a primary then wakes its replicas' pulls).
+WRITES = frozenset({"append", "forward_to_dlq", "end_transaction", "nack"})
 
 _ERRORS: dict[str, type[BaseException]] = {
     c.__name__: c

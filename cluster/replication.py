@@ -1,0 +1,192 @@
+"""Commit log replication inside a replica group (docs/cluster.md, "Replica groups").
+
+Replicas pull from the primary over the store protocol, so the primary never tracks connections
+of its own:
+
+- `REPL_STATE` (replica -> primary): the primary's epochs and log end. The replica finds where its
+  log and the primary's agree (`store.epochs.divergence`), truncates what lies beyond, and takes the
+  primary's epoch entries.
+- `REPL_PULL` (extFields `start`, `max`, `wait_ms`, `replica`): the commit log bytes from `start`
+  (the replica's log end), whole records only, exactly as the primary holds them. When there is
+  nothing new the primary waits up to `wait_ms` for an append. `start` is also the replica's
+  acknowledgement: it holds everything before `start` durably (its apply returned).
+
+`Primary` is the primary's side: it answers both requests and keeps each replica's acknowledged
+offset, which `wait_replicated` turns into the sync acknowledgement policy (a send is acknowledged
+once `n` replicas hold its records). `Follower` is a replica's side: one task that pulls and
+applies, reconnecting after errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+
+from remoting import RemotingCommand, ResponseCode, parse_host_port
+from remoting.client import RemotingClient, RemotingClientError
+from store import Store
+from store.epochs import divergence
+
+log = logging.getLogger("cluster.replication")
+
+REPL_STATE = 9190
+REPL_PULL = 9191
+CODES = frozenset({REPL_STATE, REPL_PULL})
+DEFAULT_CHUNK = 1024 * 1024
+POLL_FALLBACK_S = 0.05  # appends the node does not see (delay release, retries) are found this late
+
+
+@dataclass
+class ReplicaInfo:
+    """What the primary knows of one replica: the offset it acknowledged and when."""
+
+    acked: int = 0
+    seen: float = field(default_factory=time.monotonic)
+
+
+class Primary:
+    """The primary's side of replication for one store (wired into `StoreNode.dispatch`)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.replicas: dict[str, ReplicaInfo] = {}
+        self._appended = asyncio.Event()
+        self._acked = asyncio.Event()
+
+    def appended(self) -> None:
+        """Wake the pulls waiting at the log end (called after each append the node serves)."""
+        self._appended.set()
+
+    def in_sync(self, max_lag: int, max_age_s: float) -> list[str]:
+        """Replicas within `max_lag` bytes of the log end that pulled in the last `max_age_s`."""
+        end, now = self.store.log_end, time.monotonic()
+        return [n for n, r in self.replicas.items() if end - r.acked <= max_lag and now - r.seen <= max_age_s]
+
+    async def wait_replicated(self, end: int, n: int, timeout: float) -> bool:
+        """True once `n` replicas acknowledged `end` (the end of a send's records); False at
+        `timeout`."""
+        deadline = time.monotonic() + timeout
+        while sum(1 for r in self.replicas.values() if r.acked >= end) < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._acked.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._acked.wait(), left)
+        return True
+
+    async def handle(self, cmd: RemotingCommand) -> RemotingCommand:
+        if cmd.code == REPL_STATE:
+            body = json.dumps({"epochs": self.store.epochs.entries, "end": self.store.log_end}).encode()
+            return cmd.response(ResponseCode.SUCCESS, None, None, body)
+        f = cmd.ext_fields
+        try:
+            start, max_bytes = int(f["start"]), int(f.get("max", DEFAULT_CHUNK))
+            wait_s, name = int(f.get("wait_ms", 0)) / 1000, f["replica"]
+        except (KeyError, ValueError):
+            return cmd.response(ResponseCode.SYSTEM_ERROR, "malformed replication pull")
+        info = self.replicas.setdefault(name, ReplicaInfo())
+        info.acked, info.seen = max(info.acked, start), time.monotonic()
+        self._acked.set()
+        deadline = time.monotonic() + wait_s
+        while start >= self.store.log_end and time.monotonic() < deadline:
+            self._appended.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._appended.wait(), min(POLL_FALLBACK_S, deadline - time.monotonic())
+                )
+        if start > self.store.log_end:
+            return cmd.response(
+                ResponseCode.SYSTEM_ERROR, f"start {start} is beyond the log end {self.store.log_end}"
+            )
+        data = self.store.read_log_chunk(start, max_bytes) if start < self.store.log_end else b""
+        return cmd.response(ResponseCode.SUCCESS, None, {"end": self.store.log_end}, data)
+
+
+class Follower:
+    """A replica's side: pulls the primary's log into `store` until stopped."""
+
+    def __init__(
+        self,
+        store: Store,
+        name: str,
+        primary: str,
+        *,
+        chunk: int = DEFAULT_CHUNK,
+        wait_ms: int = 1000,
+        retry_s: float = 0.5,
+    ) -> None:
+        self.store = store
+        self.name = name
+        self.primary = primary  # host:port of the primary's store protocol
+        self.chunk = chunk
+        self.wait_ms = wait_ms
+        self.retry_s = retry_s
+        self.connected = asyncio.Event()  # set while aligned with the primary and pulling
+        self.truncated: list[int] = []  # offsets truncated to on (re)joins (for tests and logs)
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"follow {self.primary}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            client = None
+            try:
+                host, port = parse_host_port(self.primary, 10911)
+                client = await RemotingClient.connect(host, port, timeout=5.0)
+                await self._align(client)
+                self.connected.set()
+                await self._pull(client)
+            except (OSError, RemotingClientError, TimeoutError, ValueError) as e:
+                log.warning("replica %s: replication from %s: %s", self.name, self.primary, e)
+            finally:
+                self.connected.clear()
+                if client is not None:
+                    with contextlib.suppress(Exception):
+                        await client.close()
+            await asyncio.sleep(self.retry_s)
+
+    async def _align(self, client: RemotingClient) -> None:
+        """Truncate what the primary does not have; take its epochs."""
+        r = await client.invoke(REPL_STATE, timeout=10.0)
+        if r.code != ResponseCode.SUCCESS:
+            raise ValueError(f"state refused: {r.remark}")
+        state = json.loads(r.body)
+        theirs = [tuple(e) for e in state["epochs"]]
+        epochs = self.store.epochs
+        agree = divergence(epochs.entries, theirs, self.store.log_end, int(state["end"]))
+        if agree < self.store.log_end:
+            log.warning("replica %s: truncating its log from %d to %d", self.name, self.store.log_end, agree)
+            await self.store.truncate_log(agree)
+            self.truncated.append(agree)
+        epochs.truncate_from(0)
+        for epoch, start in theirs:
+            epochs.start(epoch, start)
+
+    async def _pull(self, client: RemotingClient) -> None:
+        store = self.store
+        while True:
+            start = store.log_end
+            r = await client.invoke(
+                REPL_PULL,
+                {"start": start, "max": self.chunk, "wait_ms": self.wait_ms, "replica": self.name},
+                timeout=self.wait_ms / 1000 + 10.0,
+            )
+            if r.code != ResponseCode.SUCCESS:
+                raise ValueError(f"pull refused: {r.remark}")
+            if r.body:
+                await store.apply_log_chunk(start, r.body)
+
+
+__all__ = ["CODES", "REPL_PULL", "REPL_STATE", "Follower", "Primary", "ReplicaInfo"]
