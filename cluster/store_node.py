@@ -47,6 +47,7 @@ class StoreNodeConfig:
     lease_period_s: float = 30.0
     lease_expiry_s: float = 120.0
     max_body_size: int = 4 * 1024 * 1024
+    group: str | None = None  # replica group (cluster/group.py): registered under this name
     # a primary's acknowledgement policy (cluster/replication.py): "sync" acknowledges a send once
     # `min_insync` nodes (itself included) hold it durably, else refuses it; "async" after itself
     replication: str = "async"
@@ -76,6 +77,7 @@ class StoreNode:
         self._registration: asyncio.Task | None = None
         # the primary's side of replication: replicas pull this node's log (cluster/replication.py)
         self.replication: Primary | None = None
+        self.accepts_writes = True  # False on a replica: only reads are served
         store.transaction_checker = self._check_transaction
 
     @property
@@ -114,8 +116,10 @@ class StoreNode:
                 log.warning("registration with the name server failed: %s", e)
 
     async def register(self) -> None:
-        """REGISTER_BROKER with every (non-system) topic and its queues; renews the lease."""
-        assert self.namesrv is not None
+        """REGISTER_BROKER with every (non-system) topic and its queues; renews the lease. A member
+        of a replica group registers (under the group's name) only while it is the primary."""
+        if self.namesrv is None or not self.accepts_writes:
+            return
         topics = {
             t.name: TopicQueues(t.queues, t.queues)
             for t in self.store.topics()
@@ -123,7 +127,7 @@ class StoreNode:
         }
         await self.namesrv.register_broker(
             cluster=self.config.cluster_name,
-            name=self.name,
+            name=self.config.group or self.name,
             addr=self.advertised,
             topics=topics,
             timeout_ms=int(self.config.lease_expiry_s * 1000),
@@ -146,6 +150,12 @@ class StoreNode:
         if name is None:
             return cmd.response(
                 ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"request type {cmd.code} not supported"
+            )
+        if not self.accepts_writes and cmd.code not in w.READ_CODES:
+            return cmd.response(
+                ResponseCode.SYSTEM_ERROR,
+                f"store node {self.name} is a replica of group {self.config.group}: it serves reads only",
+                {"error": "StoreError"},
             )
         if cmd.code == APPEND and self._replicas_needed():
             refused = self._refuse_unreplicated(cmd)
@@ -222,7 +232,7 @@ class StoreNode:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(
                     self.namesrv.unregister_broker(
-                        cluster=c.cluster_name, name=self.name, addr=self.advertised
+                        cluster=c.cluster_name, name=c.group or self.name, addr=self.advertised
                     ),
                     2.0,
                 )

@@ -92,6 +92,30 @@ TXN_CHECK = 9199  # store node -> proxy, oneway: body = one encoded message (a h
 MESSAGE_REPLIES = frozenset({"pop", "read", "get_by_id", "get_message"})
 # Operations that append to the commit log (a primary then wakes its replicas' pulls).
 WRITES = frozenset({"append", "forward_to_dlq", "end_transaction", "nack"})
+# Operations a replica serves (they change nothing); every other one needs the primary.
+READS = frozenset(
+    {
+        "get_topic",
+        "list_topics",
+        "get_group",
+        "list_groups",
+        "subscriptions",
+        "min_offset",
+        "max_offset",
+        "read",
+        "search_offset",
+        "committed_offset",
+        "backlog",
+        "inflight_count",
+        "get_by_id",
+        "get_message",
+        "kv_get",
+        "kv_scan",
+        "stats",
+        "ping",
+    }
+)
+READ_CODES = frozenset(OPS[n] for n in READS) | {CANCEL}
 
 _ERRORS: dict[str, type[BaseException]] = {
     c.__name__: c

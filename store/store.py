@@ -83,6 +83,7 @@ class Store:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._io = ThreadPoolExecutor(1, thread_name_prefix="store-io")
         self._tasks: list[asyncio.Task] = []
+        self._own_writes: list[asyncio.Task] = []  # the tasks that append by themselves
         self._closed = False
         self.metrics = {"appends": 0, "flushes": 0, "pops": 0, "acks": 0, "redeliveries": 0, "dlq": 0}
         self.flush_latency_ms: list[float] = []
@@ -162,12 +163,41 @@ class Store:
         self._tasks = [
             loop.create_task(self._periodic(config.checkpoint_interval_ms, checkpoints.checkpoint)),
             loop.create_task(self._periodic(config.consumer_log_flush_ms, checkpoints.flush_progress)),
+        ]
+        if not self.sync:
+            self._tasks.append(loop.create_task(self._periodic(config.flush_interval_ms, self._fsync_async)))
+        self._start_own_writes()
+
+    def _start_own_writes(self) -> None:
+        loop, config = self._loop, self.config
+        self._own_writes = [
             loop.create_task(self._delays.run()),
             loop.create_task(self._periodic(config.transaction_check_interval_ms, self._transactions.check)),
             loop.create_task(self._periodic(config.retention_check_interval_ms, self._retention.apply)),
         ]
-        if not self.sync:
-            self._tasks.append(loop.create_task(self._periodic(config.flush_interval_ms, self._fsync_async)))
+
+    @property
+    def writes_on_its_own(self) -> bool:
+        """Whether the store appends by itself: delayed messages due, transaction checks, retention."""
+        return bool(self._own_writes)
+
+    def pause_own_writes(self) -> None:
+        """A replica's store: no delivery of delayed messages, no transaction checks, no retention,
+        so that its log only ever holds what the primary wrote (`apply_log_chunk`)."""
+        for t in self._own_writes:
+            t.cancel()
+        self._own_writes = []
+
+    def resume_own_writes(self) -> None:
+        """A replica promoted to primary: delayed and half messages are taken from the (replicated)
+        queues again and the store's own appends resume."""
+        if self._own_writes or self._closed:
+            return
+        self._delays.heap.clear()
+        self._delays.rebuild()
+        self._transactions.heap.clear()
+        self._transactions.rebuild()
+        self._start_own_writes()
 
     async def _periodic(self, interval_ms: int, fn: Callable[[], Awaitable[object]]) -> None:
         while True:
@@ -201,6 +231,8 @@ class Store:
         async with self._replica.lock:  # an apply or truncate under way ends first
             self._replica.closed = True
         await self._writer.drain()
+        self._tasks += self._own_writes
+        self._own_writes = []
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:

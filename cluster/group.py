@@ -1,0 +1,168 @@
+"""One store node as a member of a replica group: primary or replica, as the controller decides
+(docs/cluster.md, "Replica groups").
+
+Every `poll_s` the member reads the group's state from the controller:
+- **Primary.** It renews its claim and records its SyncStateSet, which is itself plus the replicas
+  that pulled recently and are close to its log end. If the claim is gone (`NotPrimary`), it
+  stops taking writes and becomes a replica again.
+- **Replica.** It follows the primary the state names. When the group has no live primary, it
+  stands for election. The controller lets only a member of the stored SyncStateSet win. The
+  winner starts a new epoch at its log end and takes writes.
+
+Only the primary serves writes and registers with the name server, under the group's name, so
+proxies follow a failover through their route refresh. Replicas answer reads.
+
+While the controller cannot be reached, every member keeps its role, as in RocketMQ: the
+controller is needed only to change the primary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from .controller import Controller, ControllerError, ControllerUnavailable, GroupState, NotPrimary
+from .replication import Follower, Primary
+from .store_node import StoreNode
+
+log = logging.getLogger("cluster.group")
+IN_SYNC_LAG = 4 * 1024 * 1024  # bytes behind the log end a replica may be and still count as in sync
+
+
+class GroupMember:
+    """Runs `node`'s role in replica group `group`; `await start()`, `role`, `await stop()`."""
+
+    def __init__(
+        self,
+        node: StoreNode,
+        controller: Controller,
+        group: str,
+        *,
+        poll_s: float = 1.0,
+        in_sync_age_s: float = 3.0,
+        wait_ms: int = 1000,
+    ) -> None:
+        self.node = node
+        self.controller = controller
+        self.group = group
+        self.poll_s = poll_s
+        self.in_sync_age_s = in_sync_age_s
+        self.wait_ms = wait_ms
+        self.role = "replica"
+        self.state: GroupState | None = None  # the last state read or written
+        self.follower: Follower | None = None
+        self.changed = asyncio.Event()  # set at each change of role (tests, logs)
+        self._task: asyncio.Task | None = None
+        node.accepts_writes = False
+        node.store.pause_own_writes()
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    async def start(self) -> None:
+        await self._step()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"group {self.group}")
+
+    async def stop(self, resign: bool = True) -> None:
+        """Stop the role; a primary gives up its claim (`resign`) so a replica takes over at once."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        await self._stop_following()
+        if resign and self.role == "primary" and self.state is not None:
+            with contextlib.suppress(ControllerError):
+                await self.controller.resign(self.group, self.state)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_s)
+            try:
+                await self._step()
+            except ControllerUnavailable as e:
+                log.warning(
+                    "group %s: controller unavailable, %s stays %s: %s", self.group, self.name, self.role, e
+                )
+            except ControllerError as e:
+                log.warning("group %s: %s", self.group, e)
+
+    async def _step(self) -> None:
+        if self.role == "primary":
+            await self._serve()
+            return
+        state = await self.controller.state(self.group)
+        if state is None or state.primary is None:
+            await self._stand(state)
+        elif state.primary != self.name:
+            self.state = state
+            await self._follow(state.primary_address or "")
+
+    # ------------------------------------------------------------------ primary
+    async def _serve(self) -> None:
+        assert self.state is not None
+        try:
+            await self.controller.keep_primary(self.group, self.state)
+            primary = self.node.replication
+            assert primary is not None
+            members = (self.name, *sorted(primary.in_sync(IN_SYNC_LAG, self.in_sync_age_s)))
+            if set(members) != set(self.state.sync_state_set):
+                self.state = await self.controller.set_sync_state_set(self.group, self.state, members)
+        except NotPrimary:
+            log.warning("group %s: %s lost its claim: no longer primary", self.group, self.name)
+            self._demote()
+
+    async def _stand(self, state: GroupState | None) -> None:
+        """Stand for election (the controller refuses a node outside the SyncStateSet)."""
+        try:
+            won = await self.controller.elect(self.group, self.name, self.node.advertised)
+        except ControllerError as e:
+            if isinstance(e, ControllerUnavailable):
+                raise
+            log.debug("group %s: %s not elected: %s", self.group, self.name, e)
+            return
+        await self._promote(won)
+
+    async def _promote(self, state: GroupState) -> None:
+        await self._stop_following()
+        store = self.node.store
+        current = store.epochs.current
+        if current is None or current[0] < state.epoch:
+            store.epochs.start(state.epoch, store.log_end)
+        self.state = state
+        self.node.replication = Primary(store)
+        store.resume_own_writes()
+        self.node.accepts_writes = True
+        self.role = "primary"
+        self.changed.set()
+        log.warning("group %s: %s is primary at epoch %d", self.group, self.name, state.epoch)
+        with contextlib.suppress(Exception):
+            await self.node.register()
+
+    def _demote(self) -> None:
+        self.node.accepts_writes = False
+        self.node.store.pause_own_writes()
+        self.node.replication = None
+        self.role = "replica"
+        self.state = None
+        self.changed.set()
+
+    # ------------------------------------------------------------------ replica
+    async def _follow(self, address: str) -> None:
+        if self.follower is not None and self.follower.primary == address:
+            return
+        await self._stop_following()
+        if not address:
+            return
+        self.follower = Follower(self.node.store, self.name, address, wait_ms=self.wait_ms)
+        self.follower.start()
+        self.changed.set()
+
+    async def _stop_following(self) -> None:
+        if self.follower is not None:
+            await self.follower.stop()
+            self.follower = None
+
+
+__all__ = ["GroupMember"]
