@@ -27,7 +27,7 @@ from .replication import Follower, Primary
 from .store_node import StoreNode
 
 log = logging.getLogger("cluster.group")
-IN_SYNC_LAG = 4 * 1024 * 1024  # bytes behind the log end a replica may be and still count as in sync
+IN_SYNC_LAG = 1024 * 1024  # bytes behind the log end a replica may be and still join the SyncStateSet
 
 
 class GroupMember:
@@ -62,7 +62,11 @@ class GroupMember:
         return self.node.name
 
     async def start(self) -> None:
-        await self._step()
+        """Take a role now if the controller answers (else the loop keeps trying), then run."""
+        try:
+            await self._step()
+        except ControllerError as e:
+            log.warning("group %s: %s has no role yet: %s", self.group, self.name, e)
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"group {self.group}")
 
     async def stop(self, resign: bool = True) -> None:
@@ -104,14 +108,33 @@ class GroupMember:
         assert self.state is not None
         try:
             await self.controller.keep_primary(self.group, self.state)
-            primary = self.node.replication
-            assert primary is not None
-            members = (self.name, *sorted(primary.in_sync(IN_SYNC_LAG, self.in_sync_age_s)))
-            if set(members) != set(self.state.sync_state_set):
-                self.state = await self.controller.set_sync_state_set(self.group, self.state, members)
+            await self._record_sync_state_set()
         except NotPrimary:
             log.warning("group %s: %s lost its claim: no longer primary", self.group, self.name)
             self._demote()
+
+    async def _record_sync_state_set(self) -> None:
+        """Bring the SyncStateSet to the replicas that pull and keep up, keeping the recorded set
+        a subset of the replicas sends wait for: a replica is required before it is recorded, and
+        stops being required only once its removal is recorded."""
+        primary, state = self.node.replication, self.state
+        assert primary is not None and state is not None
+        recorded = set(state.sync_state_set) - {self.name}
+        caught_up = set(primary.in_sync(IN_SYNC_LAG, self.in_sync_age_s))
+        pulling = set(primary.in_sync(None, self.in_sync_age_s))
+        # a replica joins once close to the log end, and leaves once it stops pulling
+        add, remove = caught_up - recorded, recorded - pulling
+        if not add and not remove:
+            return
+        primary.required |= add
+        members = (self.name, *sorted((recorded | add) - remove))
+        try:
+            self.state = await self.controller.set_sync_state_set(self.group, state, members)
+        except ControllerError:
+            primary.required -= add - recorded
+            raise
+        primary.required -= remove
+        log.info("group %s: SyncStateSet %s", self.group, ", ".join(members))
 
     async def _stand(self, state: GroupState | None) -> None:
         """Stand for election (the controller refuses a node outside the SyncStateSet)."""

@@ -12,9 +12,12 @@ of its own:
   acknowledgement: it holds everything before `start` durably (its apply returned).
 
 `Primary` is the primary's side: it answers both requests and keeps each replica's acknowledged
-offset, which `wait_replicated` turns into the sync acknowledgement policy (a send is acknowledged
-once `n` replicas hold its records). `Follower` is a replica's side: one task that pulls and
-applies, reconnecting after errors.
+offset. `wait_replicated` turns that into the sync acknowledgement policy, as Kafka's ISR does:
+a send is acknowledged once every replica in `required` (the SyncStateSet without the primary)
+holds its records. The group member keeps the controller's SyncStateSet a subset of `required`
+(it adds a replica here before recording it and removes it here only after), so any node the
+controller may elect holds every acknowledged send. `Follower` is a replica's side: one task that
+pulls and applies, reconnecting after errors.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class Primary:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.replicas: dict[str, ReplicaInfo] = {}
+        self.required: set[str] = set()  # replicas whose acknowledgement a send waits for
         self._appended = asyncio.Event()
         self._acked = asyncio.Event()
 
@@ -61,16 +65,25 @@ class Primary:
         """Wake the pulls waiting at the log end (called after each append the node serves)."""
         self._appended.set()
 
-    def in_sync(self, max_lag: int, max_age_s: float) -> list[str]:
-        """Replicas within `max_lag` bytes of the log end that pulled in the last `max_age_s`."""
+    def in_sync(self, max_lag: int | None, max_age_s: float) -> list[str]:
+        """Replicas within `max_lag` bytes of the log end (None: any) that pulled in the last
+        `max_age_s`."""
         end, now = self.store.log_end, time.monotonic()
-        return [n for n, r in self.replicas.items() if end - r.acked <= max_lag and now - r.seen <= max_age_s]
+        return [
+            n
+            for n, r in self.replicas.items()
+            if (max_lag is None or end - r.acked <= max_lag) and now - r.seen <= max_age_s
+        ]
 
-    async def wait_replicated(self, end: int, n: int, timeout: float) -> bool:
-        """True once `n` replicas acknowledged `end` (the end of a send's records); False at
-        `timeout`."""
+    def _missing(self, end: int) -> bool:
+        replicas = self.replicas
+        return any(name not in replicas or replicas[name].acked < end for name in self.required)
+
+    async def wait_replicated(self, end: int, timeout: float) -> bool:
+        """True once every replica in `required` acknowledged `end` (the end of a send's records);
+        False at `timeout`."""
         deadline = time.monotonic() + timeout
-        while sum(1 for r in self.replicas.values() if r.acked >= end) < n:
+        while self._missing(end):
             left = deadline - time.monotonic()
             if left <= 0:
                 return False

@@ -31,7 +31,6 @@ from .replication import Primary
 log = logging.getLogger("cluster.store_node")
 POP = w.OPS["pop"]
 APPEND = w.OPS["append"]
-IN_SYNC_LAG = 64 * 1024 * 1024  # a replica further behind than this does not count as in sync
 
 
 @dataclass(frozen=True)
@@ -183,11 +182,11 @@ class StoreNode:
             self.replication.appended()
             if name == "append" and self._replicas_needed():
                 end = max(r[4] + r[5] for r in result)  # commit log offset + size of each record
-                need, c = self._replicas_needed(), self.config
-                if not await self.replication.wait_replicated(end, need, c.replication_timeout_s):
+                c = self.config
+                if not await self.replication.wait_replicated(end, c.replication_timeout_s):
                     return cmd.response(
                         ResponseCode.SYSTEM_ERROR,
-                        f"not replicated to {c.min_insync} nodes within {c.replication_timeout_s:g} s",
+                        f"not replicated to the SyncStateSet within {c.replication_timeout_s:g} s",
                         {"error": "StoreError"},
                     )
         if name in w.MESSAGE_REPLIES:
@@ -200,15 +199,15 @@ class StoreNode:
         return c.min_insync - 1 if self.replication is not None and c.replication == "sync" else 0
 
     def _refuse_unreplicated(self, cmd: RemotingCommand) -> RemotingCommand | None:
-        """Refuse a send at once (before writing it) when fewer replicas than needed are in sync."""
+        """Refuse a send at once (before writing it) when the SyncStateSet has fewer nodes than
+        the sync policy needs."""
         assert self.replication is not None
-        need = self._replicas_needed()
-        in_sync = self.replication.in_sync(IN_SYNC_LAG, self.config.replication_timeout_s)
-        if len(in_sync) >= need:
+        members = len(self.replication.required) + 1
+        if members >= self.config.min_insync:
             return None
         return cmd.response(
             ResponseCode.SYSTEM_ERROR,
-            f"{len(in_sync) + 1} of the {self.config.min_insync} nodes the sync policy needs are in sync",
+            f"{members} of the {self.config.min_insync} nodes the sync policy needs are in sync",
             {"error": "StoreError"},
         )
 

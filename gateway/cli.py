@@ -119,6 +119,30 @@ _STORE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "lease_period_s": ("lease_period_s", _START_FLAGS["lease_period_s"]),
     "lease_expiry_s": ("lease_expiry_s", _START_FLAGS["lease_expiry_s"]),
+    "group": (
+        "store_group",
+        {"metavar": "NAME", "help": "replica group of this node (needs --controller; docs/cluster.md)"},
+    ),
+    "controller": (
+        "controller",
+        {"metavar": "URLS", "help": "etcd client URL(s) of the replica groups' controller, comma separated"},
+    ),
+    "replication": (
+        "replication",
+        {
+            "choices": ("sync", "async"),
+            "help": "acknowledge a send when --min-insync nodes hold it (sync, "
+            "default) or when the primary does (async)",
+        },
+    ),
+    "min_insync": (
+        "min_insync",
+        {
+            "type": int,
+            "metavar": "N",
+            "help": "sync: nodes, the primary included, that must hold a send (default 2)",
+        },
+    ),
     "drain_timeout_s": ("drain_timeout_s", _START_FLAGS["drain_timeout_s"]),
     "event_loop": ("event_loop", _START_FLAGS["event_loop"]),
     "log_level": ("log_level", _START_FLAGS["log_level"]),

@@ -17,6 +17,7 @@ from typing import Any
 from runtime import EVENT_LOOPS, LOG_LEVELS, ConfigError
 
 FLUSH_POLICIES = ("sync", "async")
+REPLICATION_POLICIES = ("sync", "async")
 MODES = ("local", "cluster")
 ENV_PREFIX = "GATEWAY_"
 
@@ -94,6 +95,10 @@ class Settings:
     cluster_name: str = "DefaultCluster"  # store nodes register under it; proxies use its nodes
     store_name: str | None = None  # `gateway store --name`: the node's name (default store-<host>-<port>)
     store_port: int = 10911  # `gateway store --port`
+    store_group: str | None = None  # `gateway store --group`: replica group (docs/cluster.md)
+    controller: str | None = None  # etcd client URL(s) of the replica groups' controller, "a,b,c"
+    replication: str = "sync"  # a replica group's acknowledgement policy: "sync" or "async"
+    min_insync: int = 2  # sync: nodes (the primary included) that hold a send before it is acknowledged
     proxy_name: str | None = None  # name a proxy registers under (default proxy-<host>-<pid>)
     lease_period_s: float = 30.0  # stores and proxies renew their name server registration this often
     lease_expiry_s: float = 120.0  # ... which expires when not renewed for this long
@@ -105,6 +110,7 @@ class Settings:
         for name, choices in (
             ("mode", MODES),
             ("flush", FLUSH_POLICIES),
+            ("replication", REPLICATION_POLICIES),
             ("event_loop", EVENT_LOOPS),
             ("log_level", LOG_LEVELS),
         ):
@@ -141,6 +147,15 @@ class Settings:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise ConfigError(f"{name} must be a non-empty string, got {value!r}")
+        _check_int("min_insync", self.min_insync, 1, 16)
+        for name in ("store_group", "controller"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise ConfigError(f"{name} must be a non-empty string, got {value!r}")
+        if self.store_group is not None and not _NODE_NAME.match(self.store_group):
+            raise ConfigError(f"store_group must be letters, digits, '_', '.', '-', got {self.store_group!r}")
+        if self.store_group is not None and not self.controller:
+            raise ConfigError("store_group needs controller (the etcd client URL(s) of the replica groups)")
         if self.store_name is not None and not _NODE_NAME.match(self.store_name):
             raise ConfigError(f"store_name must be letters, digits, '_', '.', '-', got {self.store_name!r}")
         if not isinstance(self.cluster_name, str) or not _NODE_NAME.match(self.cluster_name):

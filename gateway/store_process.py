@@ -32,6 +32,9 @@ def node_config(settings: Settings) -> StoreNodeConfig:
         lease_period_s=s.lease_period_s,
         lease_expiry_s=s.lease_expiry_s,
         max_body_size=s.largest_body_size,
+        group=s.store_group,
+        replication=s.replication,
+        min_insync=s.min_insync if s.replication == "sync" else 1,
     )
 
 
@@ -56,12 +59,24 @@ async def serve(settings: Settings) -> int:
         await store.close()
         return 1
     log.info("store node %s listening on %s (data %s)", node.name, node.address, settings.data_dir)
+    member = None
+    if settings.store_group:
+        from cluster.controller import EtcdController
+        from cluster.group import GroupMember
+
+        assert settings.controller
+        controller = EtcdController(settings.controller, cluster=settings.cluster_name, lease_ttl_s=5)
+        member = GroupMember(node, controller, settings.store_group)
+        await member.start()
     collector = gc_collector.take_over()
     log.info("store node ready")
     await stop.wait()
     log.info("store node stopping")
     t0 = time.monotonic()
     collector.stop()
+    if member is not None:
+        await member.stop()  # a primary resigns: a replica takes over at once
+        await member.controller.close()
     await node.stop(settings.drain_timeout_s)
     await store.close()
     log.info("store closed; store node stopped in %.2f s", time.monotonic() - t0)

@@ -234,6 +234,10 @@ NON_DEFAULT = {
     "cluster_name": "c1",
     "store_name": "store-x",
     "store_port": 10999,
+    "store_group": "group-x",
+    "controller": "http://127.0.0.1:2379",
+    "replication": "async",
+    "min_insync": 3,
     "proxy_name": "proxy-x",
     "lease_period_s": 1.5,
     "lease_expiry_s": 4.5,
@@ -242,7 +246,14 @@ NON_DEFAULT = {
     "allow_anonymous": True,
 }
 # Settings only `gateway store` takes as flags (`--name`, `--port`); the others are flags of `start`.
-STORE_ONLY = {"store_name": "--name", "store_port": "--port"}
+STORE_ONLY = {
+    "store_name": "--name",
+    "store_port": "--port",
+    "store_group": "--group",
+    "controller": "--controller",
+    "replication": "--replication",
+    "min_insync": "--min-insync",
+}
 
 
 def test_every_setting_has_a_flag_env_var_and_toml_key(tmp_path):
@@ -314,6 +325,10 @@ def test_cli_rejects_bad_protocols_as_usage_error(capsys):
         ({"route_refresh_s": 0}, "route_refresh_s must be"),
         ({"store_name": "a@b"}, "store_name must be"),
         ({"store_port": 70000}, "store_port must be"),
+        ({"store_group": "g"}, "store_group needs controller"),
+        ({"store_group": "a b", "controller": "x"}, "store_group must be"),
+        ({"replication": "maybe"}, "replication must be one of"),
+        ({"min_insync": 0}, "min_insync must be"),
         ({"namesrv": " "}, "namesrv must be"),
     ],
 )

@@ -1,0 +1,187 @@
+"""A replica group as real processes: a real etcd (Debian's etcd-server) as the controller, a name
+server, three `gateway store --group g1` nodes (sync replication, min-insync 2) and a proxy, driven
+by gRPC and MQTT QoS 1 publishers. `kill -9` of the primary under that load: a replica of the
+SyncStateSet is elected, the other follows it, and publishers resume within the bound; every
+acknowledged message is consumable afterwards; the old primary restarted rejoins as a replica and
+ends with the same commit log bytes."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+
+import aiomqtt
+import grpc
+import pytest
+
+from adapters.grpc.generated import definition_pb2 as d
+from adapters.grpc.generated import service_pb2_grpc
+from cluster.controller import EtcdController
+from conformance.gateway_proc import GatewayProc as Proc
+from tests.adapters.grpc import support as g
+from tests.cluster.etcd_support import EtcdProcess, etcd_missing
+from tests.cluster.support import LEASE, Cluster, _ready
+
+pytestmark = [
+    pytest.mark.skipif(etcd_missing(), reason="etcd is not installed (deps/debian-packages.txt)"),
+    pytest.mark.timeout(180),
+]
+NODES = {"a", "b", "c"}
+FAILOVER_BOUND_S = 10.0  # controller lease 5 s + election poll 1 s + registration + proxy route refresh
+
+
+def start_member(c: Cluster, name: str, etcd: str) -> tuple[Proc, str]:
+    args = ["store", "--data-dir", str(c.root / name), "--port", "0", "--name", name]
+    args += ["--namesrv", c.namesrv, *LEASE, "--flush", "sync", "--group", "g1", "--controller", etcd]
+    p = Proc(args, name)
+    c.procs.append(p)
+    addr = _ready(p)["store"]
+    c.stores[name] = (p, addr)
+    return p, addr
+
+
+async def group_state(etcd: str):
+    c = EtcdController(etcd)
+    try:
+        return await c.state("g1")
+    finally:
+        await c.close()
+
+
+async def until(cond, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        v = await cond()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.2)
+
+
+class Publishers:
+    """A gRPC and an MQTT QoS 1 publisher on topic `fleet` that record what was acknowledged."""
+
+    def __init__(self, listeners: dict[str, str]) -> None:
+        self.listeners = listeners
+        self.acked: list[bytes] = []
+        self.failures = 0
+        self.last_ack = time.monotonic()
+        self.stop = asyncio.Event()
+
+    async def grpc(self) -> None:
+        async with grpc.aio.insecure_channel(self.listeners["grpc"]) as ch:
+            s = service_pb2_grpc.MessagingServiceStub(ch)
+            i = 0
+            while not self.stop.is_set():
+                body = f"g{i}".encode()
+                try:
+                    r = await asyncio.wait_for(g.send(s, g.msg("fleet", body)), 5)
+                    ok = r.status.code == d.OK
+                except (grpc.aio.AioRpcError, TimeoutError):
+                    ok = False
+                if ok:
+                    self.acked.append(body)
+                    self.last_ack = time.monotonic()
+                    i += 1
+                else:
+                    self.failures += 1
+                    await asyncio.sleep(0.1)
+                await asyncio.sleep(0.005)
+
+    async def mqtt(self) -> None:
+        host, port = self.listeners["mqtt"].rsplit(":", 1)
+        i = 0
+        while not self.stop.is_set():
+            try:
+                async with aiomqtt.Client(host, int(port), identifier="dev-1", timeout=5) as c:
+                    while not self.stop.is_set():
+                        body = f"m{i}".encode()
+                        await c.publish(f"fleet/dev1/t{i}", body, qos=1)  # returns on PUBACK
+                        self.acked.append(body)
+                        i += 1
+                        await asyncio.sleep(0.005)
+            except aiomqtt.MqttError:
+                self.failures += 1
+                await asyncio.sleep(0.2)
+
+
+async def consume_all(listeners: dict[str, str], want: set[bytes]) -> list[bytes]:
+    got: list[bytes] = []
+    async with grpc.aio.insecure_channel(listeners["grpc"]) as ch:
+        s = service_pb2_grpc.MessagingServiceStub(ch)
+        deadline = time.monotonic() + 30
+        while not want <= set(got) and time.monotonic() < deadline:
+            st, msgs, _ = await g.receive(s, "audit", "fleet", batch=32, poll_ms=500)
+            assert st.code in (d.OK, d.MESSAGE_NOT_FOUND), st
+            got += [m.body for m in msgs]
+            if msgs:
+                await g.ack(s, "audit", "fleet", *[m.system_properties.receipt_handle for m in msgs])
+    return got
+
+
+def log_files(root: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in sorted((root / "commitlog").iterdir()) if p.name.isdigit())
+
+
+async def test_kill9_of_the_primary_under_load_loses_nothing_acknowledged(tmp_path):
+    etcd = EtcdProcess(tmp_path / "etcd")
+    (tmp_path / "etcd").mkdir()
+    etcd.start()
+    c = Cluster(tmp_path)
+    try:
+        c.start_namesrv()
+        for name in NODES:
+            start_member(c, name, etcd.endpoint)
+        (listeners,) = c.start_proxies(1, "grpc,mqtt")
+        state = await until(lambda: _in_sync(etcd.endpoint, NODES), 20, "every node in the SyncStateSet")
+        primary = state.primary
+        others = NODES - {primary}
+        pubs = Publishers(listeners)
+        tasks = [asyncio.create_task(pubs.grpc()), asyncio.create_task(pubs.mqtt())]
+        await until(_count(pubs, 100), 30, "100 acknowledged sends")
+        c.stores[primary][0].p.send_signal(signal.SIGKILL)
+        c.stores[primary][0].p.wait(10)
+        killed_at, before = time.monotonic(), len(pubs.acked)
+        await until(_count(pubs, before + 50), FAILOVER_BOUND_S + 10, "sends acknowledged after the failover")
+        pause = time.monotonic() - killed_at
+        new = await group_state(etcd.endpoint)
+        assert new is not None and new.primary in others and new.epoch == state.epoch + 1
+        # the old primary comes back as a replica of the new one
+        start_member(c, primary, etcd.endpoint)
+        await until(lambda: _in_sync(etcd.endpoint, NODES), 30, "the old primary back in the SyncStateSet")
+        await until(_count(pubs, len(pubs.acked) + 50), 30, "sends acknowledged with both nodes again")
+        pubs.stop.set()
+        await asyncio.gather(*tasks)
+        acked = set(pubs.acked)
+        got = await consume_all(listeners, acked)
+        lost = acked - set(got)
+        assert not lost, f"{len(lost)} acknowledged messages lost: {sorted(lost)[:10]}"
+        assert pause < FAILOVER_BOUND_S + 10, pause
+        print(
+            f"failover: sends resumed {pause:.1f} s after kill -9; acknowledged {len(acked)}, "
+            f"failures {pubs.failures}, duplicates {len(got) - len(set(got))}"
+        )
+        # every node ends with the same bytes over the common range
+        for name in NODES:
+            assert c.stores[name][0].stop() == 0
+        logs = [log_files(tmp_path / name) for name in sorted(NODES)]
+        n = min(len(x.rstrip(b"\0")) for x in logs)
+        assert n > 0 and all(x[:n] == logs[0][:n] for x in logs)
+    finally:
+        c.close()
+        etcd.stop()
+
+
+async def _in_sync(endpoint: str, names: set[str]):
+    s = await group_state(endpoint)
+    return s if s is not None and s.primary and set(s.sync_state_set) == names else None
+
+
+def _count(pubs: Publishers, n: int):
+    async def check() -> bool:
+        return len(pubs.acked) >= n
+
+    return check
