@@ -14,6 +14,13 @@ Phases:
 2. 1 proxy: sends for `--seconds`, then receive+ack of that backlog;
 3. 2 proxies: the same load generators against each of the two proxies at once.
 `send_scaling_2_vs_1` / `pop_scaling_2_vs_1` are the throughput ratios of phase 3 to phase 2.
+4. replication (`--replication-rounds N`, default 3; 0: skip; needs etcd, deps/debian-packages.txt):
+   a real etcd, a replica group of 2 store nodes (`--group`, sync, min-insync 2) behind its own
+   proxy, and a single store node behind another (each its own `--cluster-name`), both with the
+   flush policy of the run; sends for `--seconds` against one, then the other, alternating which
+   goes first from round to round. `sync_replication_send_ratio` is the median over the rounds of
+   replicated / single throughput, `sync_replication_p99_ms` the median p99 send latency of the
+   group (and `single_node_p99_ms` the single node's).
 CPU: utime+stime from /proc (bench/common.py) of each server process (stores with their
 fsync helpers) over each phase, as µs per message; on a 2-core machine the load generators share
 the CPUs, so flat CPU per message as proxies are added is the figure that shows scaling.
@@ -25,9 +32,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -35,6 +44,9 @@ from pathlib import Path
 
 from common import REPO, Server, ServerError, descendants, free_port, log, spawn_gateway, tree_cpu_s
 from grpc_loadgen import TOPIC, Job, loop_policy, run_clients
+
+sys.path.insert(0, str(REPO))
+from tests.cluster.etcd_support import EtcdProcess, etcd_missing  # noqa: E402
 
 LEASE = ["--lease-period-s", "2", "--lease-expiry-s", "10"]
 
@@ -67,7 +79,22 @@ class Topology:
             args += ["--namesrv", self.namesrv, "--flush", self.flush, *LEASE]
             self.servers[name] = _start(name, args, self.workdir, port)
 
-    def add_gateway(self, name: str, cluster: bool) -> str:
+    def start_group_and_single(self, etcd: str) -> None:
+        """Cluster `Replicated`: replica group g1 of two store nodes (sync, min-insync 2); cluster
+        `Single`: one store node; each behind its own proxy (`proxy-r`, `proxy-s`)."""
+        for name, cluster, extra in (
+            ("grp-a", "Replicated", ["--group", "g1", "--controller", etcd]),
+            ("grp-b", "Replicated", ["--group", "g1", "--controller", etcd]),
+            ("single", "Single", []),
+        ):
+            port = free_port()
+            args = ["store", "--data-dir", str(self.workdir / name), "--port", str(port), "--name", name]
+            args += ["--namesrv", self.namesrv, "--cluster-name", cluster, "--flush", self.flush, *LEASE]
+            self.servers[name] = _start(name, [*args, *extra], self.workdir, port)
+        self.add_gateway("proxy-r", cluster=True, cluster_name="Replicated")
+        self.add_gateway("proxy-s", cluster=True, cluster_name="Single")
+
+    def add_gateway(self, name: str, cluster: bool, cluster_name: str = "DefaultCluster") -> str:
         """A CLUSTER proxy (`cluster`) or a LOCAL gateway `name` (gRPC + HTTP); its gRPC address."""
         grpc_port, http_port = free_port(), free_port()
         args = [
@@ -82,6 +109,7 @@ class Topology:
         args += ["--auto-create-topics", "--drain-timeout-s", "1"]
         if cluster:
             args += ["--mode", "cluster", "--namesrv", self.namesrv, "--proxy-name", name, *LEASE]
+            args += ["--cluster-name", cluster_name]
         else:
             args += ["--data-dir", str(self.workdir / name), "--flush", self.flush]
         self.servers[name] = _start(name, args, self.workdir, grpc_port, http_port)
@@ -126,6 +154,7 @@ async def _load(top: Topology, kind: str, proxies: list[str], args: argparse.Nam
         "count": count,
         "errors": sum(r["errors"] for r in results),
         "p50_ms": max(r["p50_ms"] for r in results),
+        "p99_ms": max(r["p99_ms"] for r in results),
         "cpu_us_per_msg": cpu_us,
         "server_cpu_us_per_msg": sum(v for k, v in cpu_us.items() if k != "local" or proxies == ["local"]),
     }
@@ -199,10 +228,87 @@ async def _bench(args: argparse.Namespace, loop_name: str) -> dict:
             phases[2][1]["server_cpu_us_per_msg"] / phases[1][1]["server_cpu_us_per_msg"]
         )
         res["cpus"] = os.cpu_count()
+        if args.replication_rounds:
+            res.update(await _replication(top, args))
         return res
     finally:
         top.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+async def _replication(top: Topology, args: argparse.Namespace) -> dict:
+    """Phase 4: sends through a sync replica group of 2 against a single store node, alternating."""
+    if etcd_missing():
+        log("replication phase skipped: etcd is not installed (deps/debian-packages.txt)")
+        return {}
+    (top.workdir / "etcd").mkdir()
+    etcd = EtcdProcess(top.workdir / "etcd")
+    etcd.start()
+    try:
+        for name in [n for n in top.servers if n.startswith("proxy-")]:
+            top.stop(name)  # the earlier phases' proxies: only this phase's load from here on
+        log("replication: etcd, replica group g1 (2 nodes, sync, min-insync 2), a single node")
+        top.start_group_and_single(etcd.endpoint)
+        await _until_replicated(etcd.endpoint)
+        top.create_topic("proxy-r")
+        top.create_topic("proxy-s")
+        warm = argparse.Namespace(**{**vars(args), "seconds": 0.5, "warmup": 0.0})
+        for p in ("proxy-r", "proxy-s"):
+            await _load(top, "send", [p], warm, 4)
+        rounds: list[dict] = []
+        for i in range(args.replication_rounds):
+            order = ("proxy-s", "proxy-r") if i % 2 == 0 else ("proxy-r", "proxy-s")
+            got = {}
+            for p in order:
+                got[p] = await _load(top, "send", [p], args, args.producers)
+            r, s = got["proxy-r"], got["proxy-s"]
+            log(
+                f"  round {i + 1}: replicated {r['per_s']:.0f} msg/s p99 {r['p99_ms']:.1f} ms, "
+                f"single {s['per_s']:.0f} msg/s p99 {s['p99_ms']:.1f} ms"
+            )
+            rounds.append(
+                {
+                    "replicated_per_s": r["per_s"],
+                    "single_per_s": s["per_s"],
+                    "replicated_p99_ms": r["p99_ms"],
+                    "single_p99_ms": s["p99_ms"],
+                    "replicated_p50_ms": r["p50_ms"],
+                    "single_p50_ms": s["p50_ms"],
+                    "replicated_errors": r["errors"],
+                    "ratio": r["per_s"] / max(s["per_s"], 1e-9),
+                }
+            )
+        return {
+            "sync_replication_send_ratio": statistics.median(x["ratio"] for x in rounds),
+            "sync_replication_p99_ms": statistics.median(x["replicated_p99_ms"] for x in rounds),
+            "sync_replication_p50_ms": statistics.median(x["replicated_p50_ms"] for x in rounds),
+            "single_node_p99_ms": statistics.median(x["single_p99_ms"] for x in rounds),
+            "single_node_p50_ms": statistics.median(x["single_p50_ms"] for x in rounds),
+            "replication_rounds": rounds,
+        }
+    finally:
+        for name in ("proxy-r", "proxy-s", "grp-a", "grp-b", "single"):
+            if name in top.servers:
+                top.stop(name)
+        etcd.stop()
+
+
+async def _until_replicated(etcd: str, timeout: float = 30.0) -> None:
+    """Until group g1's primary has its replica in the SyncStateSet (sends are refused before)."""
+    from cluster.controller import ControllerError, EtcdController
+
+    ctl = EtcdController(etcd, cluster="Replicated")
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(ControllerError):
+                state = await ctl.state("g1")
+                if state is not None and state.primary and len(state.sync_state_set) == 2:
+                    return
+            await asyncio.sleep(0.2)
+    finally:
+        await ctl.close()
+    raise ServerError("replica group g1 has no replica in its SyncStateSet")
 
 
 def _print(res: dict) -> None:
@@ -228,6 +334,12 @@ def _print(res: dict) -> None:
         f"server CPU per message x{res['send_cpu_per_msg_2_vs_1']:.2f} (send), "
         f"x{res['pop_cpu_per_msg_2_vs_1']:.2f} (pop)"
     )
+    if "sync_replication_send_ratio" in res:
+        print(
+            f"sync replication (group of 2, min-insync 2) vs a single node: sends "
+            f"x{res['sync_replication_send_ratio']:.2f}, p99 {res['sync_replication_p99_ms']:.1f} ms "
+            f"vs {res['single_node_p99_ms']:.1f} ms (medians of {len(res['replication_rounds'])} rounds)"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -242,6 +354,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--flush", choices=("sync", "async"), default="async", help="store flush policy (all)")
     ap.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
     ap.add_argument("--dir", default=None, help="parent of the temporary work directory")
+    ap.add_argument(
+        "--replication-rounds", type=int, default=3, help="replicated vs single node send rounds (0: skip)"
+    )
     ap.add_argument("--quick", action="store_true", help="short smoke run")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
@@ -251,6 +366,7 @@ def main(argv: list[str] | None = None) -> None:
         args.warmup = min(args.warmup, 0.2)
         args.producers = min(args.producers, 4)
         args.consumers = min(args.consumers, 2)
+        args.replication_rounds = min(args.replication_rounds, 1)
     loop_name = loop_policy(args.loop)
     t0 = time.monotonic()
     try:

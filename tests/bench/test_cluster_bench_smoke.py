@@ -1,5 +1,6 @@
 """Smoke test of bench/cluster_bench.py: a quick run (name server, 2 stores, 1 then 2 proxies and a
-LOCAL gateway as processes) prints one JSON object with the contract keys, and cleans up."""
+LOCAL gateway as processes, then etcd, a replica group of 2 and a single node) prints one JSON
+object with the contract keys, and cleans up."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ KEYS = [
     "send_server_cpu_us_per_msg_2_proxy",
     "pop_server_cpu_us_per_msg_1_proxy",
     "pop_server_cpu_us_per_msg_2_proxy",
+    "sync_replication_send_ratio",
+    "sync_replication_p99_ms",
+    "single_node_p99_ms",
 ]
 
 
@@ -33,7 +37,7 @@ def test_cluster_bench_quick_json(tmp_path: Path) -> None:
         [sys.executable, str(SCRIPT), "--quick", "--json", "--dir", str(tmp_path)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=180,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -47,4 +51,6 @@ def test_cluster_bench_quick_json(tmp_path: Path) -> None:
         per = res[f"send_cpu_us_per_msg_{n}_proxy"]  # every server process is accounted for
         assert {"namesrv", "store-a", "store-b", "proxy-1"} <= set(per)
         assert ("proxy-2" in per) == (n == 2)
+    (rnd,) = res["replication_rounds"]
+    assert rnd["replicated_errors"] == 0  # every send through the group was acknowledged
     assert list(tmp_path.iterdir()) == []  # the temporary work directory is removed
