@@ -1,7 +1,8 @@
 """docker-compose.yml and Dockerfile, checked structurally (no Docker daemon or network needed):
-the topology (name server, two stores, two proxies), the image built from the project's own
-Dockerfile with the lock file, and every service's command parsed by the real CLI parser into
-valid settings that point at each other. `docker compose config` runs too where it exists."""
+the topology (etcd, name server, two replica groups of two stores, two proxies), the image built
+from the project's own Dockerfile with the lock file, and every service's command parsed by the
+real CLI parser into valid settings that point at each other. `docker compose config` runs too
+where it exists."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from namesrv.config import load as load_namesrv
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yml"
 DOCKERFILE = REPO / "Dockerfile"
+STORES = ("store-1a", "store-1b", "store-2a", "store-2b")
 
 
 def services() -> dict[str, dict]:
@@ -44,15 +46,16 @@ def parsed(svc: dict):
 
 def test_topology_and_image():
     svcs = services()
-    assert set(svcs) == {"namesrv", "store-a", "store-b", "proxy-1", "proxy-2"}
+    assert set(svcs) == {"etcd", "namesrv", *STORES, "proxy-1", "proxy-2"}
+    assert svcs["etcd"]["image"].startswith("quay.io/coreos/etcd:v3.4")  # Debian's etcd-server is 3.4
+    svcs = {n: s for n, s in svcs.items() if n != "etcd"}
     for name, svc in svcs.items():
         assert svc["build"] == {"context": ".", "dockerfile": "Dockerfile"}, name
         assert (REPO / svc["build"]["context"] / svc["build"]["dockerfile"]).is_file()
     roles = {name: parsed(svc).command for name, svc in svcs.items()}
     assert roles == {
         "namesrv": "namesrv",
-        "store-a": "store",
-        "store-b": "store",
+        **dict.fromkeys(STORES, "store"),
         "proxy-1": "start",
         "proxy-2": "start",
     }
@@ -76,7 +79,7 @@ def test_commands_parse_into_settings_that_point_at_each_other():
     assert ns.host == "0.0.0.0"
     ns_addr = f"namesrv:{ns.port}"
     stores = {}
-    for name in ("store-a", "store-b"):
+    for name in STORES:
         svc = svcs[name]
         s = settings_from_args(parsed(svc), env_of(svc))
         assert s.namesrv == ns_addr and s.host == "0.0.0.0"
@@ -84,8 +87,12 @@ def test_commands_parse_into_settings_that_point_at_each_other():
         (volume,) = svc["volumes"]
         assert volume.endswith(":" + s.data_dir)
         stores[name] = (s, volume.split(":")[0])
-        assert "namesrv" in svc["depends_on"]
-    assert len({v for _, v in stores.values()}) == 2  # each store has its own volume
+        assert {"namesrv", "etcd"} <= set(svc["depends_on"])
+        assert s.controller == "http://etcd:2379" and (s.replication, s.min_insync) == ("sync", 2)
+        assert s.store_group == "g" + name[len("store-")]  # store-1a, store-1b: group g1
+    assert len({v for _, v in stores.values()}) == 4  # each store has its own volume
+    groups = [s.store_group for s, _ in stores.values()]
+    assert sorted(groups) == ["g1", "g1", "g2", "g2"]  # two groups of two
     assert len({s.cluster_name for s, _ in stores.values()}) == 1
     cluster = next(iter(stores.values()))[0].cluster_name
     host_ports = []
@@ -96,7 +103,7 @@ def test_commands_parse_into_settings_that_point_at_each_other():
         assert s.proxy_name == name and s.advertise_host == "127.0.0.1"
         check_exposure(s)  # every interface: the proxies run with --auth, so they start
         assert s.auth and "GATEWAY_ADMIN_PASSWORD" in svc["environment"]
-        assert set(svc["depends_on"]) == {"store-a", "store-b"}
+        assert set(svc["depends_on"]) == set(STORES)
         published = {}
         for p in svc["ports"]:
             host, container = p.split(":")
@@ -118,7 +125,7 @@ def test_the_image_starts_with_authentication():
 
 
 def test_a_bad_flag_in_a_command_would_be_caught(capsys):
-    svc = dict(services()["store-a"])
+    svc = dict(services()["store-1a"])
     svc["command"] = [*svc["command"], "--no-such-flag"]
     with pytest.raises(SystemExit):
         parsed(svc)
