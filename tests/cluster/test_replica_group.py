@@ -185,3 +185,57 @@ def _count(pubs: Publishers, n: int):
         return len(pubs.acked) >= n
 
     return check
+
+
+async def _send(listeners: dict[str, str], body: bytes) -> bool:
+    """One gRPC send through the proxy: acknowledged or not."""
+    async with grpc.aio.insecure_channel(listeners["grpc"]) as ch:
+        s = service_pb2_grpc.MessagingServiceStub(ch)
+        try:
+            r = await asyncio.wait_for(g.send(s, g.msg("fleet", body)), 8)
+        except (grpc.aio.AioRpcError, TimeoutError):
+            return False
+        return r.status.code == d.OK
+
+
+async def test_a_paused_replica_stops_acknowledgements_and_etcd_is_needed_only_for_failover(tmp_path):
+    """Group of two, min-insync 2: a replica paused with SIGSTOP leaves the SyncStateSet and sends
+    are refused until it is resumed; with etcd stopped, sends go on through the current primary."""
+    (tmp_path / "etcd").mkdir()
+    etcd = EtcdProcess(tmp_path / "etcd")
+    etcd.start()
+    c = Cluster(tmp_path)
+    try:
+        c.start_namesrv()
+        for name in ("a", "b"):
+            start_member(c, name, etcd.endpoint)
+        (listeners,) = c.start_proxies(1, "grpc")
+        state = await until(lambda: _in_sync(etcd.endpoint, {"a", "b"}), 20, "both in the SyncStateSet")
+        replica = "b" if state.primary == "a" else "a"
+        assert await until(lambda: _send(listeners, b"both"), 15, "a send through the proxy")
+        proc = c.stores[replica][0].p
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            await until(lambda: _set_is(etcd.endpoint, {state.primary}), 15, "the paused replica out")
+            refused = [not await _send(listeners, f"alone-{i}".encode()) for i in range(3)]
+            assert all(refused)  # min-insync 2 with one node in sync: never acknowledged
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        await until(lambda: _in_sync(etcd.endpoint, {"a", "b"}), 20, "the replica back in")
+        assert await until(lambda: _send(listeners, b"both again"), 15, "sends acknowledged again")
+        # etcd down: the controller is needed only to change the primary
+        etcd.stop()
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 3:
+            assert await _send(listeners, b"etcd down")
+        etcd.start()
+        assert await _send(listeners, b"etcd back")
+        assert (await group_state(etcd.endpoint)).primary == state.primary
+    finally:
+        c.close()
+        etcd.stop()
+
+
+async def _set_is(endpoint: str, names: set[str]):
+    s = await group_state(endpoint)
+    return s is not None and set(s.sync_state_set) == names
