@@ -72,14 +72,15 @@ def tag_hash(tag: str) -> int:
 
 
 PATH_PROPERTY = "mqtt.topic"  # the MQTT-style path of a message (adapters/mqtt/mapping.py)
-PATH_HASH_BIT = 1 << 63  # set in every path hash, never in a tag hash (at most 2**32)
+PATH_HASH_BIT = 1 << 62  # set in every path hash, never in a tag hash (at most 2**32)
 
 
 def path_hash(path: str) -> int:
-    """Stable 64-bit hash of a message's path as kept in the consume queue entry of an untagged
-    message: the marker bit, crc32 and adler32 (31 bits) of the UTF-8 path."""
+    """Stable 62-bit hash of a message's path as kept in the consume queue entry of an untagged
+    message: the marker bit, crc32 and adler32 (30 bits) of the UTF-8 path. It stays below 2**63,
+    so entries still read as signed 64-bit integers (the read API's numpy arrays)."""
     b = path.encode()
-    return PATH_HASH_BIT | zlib.crc32(b) << 31 | zlib.adler32(b) & 0x7FFFFFFF
+    return PATH_HASH_BIT | zlib.crc32(b) << 30 | zlib.adler32(b) & 0x3FFFFFFF
 
 
 def entry_hash(msg: Message) -> int:
