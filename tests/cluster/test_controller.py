@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -23,14 +23,6 @@ from tests.cluster.etcd_support import EtcdProcess, etcd_missing, free_port
 pytestmark = pytest.mark.skipif(etcd_missing(), reason="etcd is not installed (deps/debian-packages.txt)")
 
 TTL = 2  # etcd's minimum lease TTL with its default heartbeat
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
-    proc = EtcdProcess(tmp_path_factory.mktemp("etcd"))
-    proc.start()
-    yield proc
-    proc.stop()
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -19,20 +19,12 @@ from cluster.group import GroupMember
 from cluster.nodes import NodeClient
 from cluster.store_node import StoreNode, StoreNodeConfig
 from store import Message, Store, StoreConfig, StoreError
-from tests.cluster.etcd_support import EtcdProcess, etcd_missing
+from tests.cluster.etcd_support import etcd_missing
 
 pytestmark = pytest.mark.skipif(etcd_missing(), reason="etcd is not installed (deps/debian-packages.txt)")
 
 TTL = 2  # the primary's lease (s): a dead primary's claim is gone within this
 T = 15.0
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
-    proc = EtcdProcess(tmp_path_factory.mktemp("etcd"))
-    proc.start()
-    yield proc
-    proc.stop()
 
 
 class Member:
