@@ -33,6 +33,9 @@ from conformance.admin import AdminClient
 from conformance.runner import REPO, Target
 from conformance.streamlines import FileLines, StreamLines
 
+# GATEWAY_* variables a spawned gateway keeps: storage sizing, not behaviour (tests/conftest.py)
+PASSED_THROUGH = frozenset({"GATEWAY_SEGMENT_SIZE_MIB"})
+
 
 def gateway_command() -> list[str]:
     """The `gateway` console script next to this interpreter (else on PATH, else the repository's
@@ -69,7 +72,7 @@ class GatewayProc:
     """A running `gateway <args>` process (`args[0]` is the subcommand).
 
     - `env`: variables set on top of this process's environment, from which the GATEWAY_* ones
-      are dropped unless `keep_gateway_env`;
+      are dropped unless `keep_gateway_env` (but for PASSED_THROUGH: the test run's segment size);
     - `log_path`: stdout and stderr appended to that file; without it, stderr is read from a pipe
       on a thread (stdout discarded);
     - `command`: what runs `gateway` (default `GATEWAY`; e.g. with a `taskset -c N` prefix or
@@ -96,7 +99,11 @@ class GatewayProc:
         self.argv = [*(command or GATEWAY), *self.args]
         self.listeners: dict[str, str] = {}
         self.log_path = Path(log_path) if log_path is not None else None
-        full_env = {k: v for k, v in os.environ.items() if keep_gateway_env or not k.startswith("GATEWAY_")}
+        full_env = {
+            k: v
+            for k, v in os.environ.items()
+            if keep_gateway_env or not k.startswith("GATEWAY_") or k in PASSED_THROUGH
+        }
         full_env.update(env or {})
         popen = dict(
             stdin=subprocess.DEVNULL,
