@@ -22,11 +22,13 @@ from .config import HALF_TOPIC, SCHEDULE_TOPIC, StoreConfig
 from .consumequeue import ENTRY
 from .errors import MessageTooLarge, StoreError
 from .index import ID32, KIND_ID, MessageIndex
-from .message import PATH_PROPERTY, AppendResult, Message, MessageType, path_hash, tag_hash
+from .message import PATH_HASH_BIT, PATH_PROPERTY, AppendResult, Message, MessageType, tag_hash
 from .popping import LongPolling
 from .retention import SegmentStats
 from .scheduling import hold
 from .writer import GroupCommitWriter, Record
+
+_crc32, _adler32 = zlib.crc32, zlib.adler32
 
 _new_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
 
@@ -198,9 +200,12 @@ class Appender:
                 tag = msg.tag
                 if tag:
                     th = tag_hash(tag)
+                elif (props := msg.properties) and (path := props.get(PATH_PROPERTY)):
+                    # message.path_hash, inlined in the append loop (tests check they agree)
+                    b = path.encode()
+                    th = PATH_HASH_BIT | _crc32(b) << 30 | _adler32(b) & 0x3FFFFFFF
                 else:
-                    path = props.get(PATH_PROPERTY) if (props := msg.properties) else None
-                    th = path_hash(path) if path else 0
+                    th = 0
                 keys = msg.keys
                 mb = mid.encode()
                 if not keys and len(mb) == 32:
