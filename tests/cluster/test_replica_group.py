@@ -2,8 +2,9 @@
 server, three `gateway store --group g1` nodes (sync replication, min-insync 2) and a proxy, driven
 by gRPC and MQTT QoS 1 publishers. `kill -9` of the primary under that load: a replica of the
 SyncStateSet is elected, the other follows it, and publishers resume within the bound; every
-acknowledged message is consumable afterwards; the old primary restarted rejoins as a replica and
-ends with the same commit log bytes."""
+acknowledged message is consumable afterwards; the old primary restarted rejoins as a replica; a
+replica paused with SIGSTOP leaves the SyncStateSet while sends go on; every node ends with the
+same commit log bytes."""
 
 from __future__ import annotations
 
@@ -153,6 +154,16 @@ async def test_kill9_of_the_primary_under_load_loses_nothing_acknowledged(tmp_pa
         start_member(c, primary, etcd.endpoint)
         await until(lambda: _in_sync(etcd.endpoint, NODES), 30, "the old primary back in the SyncStateSet")
         await until(_count(pubs, len(pubs.acked) + 50), 30, "sends acknowledged with both nodes again")
+        # with three nodes, a paused replica leaves the SyncStateSet and sends go on without it
+        paused = sorted(NODES - {new.primary})[0]
+        p = c.stores[paused][0].p
+        p.send_signal(signal.SIGSTOP)
+        try:
+            await until(lambda: _set_is(etcd.endpoint, NODES - {paused}), 15, "the paused replica out")
+            await until(_count(pubs, len(pubs.acked) + 50), 20, "sends acknowledged with a replica paused")
+        finally:
+            p.send_signal(signal.SIGCONT)
+        await until(lambda: _in_sync(etcd.endpoint, NODES), 30, "the paused replica back in")
         pubs.stop.set()
         await asyncio.gather(*tasks)
         acked = set(pubs.acked)
