@@ -52,7 +52,6 @@ class GroupMember:
         self.role = "replica"
         self.state: GroupState | None = None  # the last state read or written
         self.follower: Follower | None = None
-        self.changed = asyncio.Event()  # set at each change of role (tests, logs)
         self._task: asyncio.Task | None = None
         node.accepts_writes = False
         node.store.pause_own_writes()
@@ -98,7 +97,7 @@ class GroupMember:
             return
         state = await self.controller.state(self.group)
         if state is None or state.primary is None:
-            await self._stand(state)
+            await self._stand()
         elif state.primary != self.name:
             self.state = state
             await self._follow(state.primary_address or "")
@@ -136,7 +135,7 @@ class GroupMember:
         primary.required -= remove
         log.info("group %s: SyncStateSet %s", self.group, ", ".join(members))
 
-    async def _stand(self, state: GroupState | None) -> None:
+    async def _stand(self) -> None:
         """Stand for election (the controller refuses a node outside the SyncStateSet)."""
         try:
             won = await self.controller.elect(self.group, self.name, self.node.advertised)
@@ -158,7 +157,6 @@ class GroupMember:
         store.resume_own_writes()
         self.node.accepts_writes = True
         self.role = "primary"
-        self.changed.set()
         log.warning("group %s: %s is primary at epoch %d", self.group, self.name, state.epoch)
         with contextlib.suppress(Exception):
             await self.node.register()
@@ -169,7 +167,6 @@ class GroupMember:
         self.node.replication = None
         self.role = "replica"
         self.state = None
-        self.changed.set()
 
     # ------------------------------------------------------------------ replica
     async def _follow(self, address: str) -> None:
@@ -180,7 +177,6 @@ class GroupMember:
             return
         self.follower = Follower(self.node.store, self.name, address, wait_ms=self.wait_ms)
         self.follower.start()
-        self.changed.set()
 
     async def _stop_following(self) -> None:
         if self.follower is not None:
