@@ -156,7 +156,7 @@ class StoreNode:
                 f"store node {self.name} is a replica of group {self.config.group}: it serves reads only",
                 {"error": "StoreError"},
             )
-        if cmd.code == APPEND and self._replicas_needed():
+        if cmd.code == APPEND and self._sync_policy():
             refused = self._refuse_unreplicated(cmd)
             if refused is not None:
                 return refused
@@ -180,7 +180,7 @@ class StoreNode:
             )
         if self.replication is not None and name in w.WRITES:
             self.replication.appended()
-            if name == "append" and self._replicas_needed():
+            if name == "append" and self._sync_policy():
                 end = max(r[4] + r[5] for r in result)  # commit log offset + size of each record
                 c = self.config
                 if not await self.replication.wait_replicated(end, c.replication_timeout_s):
@@ -193,10 +193,10 @@ class StoreNode:
             return cmd.response(ResponseCode.SUCCESS, None, None, w.encode_messages(result))
         return cmd.response(ResponseCode.SUCCESS, None, None, w.reply_body(result))
 
-    def _replicas_needed(self) -> int:
-        """How many replicas must acknowledge a send before this primary does (0: none)."""
-        c = self.config
-        return c.min_insync - 1 if self.replication is not None and c.replication == "sync" else 0
+    def _sync_policy(self) -> bool:
+        """Whether this primary acknowledges a send only once its SyncStateSet holds it (with
+        min-insync 1 too: any member the controller may elect must hold every acknowledged send)."""
+        return self.replication is not None and self.config.replication == "sync"
 
     def _refuse_unreplicated(self, cmd: RemotingCommand) -> RemotingCommand | None:
         """Refuse a send at once (before writing it) when the SyncStateSet has fewer nodes than
