@@ -39,6 +39,12 @@ class Catalog:
         self.topic_queues.pop(name, None)
         return t
 
+    def set_topic(self, t: TopicConfig) -> None:
+        """Take settings as they are (a replica taking its primary's: no queue is removed there)."""
+        self.topic_configs[t.name] = t
+        self.meta.save_topic(t)
+        self.topic_queues.pop(t.name, None)
+
     def delete_topic(self, name: str) -> None:
         if name not in self.topic_configs:
             raise TopicNotFound(name)

@@ -12,6 +12,7 @@ import heapq
 import json
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 OP_NAME, OP_POP, OP_ACK, OP_CHANGE, OP_COMMIT = 1, 2, 3, 4, 5
@@ -114,6 +115,7 @@ class ConsumerProgress:
         self.gen = 0
         self.buf = bytearray()
         self.ops = 0
+        self.on_taken: Callable[[bytes], None] | None = None  # sees every chunk `take_log` hands out
         self._load()
         self.log_fd = os.open(self._log_path(self.gen), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
@@ -124,7 +126,7 @@ class ConsumerProgress:
     def get(self, group: str, topic: str) -> GroupTopic:
         st = self.states.get((group, topic))
         if st is None:
-            st = self._new(len(self.by_id) + 1, group, topic)
+            st = self._new(max(self.by_id, default=0) + 1, group, topic)
             g, t = group.encode(), topic.encode()
             self.buf += _NAME.pack(OP_NAME, st.id, len(g)) + g + struct.pack("<H", len(t)) + t
         return st
@@ -206,7 +208,28 @@ class ConsumerProgress:
     def take_log(self) -> bytes:
         data = bytes(self.buf)
         self.buf.clear()
+        if data and self.on_taken is not None:
+            self.on_taken(data)
         return data
+
+    # ----- replication (a replica takes its primary's state: store/state_replica.py) ----------
+    def apply(self, data: bytes) -> None:
+        """Apply a primary's logged operations (whole records) and log them here too."""
+        if self._replay(data) != len(data):
+            raise ValueError("consumer progress operations are torn or unknown")
+        self.buf += data
+        self.ops += 1 + len(data) // 32
+
+    def replace(self, snapshot: bytes) -> None:
+        """Take a primary's whole state (`snapshot`); the caller then writes a checkpoint. Pending
+        operations of the old state are dropped."""
+        self.states.clear()
+        self.by_id.clear()
+        self.buf.clear()
+        seq = self.seq
+        self._load_snapshot(json.loads(snapshot))
+        self.seq = max(seq, self.seq)
+        self.rederive()
 
     def write_log(self, data: bytes) -> None:
         """Flusher thread: append and fsync a chunk taken with `take_log`."""
@@ -249,14 +272,8 @@ class ConsumerProgress:
         if os.path.exists(path):
             with open(path, "rb") as f:
                 snap = json.loads(f.read())
-            self.gen, self.seq = snap["gen"], snap["seq"]
-            for gt_id, group, topic, qs in snap["states"]:
-                st = self._new(gt_id, group, topic)
-                for qid, (wm, cur, done, inflight) in qs.items():
-                    q = st.queue(int(qid))
-                    q.ack_wm, q.cursor, q.done = wm, cur, set(done)
-                    for o, seq, deadline, attempts, mg in inflight:
-                        q.inflight[o] = Inflight(seq, deadline, attempts, mg)
+            self.gen = snap["gen"]
+            self._load_snapshot(snap)
         for name in sorted(os.listdir(self.dir)):
             if name.startswith("ops.") and name.endswith(".log") and int(name[4:12]) < self.gen:
                 os.unlink(os.path.join(self.dir, name))
@@ -267,9 +284,19 @@ class ConsumerProgress:
             valid = self._replay(data)
             if valid < len(data):  # cut a torn tail, or new records would land behind it
                 os.truncate(log, valid)
-        self._derive()
+        self.rederive()
 
-    def _derive(self) -> None:
+    def _load_snapshot(self, snap: dict) -> None:
+        self.seq = snap["seq"]
+        for gt_id, group, topic, qs in snap["states"]:
+            st = self._new(gt_id, group, topic)
+            for qid, (wm, cur, done, inflight) in qs.items():
+                q = st.queue(int(qid))
+                q.ack_wm, q.cursor, q.done = wm, cur, set(done)
+                for o, seq, deadline, attempts, mg in inflight:
+                    q.inflight[o] = Inflight(seq, deadline, attempts, mg)
+
+    def rederive(self) -> None:
         """(Re)build what is derived from the in-flight offsets: retry heaps, FIFO busy groups."""
         for st in self.by_id.values():
             st.retry_heap = []
@@ -297,7 +324,7 @@ class ConsumerProgress:
                 q.inflight = {o: inf for o, inf in q.inflight.items() if o < end}
                 cut += 1
         if cut:
-            self._derive()
+            self.rederive()
         return cut
 
     def _replay(self, data: bytes) -> int:
@@ -318,8 +345,9 @@ class ConsumerProgress:
                     if pos + 2 + lt > end:
                         break
                     pos += 2 + lt
-                    if (group, topic) not in self.states:
-                        self._new(gt_id, group, topic)
+                    st = self.states.get((group, topic))
+                    if st is None or st.id != gt_id:
+                        self._name(gt_id, group, topic, st)
                 elif op == OP_POP:
                     _, gt_id, qid, o, seq, deadline, attempts, lg = _POP.unpack_from(data, pos)
                     if pos + _POP.size + lg > end:
@@ -353,6 +381,17 @@ class ConsumerProgress:
         except (struct.error, KeyError, UnicodeDecodeError):
             pass  # a torn last record
         return good
+
+    def _name(self, gt_id: int, group: str, topic: str, st: GroupTopic | None) -> None:
+        """Replay of a name record. On a replica the primary's id wins over one given here (a
+        store's own system groups are named at open): the local state under that name or id is
+        dropped (a replica's system groups do nothing while it is a replica)."""
+        old = self.by_id.get(gt_id)
+        if old is not None:
+            del self.states[(old.group, old.topic)]
+        if st is not None:
+            del self.by_id[st.id]
+        self._new(gt_id, group, topic)
 
     def close(self) -> None:
         os.close(self.log_fd)

@@ -7,16 +7,21 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+
+Change = Callable[[str, dict[str, bytes | None]], None]
 
 
 class KeyValueStore:
-    """`await kv.put(ns, key, value)` returns once the value is durable."""
+    """`await kv.put(ns, key, value)` returns once the value is durable. `on_change(ns, items)`,
+    when set, hears every committed change (`None` values: deleted keys), in commit order."""
 
     def __init__(self, data_dir: str) -> None:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="store-kv")
         self._db: sqlite3.Connection | None = None
         self._path = os.path.join(data_dir, "kv.db")
+        self.on_change: Change | None = None
         self._pool.submit(self._open).result()
 
     def _open(self) -> None:
@@ -67,6 +72,20 @@ class KeyValueStore:
     def _delete(self, ns: str, key: str) -> bool:
         return self._db.execute("DELETE FROM kv WHERE ns = ? AND key = ?", (ns, key)).rowcount > 0
 
+    def _dump(self) -> list[tuple[str, str, bytes]]:
+        return [(n, k, bytes(v)) for n, k, v in self._db.execute("SELECT ns, key, value FROM kv")]
+
+    def _replace_all(self, rows: list[tuple[str, str, bytes]]) -> None:
+        db = self._db
+        db.execute("BEGIN")
+        try:
+            db.execute("DELETE FROM kv")
+            db.executemany("INSERT INTO kv VALUES (?, ?, ?)", rows)
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
     def _scan(self, ns: str, prefix: str) -> list[tuple[str, bytes]]:
         if not prefix:
             rows = self._db.execute("SELECT key, value FROM kv WHERE ns = ? ORDER BY key", (ns,))
@@ -79,23 +98,50 @@ class KeyValueStore:
         return [(k, bytes(v)) for k, v in rows]
 
     # --- loop side
+    def _write(self, fn, args: tuple, ns: str, items: dict[str, bytes | None], applies=None):
+        """Run a change on the thread; `on_change` hears it once committed (in commit order, even
+        when the caller is cancelled meanwhile) if `applies(result)` (default: always)."""
+        fut = self._run(fn, *args)
+
+        def done(f: asyncio.Future) -> None:
+            ok = self.on_change is not None and not f.cancelled() and f.exception() is None
+            if ok and (applies is None or applies(f.result())):
+                self.on_change(ns, items)
+
+        fut.add_done_callback(done)
+        return asyncio.shield(fut)
+
     async def put(self, ns: str, key: str, value: bytes) -> None:
-        await self._run(self._put_many, ns, [(key, bytes(value))])
+        value = bytes(value)
+        await self._write(self._put_many, (ns, [(key, value)]), ns, {key: value})
 
     async def put_many(self, ns: str, items: dict[str, bytes | None]) -> None:
         """Set (or, for None values, delete) several keys in one transaction."""
-        await self._run(self._put_many, ns, list(items.items()))
+        items = {k: None if v is None else bytes(v) for k, v in items.items()}
+        await self._write(self._put_many, (ns, list(items.items())), ns, items)
 
     async def put_if_absent(self, ns: str, key: str, value: bytes) -> bytes | None:
         """Store `value` unless the key exists, atomically: None when stored, else the value
         already there (unchanged)."""
-        return await self._run(self._put_if_absent, ns, key, bytes(value))
+        value = bytes(value)
+        return await self._write(
+            self._put_if_absent, (ns, key, value), ns, {key: value}, lambda old: old is None
+        )
 
     async def get(self, ns: str, key: str) -> bytes | None:
         return await self._run(self._get, ns, key)
 
     async def delete(self, ns: str, key: str) -> bool:
-        return await self._run(self._delete, ns, key)
+        return await self._write(self._delete, (ns, key), ns, {key: None}, bool)
+
+    async def dump(self) -> list[tuple[str, str, bytes]]:
+        """Every (namespace, key, value) (a replica's full copy)."""
+        return await self._run(self._dump)
+
+    async def replace_all(self, rows: list[tuple[str, str, bytes]]) -> None:
+        """Replace the whole table with `rows`, in one transaction (a replica taking a primary's
+        copy); `on_change` does not hear it."""
+        await self._run(self._replace_all, rows)
 
     async def scan(self, ns: str, prefix: str = "") -> list[tuple[str, bytes]]:
         """All (key, value) pairs of a namespace whose key starts with `prefix`, in key order."""

@@ -34,6 +34,7 @@ from .recovery import Recovery
 from .replication import LogReplica
 from .retention import Retention, SegmentStats
 from .scheduling import DelayedMessages, Transactions
+from .state_replica import StateReplica
 from .writer import GroupCommitWriter
 
 __all__ = ["Store"]
@@ -63,6 +64,7 @@ class Store:
     _transactions: Transactions
     _retention: Retention
     _replica: LogReplica
+    state: StateReplica  # consumer progress, key-value data and catalog of replica groups
 
     def __init__(self, config: StoreConfig) -> None:
         self.config = config
@@ -141,6 +143,7 @@ class Store:
         self._retention = Retention(
             config, catalog, cl, index, segments, delays, transactions, checkpoints, run_io
         )
+        self.state = StateReplica(run_io, catalog, progress, self.kv, checkpoints)
         self._replica = LogReplica(
             loop,
             run_io,
