@@ -24,6 +24,7 @@ import logging
 
 from .controller import Controller, ControllerError, ControllerUnavailable, GroupState, NotPrimary
 from .replication import Follower, Primary
+from .state_replication import StateFeed, StateFollower
 from .store_node import StoreNode
 
 log = logging.getLogger("cluster.group")
@@ -52,6 +53,7 @@ class GroupMember:
         self.role = "replica"
         self.state: GroupState | None = None  # the last state read or written
         self.follower: Follower | None = None
+        self.state_follower: StateFollower | None = None
         self._task: asyncio.Task | None = None
         node.accepts_writes = False
         node.store.pause_own_writes()
@@ -121,6 +123,10 @@ class GroupMember:
         recorded = set(state.sync_state_set) - {self.name}
         caught_up = set(primary.in_sync(IN_SYNC_LAG, self.in_sync_age_s))
         pulling = set(primary.in_sync(None, self.in_sync_age_s))
+        feed = self.node.state_feed
+        if feed is not None:  # the key-value data and consumer progress too
+            caught_up &= feed.in_sync(self.in_sync_age_s)
+            pulling &= feed.pulling(self.in_sync_age_s)
         # a replica joins once close to the log end, and leaves once it stops pulling
         add, remove = caught_up - recorded, recorded - pulling
         if not add and not remove:
@@ -153,7 +159,9 @@ class GroupMember:
         if current is None or current[0] < state.epoch:
             store.epochs.start(state.epoch, store.log_end)
         self.state = state
+        await store.state.take_over()
         self.node.replication = Primary(store)
+        self.node.state_feed = StateFeed(store)
         store.resume_own_writes()
         self.node.accepts_writes = True
         self.role = "primary"
@@ -165,6 +173,9 @@ class GroupMember:
         self.node.accepts_writes = False
         self.node.store.pause_own_writes()
         self.node.replication = None
+        if self.node.state_feed is not None:
+            self.node.state_feed.close()
+            self.node.state_feed = None
         self.role = "replica"
         self.state = None
 
@@ -177,11 +188,16 @@ class GroupMember:
             return
         self.follower = Follower(self.node.store, self.name, address, wait_ms=self.wait_ms)
         self.follower.start()
+        self.state_follower = StateFollower(self.node.store, self.name, address, wait_ms=self.wait_ms)
+        self.state_follower.start()
 
     async def _stop_following(self) -> None:
         if self.follower is not None:
             await self.follower.stop()
             self.follower = None
+        if self.state_follower is not None:
+            await self.state_follower.stop()
+            self.state_follower = None
 
 
 __all__ = ["GroupMember"]

@@ -27,10 +27,13 @@ from store import Message, Store, StoreError
 from . import store_wire as w
 from .replication import CODES as REPLICATION_CODES
 from .replication import Primary
+from .state_replication import REPL_META, StateFeed
 
 log = logging.getLogger("cluster.store_node")
 POP = w.OPS["pop"]
 APPEND = w.OPS["append"]
+KV_WRITES = frozenset({"kv_put", "kv_put_many", "kv_delete", "kv_put_if_absent"})
+CATALOG_WRITES = frozenset({"create_topic", "delete_topic", "create_group", "delete_group"})
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,8 @@ class StoreNode:
         self._registration: asyncio.Task | None = None
         # the primary's side of replication: replicas pull this node's log (cluster/replication.py)
         self.replication: Primary | None = None
+        # ... and of its consumer progress, key-value data and catalog (cluster/state_replication.py)
+        self.state_feed: StateFeed | None = None
         self.accepts_writes = True  # False on a replica: only reads are served
         store.transaction_checker = self._check_transaction
 
@@ -145,6 +150,8 @@ class StoreNode:
             return None
         if cmd.code in REPLICATION_CODES and self.replication is not None:
             return await self.replication.handle(cmd)
+        if cmd.code == REPL_META and self.state_feed is not None:
+            return await self.state_feed.handle(cmd)
         name = w.OP_NAMES.get(cmd.code)
         if name is None:
             return cmd.response(
@@ -189,6 +196,10 @@ class StoreNode:
                         f"not replicated to the SyncStateSet within {c.replication_timeout_s:g} s",
                         {"error": "StoreError"},
                     )
+        if self.state_feed is not None and (name in KV_WRITES or name in CATALOG_WRITES):
+            refused = await self._replicate_state(cmd, name)
+            if refused is not None:
+                return refused
         if name in w.MESSAGE_REPLIES:
             return cmd.response(ResponseCode.SUCCESS, None, None, w.encode_messages(result))
         return cmd.response(ResponseCode.SUCCESS, None, None, w.reply_body(result))
@@ -197,6 +208,25 @@ class StoreNode:
         """Whether this primary acknowledges a send only once its SyncStateSet holds it (with
         min-insync 1 too: any member the controller may elect must hold every acknowledged send)."""
         return self.replication is not None and self.config.replication == "sync"
+
+    async def _replicate_state(self, cmd: RemotingCommand, name: str) -> RemotingCommand | None:
+        """After a key-value or catalog write: under the sync policy, answer once the replicas the
+        sends wait for applied it too (else an error: the write is done here but not yet safe)."""
+        feed = self.state_feed
+        assert feed is not None
+        if name in CATALOG_WRITES:
+            feed.catalog_changed()
+        if not self._sync_policy():
+            return None
+        assert self.replication is not None
+        c = self.config
+        if await feed.wait_replicated(feed.kv_seq, self.replication.required, c.replication_timeout_s):
+            return None
+        return cmd.response(
+            ResponseCode.SYSTEM_ERROR,
+            f"not replicated to the SyncStateSet within {c.replication_timeout_s:g} s",
+            {"error": "StoreError"},
+        )
 
     def _refuse_unreplicated(self, cmd: RemotingCommand) -> RemotingCommand | None:
         """Refuse a send at once (before writing it) when the SyncStateSet has fewer nodes than
