@@ -15,9 +15,22 @@ from cluster.nodes import NodeClient
 from cluster.replication import Follower
 from cluster.state_replication import StateFeed, StateFollower
 from store import Message, StoreError
-from tests.cluster.test_replication import T, nodes, until  # noqa: F401 - `nodes` is a fixture
+from tests.cluster.test_replication import T, close_node, open_node, until
 
 pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+async def nodes(tmp_path):
+    opened = []
+
+    async def make(name: str, **config):
+        opened.append(await open_node(tmp_path, name, **config))
+        return opened[-1]
+
+    yield make
+    for node in opened:
+        await close_node(node)
 
 
 async def follow(primary, replica, name: str = "b") -> tuple[Follower, StateFollower]:
