@@ -33,7 +33,7 @@ REM_PY_STAMP := $(REM_VENV)/.installed
 REM_NODE_DIR := tests/adapters/remoting/clients/node
 REM_NODE_STAMP := $(REM_NODE_DIR)/node_modules/.installed
 
-.PHONY: install install-system install-bench-system install-conformance lock-conformance install-remoting-clients lock-remoting-clients conformance run test bench lint clean
+.PHONY: install install-system install-bench-system install-conformance lock-conformance install-remoting-clients lock-remoting-clients conformance run test soak bench lint clean
 
 $(UV):
 	$(PYTHON) -m venv $(UV_HOME)
@@ -97,6 +97,12 @@ run: install
 test: install install-system install-conformance install-remoting-clients
 	$(MAKE) --no-print-directory lint
 	$(VENV)/bin/pytest -q tests
+
+# The long randomized fault test of a replica group (the short one runs in `make test`); replay a
+# failure with FAULT_SEED=<the printed seed>. Its pytest timeout grows with FAULT_ITERATIONS.
+FAULT_ITERATIONS ?= 40
+soak: install install-system
+	FAULT_ITERATIONS=$(FAULT_ITERATIONS) $(VENV)/bin/pytest -q -s tests/cluster/test_fault_loop.py
 
 bench: install install-bench-system
 	$(VENV)/bin/python bench/store_bench.py

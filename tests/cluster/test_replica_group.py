@@ -1,18 +1,22 @@
 """A replica group as real processes: a real etcd (Debian's etcd-server) as the controller, a name
 server, three `gateway store --group g1` nodes (sync replication, min-insync 2) and a proxy, driven
-by gRPC and MQTT QoS 1 publishers. `kill -9` of the primary under that load: a replica of the
-SyncStateSet is elected, the other follows it, and publishers resume within the bound; every
-acknowledged message is consumable afterwards; the old primary restarted rejoins as a replica; a
+by gRPC and MQTT QoS 1 publishers and AMQP consumers. `kill -9` of the primary under that load: a
+replica of the SyncStateSet is elected, the other follows it, and publishers resume within the bound;
+every acknowledged message reaches the AMQP consumers (across the failover) and is consumable
+afterwards; the old primary restarted rejoins as a replica; a
 replica paused with SIGSTOP leaves the SyncStateSet while sends go on; every node ends with the
 same commit log bytes."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
+from collections import Counter
 from pathlib import Path
 
+import aio_pika
 import aiomqtt
 import grpc
 import pytest
@@ -109,6 +113,76 @@ class Publishers:
                 await asyncio.sleep(0.2)
 
 
+class AmqpConsumers:
+    """AMQP consumers of queue `fleet`, which is store topic `fleet` read by consumer group `fleet`
+    (docs/amqp.md "Mapping onto the store"), so they get what the gRPC and MQTT publishers store
+    there. Manual acks, prefetch 20; each consumer connects again whenever its connection, channel
+    or consumer ends. `got` holds (body, message id) per delivery: a repeated pair is a redelivery,
+    one body under two ids was stored twice."""
+
+    QUEUE = "fleet"
+
+    def __init__(self, listeners: dict[str, str]) -> None:
+        host, port = listeners["amqp"].rsplit(":", 1)
+        self.host, self.port = host, int(port)
+        self.got: list[tuple[bytes, str | None]] = []
+        self.reconnects = 0
+        self.stop = asyncio.Event()
+
+    async def declare(self) -> None:
+        """Declare the durable queue: its group starts at the current end of topic `fleet`."""
+        conn = await aio_pika.connect(host=self.host, port=self.port)
+        try:
+            await (await conn.channel()).declare_queue(self.QUEUE, durable=True)
+        finally:
+            await conn.close()
+
+    def bodies(self) -> set[bytes]:
+        return {body for body, _ in self.got}
+
+    async def run(self) -> None:
+        while not self.stop.is_set():
+            with contextlib.suppress(aio_pika.exceptions.AMQPError, OSError, TimeoutError):
+                await self._consume_until_broken()
+            if not self.stop.is_set():
+                self.reconnects += 1
+                await asyncio.sleep(0.2)
+
+    async def _consume_until_broken(self) -> None:
+        ended = asyncio.Event()
+        conn = await asyncio.wait_for(aio_pika.connect(host=self.host, port=self.port), 5)
+        try:
+            conn.close_callbacks.add(lambda *_: ended.set())
+            ch = await conn.channel()
+            ch.close_callbacks.add(lambda *_: ended.set())
+            await ch.set_qos(prefetch_count=20)
+            q = await ch.declare_queue(self.QUEUE, durable=True)
+            (await ch.get_underlay_channel()).on_consumer_cancel_callbacks.add(lambda *_: ended.set())
+
+            async def on_message(m: aio_pika.abc.AbstractIncomingMessage) -> None:
+                self.got.append((m.body, m.message_id))
+                try:
+                    await m.ack()
+                except (aio_pika.exceptions.AMQPError, aio_pika.exceptions.ChannelInvalidStateError, OSError):
+                    ended.set()  # unacked: redelivered to whichever consumer comes next
+
+            await q.consume(on_message)
+            stop, broken = asyncio.ensure_future(self.stop.wait()), asyncio.ensure_future(ended.wait())
+            await asyncio.wait((stop, broken), return_when=asyncio.FIRST_COMPLETED)
+            stop.cancel()
+            broken.cancel()
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.close(), 5)
+
+
+def amqp_duplicates(got: list[tuple[bytes, str | None]]) -> tuple[int, int]:
+    """(redeliveries: a stored message delivered again, copies: a body stored more than once)."""
+    redelivered = sum(n - 1 for n in Counter(got).values())
+    ids = Counter(body for body, _ in set(got))
+    return redelivered, sum(n - 1 for n in ids.values())
+
+
 async def consume_all(listeners: dict[str, str], want: set[bytes]) -> list[bytes]:
     got: list[bytes] = []
     async with grpc.aio.insecure_channel(listeners["grpc"]) as ch:
@@ -136,11 +210,14 @@ async def test_kill9_of_the_primary_under_load_loses_nothing_acknowledged(tmp_pa
         c.start_namesrv()
         for name in NODES:
             start_member(c, name, etcd.endpoint)
-        (listeners,) = c.start_proxies(1, "grpc,mqtt")
+        (listeners,) = c.start_proxies(1, "grpc,mqtt,amqp")
         state = await until(lambda: _in_sync(etcd.endpoint, NODES), 20, "every node in the SyncStateSet")
         primary = state.primary
         others = NODES - {primary}
         pubs = Publishers(listeners)
+        amqp = AmqpConsumers(listeners)
+        await amqp.declare()
+        amqp_tasks = [asyncio.create_task(amqp.run()) for _ in range(2)]
         tasks = [asyncio.create_task(pubs.grpc()), asyncio.create_task(pubs.mqtt())]
         await until(_count(pubs, 100), 30, "100 acknowledged sends")
         c.stores[primary][0].p.send_signal(signal.SIGKILL)
@@ -171,9 +248,17 @@ async def test_kill9_of_the_primary_under_load_loses_nothing_acknowledged(tmp_pa
         lost = acked - set(got)
         assert not lost, f"{len(lost)} acknowledged messages lost: {sorted(lost)[:10]}"
         assert pause < FAILOVER_BOUND_S + 10, pause
+        # the AMQP consumers, running since before the first send, get every acknowledged message too
+        await until(_has_all(amqp, acked), 30, "every acknowledged message at the AMQP consumers")
+        amqp.stop.set()
+        await asyncio.gather(*amqp_tasks)
+        amqp_lost = acked - amqp.bodies()
+        assert not amqp_lost, f"{len(amqp_lost)} lost to AMQP consumers: {sorted(amqp_lost)[:10]}"
+        redelivered, copies = amqp_duplicates(amqp.got)
         print(
             f"failover: sends resumed {pause:.1f} s after kill -9; acknowledged {len(acked)}, "
-            f"failures {pubs.failures}, duplicates {len(got) - len(set(got))}"
+            f"failures {pubs.failures}, duplicates {len(got) - len(set(got))}; AMQP: received "
+            f"{len(amqp.got)}, redelivered {redelivered}, stored twice {copies}, reconnects {amqp.reconnects}"
         )
         # every node ends with the same bytes over the common range
         for name in NODES:
@@ -189,6 +274,13 @@ async def test_kill9_of_the_primary_under_load_loses_nothing_acknowledged(tmp_pa
 async def _in_sync(endpoint: str, names: set[str]):
     s = await group_state(endpoint)
     return s if s is not None and s.primary and set(s.sync_state_set) == names else None
+
+
+def _has_all(amqp: AmqpConsumers, acked: set[bytes]):
+    async def check() -> bool:
+        return acked <= amqp.bodies()
+
+    return check
 
 
 def _count(pubs: Publishers, n: int):
