@@ -9,8 +9,10 @@ Every `poll_s` the member reads the group's state from the controller:
   stands for election. The controller lets only a member of the stored SyncStateSet win. The
   winner starts a new epoch at its log end and takes writes.
 
-Only the primary serves writes and registers with the name server, under the group's name, so
-proxies follow a failover through their route refresh. Replicas answer reads.
+Only the primary serves writes. Every member registers with the name server under the group's
+name: the primary as its master (broker id 0), so proxies follow a failover through their route
+refresh; replicas with their own broker id, so proxies read from them while the group has no
+primary. Replicas answer reads only.
 
 While the controller cannot be reached, every member keeps its role, as in RocketMQ: the
 controller is needed only to change the primary.
@@ -55,6 +57,7 @@ class GroupMember:
         self.follower: Follower | None = None
         self.state_follower: StateFollower | None = None
         self._task: asyncio.Task | None = None
+        self._reregistration: asyncio.Task | None = None
         node.accepts_writes = False
         node.store.pause_own_writes()
 
@@ -178,6 +181,9 @@ class GroupMember:
             self.node.state_feed = None
         self.role = "replica"
         self.state = None
+        # registered again at once, as a replica (broker id >= 1), not at the next lease renewal
+        self._reregistration = asyncio.get_running_loop().create_task(self.node.register())
+        self._reregistration.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     # ------------------------------------------------------------------ replica
     async def _follow(self, address: str) -> None:

@@ -4,7 +4,9 @@
 - commit log offsets carry the node's 14-bit tag (crc32 of its name) in bits 48-61
   (`tag << 48 | offset`), so transaction ids and 4.x send-back find their node;
 - queue ids are global: `ordinal * queues + local`, where `ordinal` is the node's rank by name
-  among the nodes seen and `queues` the topic's queue count on each node (its "stride").
+  among the nodes seen and `queues` the topic's queue count on each node (its "stride");
+- a replica of a replica group registers with the name server under its group's name with a
+  broker id >= 1 derived from its own name (`replica_broker_id`); the primary registers as 0.
 
 `IdMap` translates between a node's local ids and these global ones."""
 
@@ -31,6 +33,12 @@ def node_tag(name: str) -> int:
     return zlib.crc32(name.encode()) & ((1 << TAG_BITS) - 1)
 
 
+def replica_broker_id(name: str) -> int:
+    """The broker id (>= 1) a replica named `name` registers with: stable across restarts and
+    role changes, known without asking the other members (crc32 of the name, 31 bits)."""
+    return 1 + zlib.crc32(name.encode()) % ((1 << 31) - 1)
+
+
 class IdMap:
     """Local <-> global ids over the nodes of `members`, with each topic's stride cached."""
 
@@ -50,7 +58,7 @@ class IdMap:
         q = self._stride.get(topic)
         if q is not None:
             return q
-        for n in [node] if node is not None else self.members.live():
+        for n in [node] if node is not None else self.members.readable():
             try:
                 t = await n.value("get_topic", {"name": topic})
             except NodeUnavailable:
@@ -91,7 +99,8 @@ class IdMap:
 
     # ------------------------------------------------------------------ queues and handles
     async def locate(self, topic: str, queue_id: int) -> tuple[NodeClient, int]:
-        """(node, local queue id) of a global queue id; NodeUnavailable when its node is down."""
+        """(node, local queue id) of a global queue id; NodeUnavailable when its node is down (a
+        group without a primary still serves reads from its replicas)."""
         q = await self.stride(topic)
         if q is None:
             raise TopicNotFound(topic)
@@ -99,7 +108,7 @@ class IdMap:
         for name, o in self.members.ordinal.items():
             if o == ordinal:
                 node = self.members.nodes[name]
-                if not node.alive:
+                if not node.readable:
                     raise NodeUnavailable(
                         f"queue {queue_id} of {topic} is on store node {name}, which is down"
                     )

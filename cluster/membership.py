@@ -4,8 +4,12 @@ by name among the nodes seen) and offset tag.
 
 A node whose lease expired (no longer listed) or whose connection broke is skipped until the name
 server lists it again and it reconnects; a (re)joining node gets the topics and groups the other
-live nodes have. A listing without any node of the cluster is not believed for `namesrv_grace_s`
-(most likely a restarted name server not refilled yet)."""
+live nodes have. A replica group is one node here (its group name, the primary's address under
+broker id 0) with its replicas' addresses (broker ids >= 1) beside: while no primary is registered
+or reachable, `readable()` still lists it and reads go to a replica (nodes.py).
+
+A listing without any node of the cluster is not believed for `namesrv_grace_s` (most likely a
+restarted name server not refilled yet)."""
 
 from __future__ import annotations
 
@@ -52,6 +56,7 @@ class Membership:
         self.by_tag: dict[int, NodeClient] = {}
         self.stats: dict[str, object] = {}  # counters summed over live nodes at the last refresh
         self._absent_since: float | None = None
+        self._degraded: set[str] = set()  # groups listed without a primary (logged once)
         self._refresher: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
         self._refresh_lock = asyncio.Lock()
@@ -100,20 +105,27 @@ class Membership:
                 if now - self._absent_since < self.namesrv_grace_s:
                     return
             names = set(clusters.get(self.cluster, ()))
-            listed: dict[str, str] = {}
+            listed: dict[str, tuple[str, list[str]]] = {}  # name -> (primary or "", replicas)
             for name, bd in (info.get("brokerAddrTable") or {}).items():
                 addrs = {int(k): v for k, v in (bd.get("brokerAddrs") or {}).items()}
-                if name in names and 0 in addrs:
-                    listed[name] = addrs[0]
-            for name, addr in sorted(listed.items()):
+                if name in names and addrs:
+                    listed[name] = (addrs.get(0, ""), [addrs[i] for i in sorted(addrs) if i != 0])
+            for name, (addr, replicas) in sorted(listed.items()):
                 node = self.nodes.get(name)
                 if node is None:
                     node = self._add(name, addr)
                 elif node.addr != addr:
                     await node.close()
                     node.addr = addr
+                await node.set_replicas(replicas)
                 was_alive = node.alive
                 node.listed = True
+                if not addr:
+                    if name not in self._degraded:
+                        self._degraded.add(name)
+                        log.warning("store node %s has no primary: reads only, from %s", name, replicas)
+                    continue
+                self._degraded.discard(name)
                 if not node.alive:
                     try:
                         await node.connect(self.connect_timeout_s)
@@ -126,14 +138,16 @@ class Membership:
             for name, node in self.nodes.items():
                 if name not in listed and node.listed:
                     node.listed = False
+                    self._degraded.discard(name)
                     log.warning(
                         "store node %s (%s) dropped: no longer listed by the name server", name, node.addr
                     )
-                    await node.close()
+                    await node.close_all()
             self.spawn(self._refresh_stats())
 
     def _add(self, name: str, addr: str) -> NodeClient:
         node = NodeClient(name, addr, node_tag(name), self.on_txn_check)
+        node.connect_timeout_s = self.connect_timeout_s
         other = self.by_tag.get(node.tag)
         if other is not None:
             log.error("store nodes %s and %s share offset tag %d: rename one", name, other.name, node.tag)
@@ -149,6 +163,17 @@ class Membership:
     def need_live(self) -> list[NodeClient]:
         """As `live()`; NodeUnavailable when there is none."""
         nodes = self.live()
+        if not nodes:
+            raise NodeUnavailable("no store node is available")
+        return nodes
+
+    def readable(self) -> list[NodeClient]:
+        """The nodes reads can use now, by name: live ones and groups served by a replica."""
+        return [self.nodes[n] for n in sorted(self.nodes) if self.nodes[n].readable]
+
+    def need_readable(self) -> list[NodeClient]:
+        """As `readable()`; NodeUnavailable when there is none."""
+        nodes = self.readable()
         if not nodes:
             raise NodeUnavailable("no store node is available")
         return nodes
@@ -199,5 +224,5 @@ class Membership:
         for t in list(self._tasks):
             t.cancel()
         for node in self.nodes.values():
-            await node.close()
+            await node.close_all()
         await self.ns.close()

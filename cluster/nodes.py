@@ -1,6 +1,10 @@
 """One store node as a proxy sees it: a remoting connection with request/reply by store
 operation (`NodeClient.call`), and the coalescing of concurrent single-message sends to one node
-and topic into batches (`AppendBatcher`)."""
+and topic into batches (`AppendBatcher`).
+
+A "node" is a replica group when the name server lists replicas beside its primary (broker ids
+>= 1): reads (`store_wire.READS`) then fall back to a replica, first listed first, while the
+primary cannot be reached or none is registered ("reads while degraded", docs/cluster.md)."""
 
 from __future__ import annotations
 
@@ -27,16 +31,25 @@ class NodeClient:
         self, name: str, addr: str, tag: int, on_txn_check: Callable[[NodeClient, Message], None]
     ) -> None:
         self.name = name
-        self.addr = addr
+        self.addr = addr  # the primary's address; "" while the group has none registered
+        self.replica_addrs: list[str] = []  # its replicas', by broker id
         self.tag = tag  # the node's commit log offset tag (ids.node_tag)
         self.listed = False  # the name server lists it (lease alive)
         self.conn: RemotingClient | None = None
+        self.connect_timeout_s = 2.0  # of a replica connection, opened on the first read it serves
+        self._replicas: dict[str, RemotingClient] = {}  # open replica connections by address
         self._on_txn_check = on_txn_check
         self._connecting: asyncio.Lock = asyncio.Lock()
 
     @property
     def alive(self) -> bool:
-        return self.listed and self.conn is not None and not self.conn.closed.is_set()
+        """Listed with a connected primary: takes writes and reads."""
+        return self.listed and bool(self.addr) and self.conn is not None and not self.conn.closed.is_set()
+
+    @property
+    def readable(self) -> bool:
+        """Alive, or listed with replicas to read from."""
+        return self.alive or (self.listed and bool(self.replica_addrs))
 
     async def connect(self, timeout: float) -> None:
         async with self._connecting:
@@ -45,16 +58,38 @@ class NodeClient:
             host, port = parse_host_port(self.addr, 10911)
             self.conn = await RemotingClient.connect(host, port, self._on_request, timeout=timeout)
 
+    async def set_replicas(self, addrs: list[str]) -> None:
+        """The replicas the name server lists now; connections to the others are closed."""
+        self.replica_addrs = list(addrs)
+        for addr in [a for a in self._replicas if a not in addrs]:
+            with contextlib.suppress(Exception):
+                await self._replicas.pop(addr).close()
+
+    async def _replica(self, addr: str) -> RemotingClient:
+        """The open connection to replica `addr` (opened now if need be)."""
+        async with self._connecting:
+            conn = self._replicas.get(addr)
+            if conn is None or conn.closed.is_set():
+                host, port = parse_host_port(addr, 10911)
+                conn = await RemotingClient.connect(host, port, timeout=self.connect_timeout_s)
+                self._replicas[addr] = conn
+            return conn
+
     def _on_request(self, cmd: RemotingCommand) -> None:
         if cmd.code == w.TXN_CHECK:
             for m in w.decode_messages(cmd.body):
                 self._on_txn_check(self, m)
 
     async def close(self) -> None:
+        """Close the primary's connection (the replicas' stay: `close_all`)."""
         conn, self.conn = self.conn, None
         if conn is not None:
             with contextlib.suppress(Exception):
                 await conn.close()
+
+    async def close_all(self) -> None:
+        await self.close()
+        await self.set_replicas([])
 
     async def call(
         self,
@@ -66,17 +101,42 @@ class NodeClient:
         sent: Callable[[int], None] | None = None,
     ) -> RemotingCommand:
         """The SUCCESS reply of `op`; raises the store exception a failure stands for, or
-        NodeUnavailable. `sent(opaque)` is called once the request is on its way."""
+        NodeUnavailable. `sent(opaque)` is called once the request is on its way. A read falls
+        back to a replica when the primary cannot be reached."""
         conn = self.conn
-        if conn is None or conn.closed.is_set():
-            raise NodeUnavailable(f"store node {self.name} is not connected")
-        cmd = conn.command(w.OPS[op], {"a": w.dumps(args)} if args else None, body)
-        if sent is not None:
-            sent(cmd.opaque)
         try:
-            r = await conn.invoke(cmd, timeout=timeout)
-        except (RemotingClientError, OSError, TimeoutError) as e:
-            raise NodeUnavailable(f"store node {self.name} ({self.addr}): {e or type(e).__name__}") from e
+            if conn is None or conn.closed.is_set() or not self.addr:
+                raise NodeUnavailable(f"store node {self.name} is not connected")
+            cmd = conn.command(w.OPS[op], {"a": w.dumps(args)} if args else None, body)
+            if sent is not None:
+                sent(cmd.opaque)
+            try:
+                r = await conn.invoke(cmd, timeout=timeout)
+            except (RemotingClientError, OSError, TimeoutError) as e:
+                raise NodeUnavailable(f"store node {self.name} ({self.addr}): {e or type(e).__name__}") from e
+        except NodeUnavailable:
+            if op not in w.READS or not self.replica_addrs:
+                raise
+            r = await self._call_replica(op, args, body, timeout)
+        return self._success(r)
+
+    async def _call_replica(
+        self, op: str, args: dict[str, Any] | None, body: bytes, timeout: float
+    ) -> RemotingCommand:
+        """The reply of the first replica that answers `op` (NodeUnavailable when none does)."""
+        errors = []
+        for addr in list(self.replica_addrs):
+            try:
+                conn = await self._replica(addr)
+                return await conn.invoke(
+                    w.OPS[op], {"a": w.dumps(args)} if args else None, body, timeout=timeout
+                )
+            except (RemotingClientError, OSError, TimeoutError) as e:
+                errors.append(f"{addr}: {e or type(e).__name__}")
+        tried = "; ".join(errors)
+        raise NodeUnavailable(f"store node {self.name}: no primary and no replica answered ({tried})")
+
+    def _success(self, r: RemotingCommand) -> RemotingCommand:
         if r.code != ResponseCode.SUCCESS:
             if "error" in r.ext_fields:
                 raise w.make_error(r.ext_fields["error"], r.remark or "")

@@ -6,7 +6,10 @@ It composes the pieces of this package: `Membership` (which nodes are live), `Id
 receipt handles, commit log offsets and queue ids), `Sends` (placement and batching) and `Pops`
 (pop fan-out and long polls). What is left here: operations on one message (by receipt handle or
 commit log offset), topic and group admin applied to every live node, offsets and reads by global
-queue id, and key-value data on the first live node by name."""
+queue id, and key-value data on the first node by name.
+
+Reads (`store_wire.READS`) use every readable node: one whose group has no primary is read from a
+replica (nodes.py); writes need the primary and fail with NodeUnavailable without one."""
 
 from __future__ import annotations
 
@@ -147,8 +150,9 @@ class ClusterStoreClient:
         return t
 
     async def _all(self, op: str, args: dict[str, Any]) -> list[Any]:
-        """`op` on every live node; the results of those that succeeded (raises when none did)."""
-        nodes = self.members.need_live()
+        """`op` on every live node (every readable one for a read); the results of those that
+        succeeded (raises when none did)."""
+        nodes = self.members.need_readable() if op in w.READS else self.members.need_live()
         res = await asyncio.gather(*(n.value(op, args) for n in nodes), return_exceptions=True)
         ok = [r for r in res if not isinstance(r, BaseException)]
         if not ok:
@@ -157,7 +161,7 @@ class ClusterStoreClient:
         return ok
 
     async def get_topic(self, name: str) -> TopicConfig | None:
-        for node in self.members.need_live():
+        for node in self.members.need_readable():
             try:
                 t = await node.value("get_topic", {"name": name})
             except NodeUnavailable:
@@ -195,7 +199,7 @@ class ClusterStoreClient:
         return [seen[n] for n in sorted(seen)]
 
     async def get_group(self, name: str) -> GroupConfig | None:
-        for node in self.members.need_live():
+        for node in self.members.need_readable():
             try:
                 g = await node.value("get_group", {"name": name})
             except NodeUnavailable:
@@ -293,7 +297,7 @@ class ClusterStoreClient:
 
     async def get_by_id(self, message_id: str) -> list[Message]:
         out: list[Message] = []
-        for node in self.members.need_live():
+        for node in self.members.need_readable():
             try:
                 r = await node.call("get_by_id", {"id": message_id})
             except NodeUnavailable:
@@ -303,14 +307,16 @@ class ClusterStoreClient:
 
     async def get_message(self, commitlog_offset: int) -> Message:
         node, local = self.ids.node_of_clo(commitlog_offset)
-        if not node.alive:
+        if not node.readable:
             raise NodeUnavailable(f"store node {node.name} is down")
         r = await node.call("get_message", {"offset": local})
         return await self.ids.globalize(node, w.decode_messages(r.body)[0])
 
     # ------------------------------------------------------------------ kv (one deterministic node)
     def _kv_node(self) -> NodeClient:
-        return self.members.need_live()[0]
+        """The first readable node by name: while its group has no primary, kv reads go to a
+        replica and kv writes fail (rather than land on another node)."""
+        return self.members.need_readable()[0]
 
     async def kv_put(self, ns: str, key: str, value: bytes) -> None:
         await self._kv_node().call("kv_put", {"ns": ns, "key": key}, value)

@@ -25,6 +25,7 @@ from remoting.server import FrameConnection, FrameServer, close_tcp, serve_tcp
 from store import Message, Store, StoreError
 
 from . import store_wire as w
+from .ids import replica_broker_id
 from .replication import CODES as REPLICATION_CODES
 from .replication import Primary
 from .state_replication import REPL_META, StateFeed
@@ -121,9 +122,13 @@ class StoreNode:
 
     async def register(self) -> None:
         """REGISTER_BROKER with every (non-system) topic and its queues; renews the lease. A member
-        of a replica group registers (under the group's name) only while it is the primary."""
-        if self.namesrv is None or not self.accepts_writes:
+        of a replica group registers under the group's name: as its master (broker id 0) while it
+        is the primary, else as a replica (`ids.replica_broker_id`, >= 1) that proxies read from
+        while the group has no primary (the name server takes topic routes from the master)."""
+        if self.namesrv is None:
             return
+        # a group member is the primary once it replicates (not at start, before it has a role)
+        master = self.accepts_writes and (self.config.group is None or self.replication is not None)
         topics = {
             t.name: TopicQueues(t.queues, t.queues)
             for t in self.store.topics()
@@ -134,6 +139,7 @@ class StoreNode:
             name=self.config.group or self.name,
             addr=self.advertised,
             topics=topics,
+            broker_id=0 if master else replica_broker_id(self.name),
             timeout_ms=int(self.config.lease_expiry_s * 1000),
         )
 
@@ -261,7 +267,10 @@ class StoreNode:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(
                     self.namesrv.unregister_broker(
-                        cluster=c.cluster_name, name=c.group or self.name, addr=self.advertised
+                        cluster=c.cluster_name,
+                        name=c.group or self.name,
+                        addr=self.advertised,
+                        broker_id=0 if self.accepts_writes else replica_broker_id(self.name),
                     ),
                     2.0,
                 )
