@@ -3,13 +3,18 @@
 Replicas pull from the primary over the store protocol, so the primary never tracks connections
 of its own:
 
-- `REPL_STATE` (replica -> primary): the primary's epochs and log end. The replica finds where its
-  log and the primary's agree (`store.epochs.divergence`), truncates what lies beyond, and takes the
-  primary's epoch entries.
+- `REPL_STATE` (replica -> primary): the primary's epochs, log end, log start (its first retained
+  segment) and the queue offsets its log starts each queue at. The replica finds where its log and
+  the primary's agree (`store.epochs.divergence`), truncates what lies beyond, and takes the
+  primary's epoch entries. A replica that holds nothing (a new node, or a lost disk: docs/cluster.md,
+  "Lost disk") while the primary's log starts later first re-bases its empty log at that start. A
+  replica that holds records but ends before that start cannot catch up: it logs an error and keeps
+  retrying, touching nothing, until an operator wipes its data directory.
 - `REPL_PULL` (extFields `start`, `max`, `wait_ms`, `replica`): the commit log bytes from `start`
-  (the replica's log end), whole records only, exactly as the primary holds them. When there is
-  nothing new the primary waits up to `wait_ms` for an append. `start` is also the replica's
-  acknowledgement: it holds everything before `start` durably (its apply returned).
+  (the replica's log end), whole records only, exactly as the primary holds them, and the primary's
+  log start (extField `start`): the replica deletes its segments below it, as retention did on the
+  primary. When there is nothing new the primary waits up to `wait_ms` for an append. `start` is
+  also the replica's acknowledgement: it holds everything before `start` durably (its apply returned).
 
 `Primary` is the primary's side: it answers both requests and keeps each replica's acknowledged
 offset. `wait_replicated` turns that into the sync acknowledgement policy, as Kafka's ISR does:
@@ -31,7 +36,7 @@ from dataclasses import dataclass, field
 
 from remoting import RemotingCommand, ResponseCode, parse_host_port
 from remoting.client import RemotingClient, RemotingClientError
-from store import Store
+from store import Store, StoreError
 from store.epochs import divergence
 
 log = logging.getLogger("cluster.replication")
@@ -41,6 +46,12 @@ REPL_PULL = 9191
 CODES = frozenset({REPL_STATE, REPL_PULL})
 DEFAULT_CHUNK = 1024 * 1024
 POLL_FALLBACK_S = 0.05  # appends the node does not see (delay release, retries) are found this late
+BEHIND_RETRY_S = 5.0  # how often a replica that cannot catch up tries (and logs) again
+
+
+class ReplicaBehind(ValueError):
+    """The replica's log ends before the primary's log start: it holds records, so it is not
+    re-based, and it cannot catch up (its data directory must be wiped)."""
 
 
 @dataclass
@@ -93,9 +104,16 @@ class Primary:
         return True
 
     async def handle(self, cmd: RemotingCommand) -> RemotingCommand:
+        store = self.store
         if cmd.code == REPL_STATE:
-            body = json.dumps({"epochs": self.store.epochs.entries, "end": self.store.log_end}).encode()
-            return cmd.response(ResponseCode.SUCCESS, None, None, body)
+            start = store.log_start
+            state = {
+                "epochs": store.epochs.entries,
+                "end": store.log_end,
+                "start": start,
+                "queues": store.queue_bases(start),
+            }
+            return cmd.response(ResponseCode.SUCCESS, None, None, json.dumps(state).encode())
         f = cmd.ext_fields
         try:
             start, max_bytes = int(f["start"]), int(f.get("max", DEFAULT_CHUNK))
@@ -106,18 +124,26 @@ class Primary:
         info.acked, info.seen = max(info.acked, start), time.monotonic()
         self._acked.set()
         deadline = time.monotonic() + wait_s
-        while start >= self.store.log_end and time.monotonic() < deadline:
+        while start >= store.log_end and time.monotonic() < deadline:
             self._appended.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
                     self._appended.wait(), min(POLL_FALLBACK_S, deadline - time.monotonic())
                 )
-        if start > self.store.log_end:
+        if start > store.log_end:
             return cmd.response(
-                ResponseCode.SYSTEM_ERROR, f"start {start} is beyond the log end {self.store.log_end}"
+                ResponseCode.SYSTEM_ERROR, f"start {start} is beyond the log end {store.log_end}"
             )
-        data = self.store.read_log_chunk(start, max_bytes) if start < self.store.log_end else b""
-        return cmd.response(ResponseCode.SUCCESS, None, {"end": self.store.log_end}, data)
+        try:
+            data = store.read_log_chunk(start, max_bytes) if start < store.log_end else b""
+        except KeyError:  # retention deleted it (the replica re-aligns and finds out it is behind)
+            return cmd.response(
+                ResponseCode.SYSTEM_ERROR,
+                f"start {start} is no longer stored: the log starts at {store.log_start}",
+            )
+        return cmd.response(
+            ResponseCode.SUCCESS, None, {"end": store.log_end, "start": store.log_start}, data
+        )
 
 
 class Follower:
@@ -141,6 +167,8 @@ class Follower:
         self.retry_s = retry_s
         self.connected = asyncio.Event()  # set while aligned with the primary and pulling
         self.truncated: list[int] = []  # offsets truncated to on (re)joins (for tests and logs)
+        self.rebased: list[int] = []  # offsets its empty log was re-based at (for tests and logs)
+        self.behind: int | None = None  # the primary's log start when this replica cannot catch up
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -161,14 +189,22 @@ class Follower:
                 await self._align(client)
                 self.connected.set()
                 await self._pull(client)
-            except (OSError, RemotingClientError, TimeoutError, ValueError) as e:
+            except ReplicaBehind as e:
+                log.error(
+                    "replica %s cannot catch up from %s: %s; stop it, wipe its data directory and start"
+                    " it again (docs/cluster.md, 'Lost disk')",
+                    self.name,
+                    self.primary,
+                    e,
+                )
+            except (OSError, RemotingClientError, TimeoutError, ValueError, StoreError) as e:
                 log.warning("replica %s: replication from %s: %s", self.name, self.primary, e)
             finally:
                 self.connected.clear()
                 if client is not None:
                     with contextlib.suppress(Exception):
                         await client.close()
-            await asyncio.sleep(self.retry_s)
+            await asyncio.sleep(BEHIND_RETRY_S if self.behind is not None else self.retry_s)
 
     async def _align(self, client: RemotingClient) -> None:
         """Truncate what the primary does not have; take its epochs."""
@@ -177,11 +213,31 @@ class Follower:
             raise ValueError(f"state refused: {r.remark}")
         state = json.loads(r.body)
         theirs = [tuple(e) for e in state["epochs"]]
-        epochs = self.store.epochs
-        agree = divergence(epochs.entries, theirs, self.store.log_end, int(state["end"]))
-        if agree < self.store.log_end:
-            log.warning("replica %s: truncating its log from %d to %d", self.name, self.store.log_end, agree)
-            await self.store.truncate_log(agree)
+        store, their_start = self.store, int(state.get("start", 0))
+        empty = store.log_end == store.log_start
+        if empty and their_start > 0 and store.log_end <= their_start:
+            # a new (or wiped) replica: its log starts where the primary's does (the primary
+            # retains nothing below), each queue at the offset the primary's log starts it at
+            if store.log_end != their_start:
+                log.warning(
+                    "replica %s: its empty log starts at %d, as the primary's", self.name, their_start
+                )
+            await store.reset_empty_log(their_start, {k: int(v) for k, v in state.get("queues", {}).items()})
+            self.rebased.append(their_start)
+        elif store.log_end < their_start:
+            self.behind = their_start
+            raise ReplicaBehind(f"its log ends at {store.log_end}, the primary's starts at {their_start}")
+        self.behind = None
+        epochs = store.epochs
+        agree = divergence(epochs.entries, theirs, store.log_end, int(state["end"]))
+        if agree < store.log_end and store.log_end > store.log_start:
+            if agree < store.log_start:
+                self.behind = their_start
+                raise ReplicaBehind(
+                    f"it shares no record with the primary above its log start {store.log_start}"
+                )
+            log.warning("replica %s: truncating its log from %d to %d", self.name, store.log_end, agree)
+            await store.truncate_log(agree)
             self.truncated.append(agree)
         epochs.truncate_from(0)
         for epoch, start in theirs:
@@ -200,6 +256,9 @@ class Follower:
                 raise ValueError(f"pull refused: {r.remark}")
             if r.body:
                 await store.apply_log_chunk(start, r.body)
+            their_start = int(r.ext_fields.get("start", 0))
+            if their_start > store.log_start:  # the primary's retention deleted segments: so do we
+                await store.delete_log_before(their_start)
 
 
-__all__ = ["CODES", "REPL_PULL", "REPL_STATE", "Follower", "Primary", "ReplicaInfo"]
+__all__ = ["CODES", "REPL_PULL", "REPL_STATE", "Follower", "Primary", "ReplicaBehind", "ReplicaInfo"]

@@ -309,6 +309,21 @@ class CommitLog:
         seg.close()
         os.unlink(seg.path)
 
+    def reset_empty(self, base: int) -> None:
+        """Start a log that holds no record at segment base `base` (a replica catching up from a
+        primary whose log starts there): its empty segments are dropped, `base`'s is created and
+        `write_pos` set. A crash part way leaves an empty log (at its old base or at `base`)."""
+        if base % self.segment_size:
+            raise ValueError(f"offset {base} is not a segment base")
+        if self._prealloc_thread is not None:
+            self._prealloc_thread.join()  # no segment appears behind our back
+        for seg in reversed(self.segments()):
+            if seg.base != base:
+                self._drop(seg)
+        _fsync_dir(self.dir)
+        self._ensure_segment(base)  # the segment's name is where the log starts, at the next open
+        self.write_pos = base
+
     def delete_segments_before(self, offset: int) -> int:
         """Delete whole segments that end at or before `offset` (never the one being written)."""
         n = 0

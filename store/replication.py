@@ -1,7 +1,10 @@
 """Commit log replication, the store's side (docs/store.md, "Replication primitives"): a primary
 hands out its commit log bytes as they are (`read_chunk`), and a replica writes them at the same
 offsets and derives its consume queues and index from them as recovery does (`LogReplica.apply`),
-or cuts its log back to where it agrees with a new primary (`LogReplica.truncate`).
+or cuts its log back to where it agrees with a new primary (`LogReplica.truncate`). A replica that
+holds nothing starts its log, and each queue, where its primary's retained log starts them
+(`LogReplica.reset`, with the primary's `LogReplica.queue_bases`): the primary no longer has what
+came before.
 
 Records are copied byte for byte, padding included, so that commit log offsets, and with them
 every queue entry, message lookup and receipt handle, are the same on every member of a group.
@@ -163,6 +166,24 @@ class LogReplica:
         """The end of the records written and durable per the flush policy."""
         return self.writer.durable_end
 
+    @property
+    def log_start(self) -> int:
+        """The first commit log offset still stored: the first segment's base (`log_end` when the
+        log holds nothing below it)."""
+        return min(self.commitlog.min_offset, self.log_end)
+
+    def queue_bases(self, clo: int) -> dict[str, int]:
+        """Per queue ("topic/queue id"), the queue offset of its first entry at or after commit log
+        offset `clo` (its max offset when it has none there): where a log that starts at `clo`
+        starts each queue. Only queues where that is above 0."""
+        out = {}
+        for (topic, qid), cq in list(self.catalog.cqs.items()):
+            lo = cq.min_offset  # (retention usually left it there: no search)
+            base = lo if lo == cq.max_offset or cq.entry(lo)[0] >= clo else cq.first_at(clo, lo + 1)
+            if base:
+                out[f"{topic}/{qid}"] = base
+        return out
+
     def read(self, start: int, max_bytes: int) -> bytes:
         """`read_chunk` of this store's log, up to `log_end`."""
         cl = self.commitlog
@@ -177,6 +198,23 @@ class LogReplica:
         """Drop the log from `offset` (a record boundary at or below the log end), with the queue
         and index entries, segment counts and epochs of what is dropped."""
         await self._shielded(self._truncate(offset))
+
+    async def reset(self, start: int, queue_bases: dict[str, int]) -> None:
+        """Start a log that holds nothing at segment base `start`, each queue at its offset in
+        `queue_bases` ("topic/queue id": offset, as `queue_bases` gives them; 0 for the others).
+        StoreError when the store holds a record or a queue entry, or takes appends."""
+        await self._shielded(self._reset(start, queue_bases))
+
+    async def delete_before(self, offset: int, delete: Callable[[int], Coroutine[Any, Any, int]]) -> int:
+        """`delete(offset)` (retention's deletion of the whole segments below `offset`), one at a
+        time with applies and truncations; returns how many segments went."""
+        return await self._shielded(self._delete_before(offset, delete))
+
+    async def _delete_before(self, offset: int, delete: Callable[[int], Coroutine[Any, Any, int]]) -> int:
+        async with self.lock:
+            if self.closed:
+                raise StoreError("store is closed")
+            return await delete(offset)
 
     async def _shielded(self, coro: Coroutine[Any, Any, Any]) -> Any:
         return await asyncio.shield(self.loop.create_task(coro))
@@ -270,6 +308,46 @@ class LogReplica:
             catalog.create_topic(topic, queue_id + 1, t.retention_ms, t.retention_bytes)
         return catalog.cq(topic, queue_id)
 
+    # ----- reset ----------------------------------------------------------------------------
+    async def _reset(self, start: int, queue_bases: dict[str, int]) -> None:
+        async with self.lock:
+            self._check_quiet()
+            cl = self.commitlog
+            if start < 0 or start % cl.segment_size:
+                raise ValueError(f"offset {start} is not a segment base")
+            if self.log_end != cl.min_offset:
+                raise StoreError(f"the log holds records from {cl.min_offset} to {self.log_end}")
+            full = [f"{t}/{q}" for (t, q), cq in self.catalog.cqs.items() if _holds_entries(cq)]
+            if full:
+                raise StoreError(f"queues {', '.join(sorted(full)[:5])} hold entries")
+            queues = []
+            for name, base in queue_bases.items():
+                topic, _, qid = name.rpartition("/")
+                if not 0 <= int(qid) < MAX_QUEUES or base < 0:
+                    raise ValueError(f"queue {name} at {base}")
+                check_name("topic", topic)
+                queues.append((self._queue(topic, int(qid)), base))
+            named = {id(cq) for cq, _ in queues}
+            queues += [(cq, 0) for cq in self.catalog.cqs.values() if id(cq) not in named]
+            self.segments.by_base = {}  # (counts of no record)
+            async with self.checkpoints.lock:
+                try:
+                    await self.run_io(self._reset_files, start, queues)
+                finally:
+                    w = self.writer
+                    w.written_end = w.durable_end = cl.write_pos
+
+    def _reset_files(self, start: int, queues: list[tuple[ConsumeQueue, int]]) -> None:
+        """IO thread: the log first, then each queue's (empty) file renamed to its base and its
+        directory synced, then the checkpoint (recovery starts there)."""
+        self.commitlog.reset_empty(start)
+        for cq, base in queues:
+            if cq.base != base:
+                cq.rebase(base)
+                _fsync_dir(cq.dir)
+        queues_at = {f"{t}/{q}": cq.max_offset for (t, q), cq in self.catalog.cqs.items()}
+        write_checkpoint_file(self.config.data_dir, start, queues_at, self.segments)
+
     # ----- truncate -------------------------------------------------------------------------
     async def _truncate(self, offset: int) -> None:
         async with self.lock:
@@ -338,3 +416,17 @@ class LogReplica:
         self.index.cut_file(offset)
         cl.truncate(offset)
         self.epochs.truncate_from(offset)
+
+
+def _holds_entries(cq: ConsumeQueue) -> bool:
+    """Whether a queue holds an entry, readable, in memory or in its file (even one retention
+    left behind)."""
+    return bool(cq.max_offset != cq.base or cq.next_offset != cq.max_offset or cq.mem or cq.pending)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -125,14 +125,23 @@ class Retention:
             delete_before = min(delete_before, low - low % seg_size)
         if not delete_before:
             return 0
-        n = await self.run_io(self.commitlog.delete_segments_before, delete_before)
+        return await self.delete_before(delete_before)
+
+    async def delete_before(self, offset: int) -> int:
+        """Delete the whole segments that end at or before `offset` (never the one being written),
+        then what points into them (segment counts, queue min offsets, index entries); returns how
+        many. Retention's deletion, and a replica's, below its primary's log start. Segments go
+        first: a crash before the checkpoint leaves what recovery rebuilds from the log."""
+        n = await self.run_io(self.commitlog.delete_segments_before, offset)
+        if not n:
+            return 0
+        low = self.commitlog.min_offset
         stats = self.segments.by_base
-        for b in [b for b in stats if b < delete_before]:
+        for b in [b for b in stats if b < low]:
             del stats[b]
         checkpoints = self.checkpoints
         async with checkpoints.lock:
             await checkpoints.checkpoint_locked()  # entries into their files: compaction rewrites files
-            low = self.commitlog.min_offset
             for cq in self.catalog.cqs.values():
                 cq.set_min_by_commitlog(low)
                 if cq.file_offset == cq.max_offset:

@@ -438,6 +438,28 @@ class Store:
         derived from it (queue and index entries, segment counts, epochs from there)."""
         await self._replica.truncate(offset)
 
+    @property
+    def log_start(self) -> int:
+        """The first commit log offset still stored (a segment base; retention raises it)."""
+        return self._replica.log_start
+
+    def queue_bases(self, offset: int) -> dict[str, int]:
+        """Primary: per queue ("topic/queue id"), the queue offset a log starting at commit log
+        offset `offset` starts it at (only those above 0), for `reset_empty_log`."""
+        return self._replica.queue_bases(offset)
+
+    async def reset_empty_log(self, start: int, queue_bases: dict[str, int] | None = None) -> None:
+        """Replica that holds nothing: make its log start at segment base `start` (its primary's
+        `log_start`) and each queue at its offset in `queue_bases` (the primary's `queue_bases`),
+        durably, so that it catches up from there. StoreError when it holds a record or a queue
+        entry or takes appends."""
+        await self._replica.reset(start, queue_bases or {})
+
+    async def delete_log_before(self, offset: int) -> int:
+        """Replica: delete the whole segments that end at or before `offset` (its primary's
+        `log_start`), as retention does; returns how many."""
+        return await self._replica.delete_before(offset, self._retention.delete_before)
+
 
 def _lock_dir(d: str) -> int:
     import fcntl

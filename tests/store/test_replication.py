@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from store import Message, MessageType, Store, codec
+from store import Message, MessageType, Store, StoreError, codec
 from store.epochs import EpochLog, divergence
 from store.replication import CorruptChunk, parse_chunk
 from tests.store.support import crash_copy, open_store, read_queue, segment_files, wait_until
@@ -429,3 +429,122 @@ def test_divergence():
     assert divergence([(2, 0)], [(1, 0)], 500, 500) == 0
     assert divergence([(1, 50)], [(1, 0)], 500, 500) == 0
     assert divergence([], [(1, 0)], 0, 500) == 0
+
+
+# ----------------------------------------------------------------------------- lost disk
+FAR = 10 * 24 * 3600 * 1000  # ms: retention applied this far in the future deletes every old segment
+
+
+def assert_same_retained(primary: Store, replica: Store) -> None:
+    """Same log end and start, same bytes in every segment both hold (below the log end), and every
+    queue of the primary with the same min and max offsets and messages on the replica."""
+    assert replica.log_end == primary.log_end
+    assert replica.log_start == primary.log_start
+    mine, theirs = log_files(replica), log_files(primary)
+    common = mine.keys() & theirs.keys()
+    assert common and min(common) == f"{primary.log_start:020d}"
+    assert {k: mine[k] for k in common} == {k: theirs[k] for k in common}
+    for t in primary.topics():
+        for q in range(t.queues):
+            lo, hi = primary.min_offset(t.name, q), primary.max_offset(t.name, q)
+            assert (replica.min_offset(t.name, q), replica.max_offset(t.name, q)) == (lo, hi), (t.name, q)
+            msgs = read_queue(primary, t.name, q)
+            assert read_queue(replica, t.name, q) == msgs
+            for m in msgs[:: max(len(msgs) // 5, 1)]:
+                assert replica.get_by_id(m.message_id) == primary.get_by_id(m.message_id)
+
+
+async def _primary_after_retention(primary: Store) -> int:
+    """Fill `primary` over several segments, a topic `old` only at first (its entries all go), and
+    delete its first segments; returns its log start."""
+    primary.create_topic("old", queues=2)
+    for i in range(6):
+        await primary.append(Message("old", b"o" * 500, queue_id=i % 2))
+    await populate(primary, 300, seed=21)
+    assert await primary.apply_retention(now=int(time.time() * 1000) + FAR) > 0
+    start = primary.log_start
+    assert start > 0 and start % SEG == 0
+    assert primary.min_offset("old", 0) == primary.max_offset("old", 0) == 3  # nothing left of it
+    assert any(primary.min_offset(t.name, q) > 0 for t in primary.topics() for q in range(t.queues))
+    return start
+
+
+async def test_empty_replica_rebases_at_the_primarys_log_start(pair, tmp_path):
+    primary, replica = await pair()
+    start = await _primary_after_retention(primary)
+    with pytest.raises(KeyError):  # what a new replica would ask for first is gone
+        primary.read_log_chunk(0, 5000)
+    with pytest.raises(ValueError):
+        await replica.reset_empty_log(start + 100)  # not a segment base
+    await replica.reset_empty_log(start, primary.queue_bases(start))
+    assert replica.log_end == replica.log_start == start
+    assert replica.max_offset("old", 1) == 3  # queues whose entries all went start where they ended
+    await replicate(primary, replica, max_bytes=5000)
+    assert_same_retained(primary, replica)
+    # later appends, to queues new and old, are copied as usual (their offsets follow on)
+    await primary.append(Message("old", b"back", queue_id=1))
+    await populate(primary, 50, seed=22, prefix="n")
+    await replicate(primary, replica, max_bytes=7000)
+    assert_same_retained(primary, replica)
+    assert read_queue(replica, "old", 1)[0].queue_offset == 3
+    # a crash right now, and a clean reopen, come back the same
+    await crash_copy(replica, tmp_path / "crashed")
+    crashed = await open_store(data_dir=str(tmp_path / "crashed"))
+    try:
+        assert_same_retained(primary, crashed)
+    finally:
+        await crashed.close()
+    rdir = replica.config.data_dir
+    await replica.close()
+    replica = await open_store(data_dir=rdir)
+    try:
+        assert_same_retained(primary, replica)
+        await populate(primary, 30, seed=23, prefix="r")
+        await replicate(primary, replica, max_bytes=5000)
+        assert_same_retained(primary, replica)
+    finally:
+        await replica.close()
+
+
+async def test_reset_then_reopen_before_any_record(pair, tmp_path):
+    primary, replica = await pair()
+    start = await _primary_after_retention(primary)
+    replica.preallocate()  # as a server does: an empty segment 0 is there
+    await replica.reset_empty_log(start, primary.queue_bases(start))
+    rdir = replica.config.data_dir
+    await crash_copy(replica, tmp_path / "crashed")
+    await replica.close()
+    for d in (rdir, str(tmp_path / "crashed")):
+        reopened = await open_store(data_dir=d)
+        try:
+            assert reopened.log_end == reopened.log_start == start
+            assert [p.name for p in segment_files(d)] == [f"{start:020d}"]
+            assert reopened.max_offset("old", 0) == 3
+            await replicate(primary, reopened, max_bytes=6000)
+            assert_same_retained(primary, reopened)
+        finally:
+            await reopened.close()
+
+
+async def test_reset_refuses_a_store_that_holds_records(pair):
+    _primary, replica = await pair()
+    await populate(replica, 5, seed=3)
+    state = (replica.log_start, replica.log_end, log_files(replica), queue_state(replica))
+    with pytest.raises(StoreError, match="holds records"):
+        await replica.reset_empty_log(4 * SEG)
+    assert (replica.log_start, replica.log_end, log_files(replica), queue_state(replica)) == state
+
+
+async def test_replica_deletes_segments_below_the_primarys_start(pair):
+    primary, replica = await pair()
+    await populate(primary, 300, seed=31)
+    await replicate(primary, replica, max_bytes=8000)
+    before = replica.log_start
+    assert await primary.apply_retention(now=int(time.time() * 1000) + FAR) > 0
+    start = primary.log_start
+    assert await replica.delete_log_before(start) == (start - before) // SEG
+    assert_same_retained(primary, replica)
+    assert await replica.delete_log_before(start) == 0  # nothing more below it
+    await populate(primary, 30, seed=32, prefix="x")
+    await replicate(primary, replica, max_bytes=8000)
+    assert_same_retained(primary, replica)
