@@ -130,8 +130,11 @@ class GroupMember:
         if feed is not None:  # the key-value data and consumer progress too
             caught_up &= feed.in_sync(self.in_sync_age_s)
             pulling &= feed.pulling(self.in_sync_age_s)
-        # a replica joins once close to the log end, and leaves once it stops pulling
-        add, remove = caught_up - recorded, recorded - pulling
+        # a replica joins once close to the log end, and leaves once it stops pulling or has not
+        # caught up with the log end for `in_sync_age_s` (then sends stop waiting for it)
+        lagging = primary.lagging(self.in_sync_age_s)
+        caught_up -= lagging
+        add, remove = caught_up - recorded, recorded - (pulling - lagging)
         if not add and not remove:
             return
         primary.required |= add

@@ -60,6 +60,11 @@ class ReplicaInfo:
 
     acked: int = 0
     seen: float = field(default_factory=time.monotonic)
+    # Kafka's lastCaughtUpTime: the last pull that started at (or past) the log end the primary
+    # had when it answered the pull before; a replica that keeps pulling but never gets there
+    # (a slow disk, a thin link) is lagging
+    caught_up: float = field(default_factory=time.monotonic)
+    answered_end: int = 0
 
 
 class Primary:
@@ -85,6 +90,12 @@ class Primary:
             for n, r in self.replicas.items()
             if (max_lag is None or end - r.acked <= max_lag) and now - r.seen <= max_age_s
         ]
+
+    def lagging(self, max_age_s: float) -> set[str]:
+        """Replicas that have not caught up with the log end in the last `max_age_s`, although
+        they may still pull (Kafka's replica.lag.time.max.ms)."""
+        now = time.monotonic()
+        return {n for n, r in self.replicas.items() if now - r.caught_up > max_age_s}
 
     def _missing(self, end: int) -> bool:
         replicas = self.replicas
@@ -122,6 +133,8 @@ class Primary:
             return cmd.response(ResponseCode.SYSTEM_ERROR, "malformed replication pull")
         info = self.replicas.setdefault(name, ReplicaInfo())
         info.acked, info.seen = max(info.acked, start), time.monotonic()
+        if start >= info.answered_end:
+            info.caught_up = info.seen
         self._acked.set()
         deadline = time.monotonic() + wait_s
         while start >= store.log_end and time.monotonic() < deadline:
@@ -141,6 +154,7 @@ class Primary:
                 ResponseCode.SYSTEM_ERROR,
                 f"start {start} is no longer stored: the log starts at {store.log_start}",
             )
+        info.answered_end = store.log_end
         return cmd.response(
             ResponseCode.SUCCESS, None, {"end": store.log_end, "start": store.log_start}, data
         )

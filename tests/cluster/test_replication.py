@@ -166,3 +166,34 @@ async def test_sync_policy_acknowledges_a_send_only_once_a_replica_holds_it(node
             await send(b"replica out of the set")
     finally:
         await client.close()
+
+
+async def test_a_replica_that_pulls_but_never_catches_up_is_lagging(nodes):
+    primary = await nodes("a")
+    fast, slow = await nodes("b"), await nodes("c")
+    slow_apply = slow.store.apply_log_chunk
+
+    async def crawl(start: int, data: bytes) -> int:  # a slow disk: one small chunk per 50 ms
+        await asyncio.sleep(0.05)
+        return await slow_apply(start, data)
+
+    slow.store.apply_log_chunk = crawl
+    followers = [
+        Follower(fast.store, "b", primary.address, chunk=1 << 20, wait_ms=200),
+        Follower(slow.store, "c", primary.address, chunk=2048, wait_ms=200),
+    ]
+    for f in followers:
+        f.start()
+    try:
+        await until(lambda: set(primary.replication.replicas) == {"b", "c"})
+        assert primary.replication.lagging(0.5) == set()
+        deadline = asyncio.get_running_loop().time() + 1.5
+        while asyncio.get_running_loop().time() < deadline:  # appends faster than c applies them
+            await write(primary, "load", 20)
+            await asyncio.sleep(0.01)
+        assert primary.replication.lagging(0.5) == {"c"}  # c still pulls, but never caught up
+        assert set(primary.replication.in_sync(None, 0.5)) == {"b", "c"}
+        await until(lambda: fast.store.log_end == primary.store.log_end)
+    finally:
+        for f in followers:
+            await f.stop()
