@@ -1,13 +1,28 @@
 """The TCP listening sockets of one adapter: a plain server and, when a TLS context is given, a TLS
-one on its own port. The adapters (MQTT, AMQP, remoting) keep their protocols and drain logic; this
-holds what was the same in all of them: binding, the bound addresses, stop accepting, wait."""
+one on its own port, or (`permissive`) TLS on the plain port itself. The adapters (MQTT, AMQP,
+remoting) keep their protocols and drain logic; this holds what was the same in all of them:
+binding, the bound addresses, stop accepting, wait.
+
+Permissive mode (RocketMQ's `tls.server.mode=permissive`) looks at each connection's first byte
+before any protocol sees it: a TLS handshake record (0x16) is served over TLS, anything else in
+clear unless `tls_required` (then the connection is closed and logged). asyncio servers cannot
+look before the protocol reads, so this accepts itself: `sock_accept`, wait until readable,
+`recv(1, MSG_PEEK)` (the byte stays in the socket), then `connect_accepted_socket` with or
+without the context."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import socket
 import ssl as ssl_mod
 from collections.abc import Callable
+
+from runtime.tls import TLS_RECORD_HANDSHAKE
+
+log = logging.getLogger("adapters.listener")
+SNIFF_TIMEOUT_S = 30.0  # a connection that sends nothing for this long is closed
 
 
 def _address(server: asyncio.Server) -> str:
@@ -28,19 +43,30 @@ class TcpListeners:
         ssl: ssl_mod.SSLContext | None = None,
         tls_port: int = 0,
         tls_name: str = "tls",
+        permissive: bool = False,
+        tls_required: bool = False,
     ) -> None:
         self.host = host
         self.port = port
         self.ssl = ssl
         self.tls_port = tls_port
         self.tls_name = tls_name
-        self._server: asyncio.Server | None = None
+        self.permissive = permissive and ssl is not None
+        self.tls_required = tls_required
+        self._server: asyncio.Server | SniffingServer | None = None
         self._tls_server: asyncio.Server | None = None
         self.address = f"{host}:{port}"
         self.tls_address: str | None = None
 
     async def start(self, factory: Callable[[], asyncio.Protocol]) -> None:
         loop = asyncio.get_running_loop()
+        if self.permissive:
+            assert self.ssl is not None
+            sniffing = SniffingServer(bind_tcp(self.host, self.port), factory, self.ssl, self.tls_required)
+            sniffing.start()
+            self._server = sniffing
+            self.address = sniffing.address
+            return
         self._server = await loop.create_server(factory, self.host, self.port)
         self.address = _address(self._server)
         if self.ssl is not None:
@@ -75,3 +101,115 @@ class TcpListeners:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(srv.wait_closed(), timeout)
         self._server = self._tls_server = None
+
+
+def bind_tcp(host: str, port: int, backlog: int = 2048) -> socket.socket:
+    """A listening, non-blocking TCP socket on (host, port); raises OSError (busy port, bad address)."""
+    family, kind, proto, _, addr = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class SniffingServer:
+    """Accepts on `sock` and hands each connection to `factory`: over TLS (`ctx`) when its first
+    byte starts a TLS handshake, else in clear, or closed when `tls_required`. Has the part of
+    asyncio.Server's interface TcpListeners uses (`is_serving`, `close`, `wait_closed`)."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        factory: Callable[[], asyncio.Protocol],
+        ctx: ssl_mod.SSLContext,
+        tls_required: bool,
+        sniff_timeout: float = SNIFF_TIMEOUT_S,
+    ) -> None:
+        self.sock = sock
+        self.factory = factory
+        self.ctx = ctx
+        self.tls_required = tls_required
+        self.sniff_timeout = sniff_timeout
+        host, port = sock.getsockname()[:2]
+        self.address = f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+        self._accepting: asyncio.Task | None = None
+        self._pending: set[asyncio.Task] = set()
+
+    def start(self) -> None:
+        self._accepting = asyncio.get_running_loop().create_task(
+            self._accept(), name=f"accept {self.address}"
+        )
+
+    def is_serving(self) -> bool:
+        return self._accepting is not None and not self._accepting.done()
+
+    def close(self) -> None:
+        """Stop accepting; connections not yet handed over are closed."""
+        for t in (self._accepting, *self._pending):
+            if t is not None:
+                t.cancel()
+        self.sock.close()
+
+    async def wait_closed(self) -> None:
+        tasks = [t for t in (self._accepting, *self._pending) if t is not None]
+        if tasks:
+            await asyncio.wait(tasks)
+
+    async def _accept(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, peer = await loop.sock_accept(self.sock)
+            except OSError as e:  # EMFILE and the like: try again shortly
+                log.warning("%s: accept failed: %s", self.address, e)
+                await asyncio.sleep(0.1)
+                continue
+            task = loop.create_task(self._hand_over(conn, peer))
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
+
+    async def _hand_over(self, conn: socket.socket, peer: tuple) -> None:
+        loop = asyncio.get_running_loop()
+        who = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        try:
+            conn.setblocking(False)
+            first = await asyncio.wait_for(_peek(conn), self.sniff_timeout)
+            if not first:
+                conn.close()
+            elif first[0] == TLS_RECORD_HANDSHAKE:
+                await loop.connect_accepted_socket(self.factory, conn, ssl=self.ctx)
+            elif self.tls_required:
+                log.info("%s: plain connection from %s refused: TLS is required", self.address, who)
+                conn.close()
+            else:
+                await loop.connect_accepted_socket(self.factory, conn)
+        except (OSError, ssl_mod.SSLError, TimeoutError, ConnectionError) as e:
+            log.info("%s: connection from %s closed before it was served: %r", self.address, who, e)
+            conn.close()
+        except asyncio.CancelledError:
+            conn.close()
+            raise
+
+
+async def _peek(conn: socket.socket) -> bytes:
+    """The first byte the peer sent, left in the socket (b"" when it closed without sending)."""
+    loop = asyncio.get_running_loop()
+    readable = loop.create_future()
+    fd = conn.fileno()
+    loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
+    try:
+        await readable
+    finally:
+        loop.remove_reader(fd)
+    try:
+        return conn.recv(1, socket.MSG_PEEK)
+    except ConnectionError:
+        return b""

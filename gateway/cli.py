@@ -58,6 +58,24 @@ _START_FLAGS: dict[str, dict[str, Any]] = {
     "tls_key": {"metavar": "PEM", "help": "private key of --tls-cert (default: inside the cert file)"},
     "mqtt_tls_port": {"type": int, "metavar": "N", "help": "MQTT over TLS port (default 8883)"},
     "amqp_tls_port": {"type": int, "metavar": "N", "help": "AMQP over TLS port (default 5671)"},
+    "https_port": {"type": int, "metavar": "N", "help": "HTTPS port, with --tls-cert (default 8443)"},
+    "grpc_plain": {
+        "action": argparse.BooleanOptionalAction,
+        "help": "with --tls-cert, keep the gRPC port in clear (default: TLS only)",
+    },
+    "tls_required": {
+        "action": argparse.BooleanOptionalAction,
+        "help": "remoting port: refuse clients that do not start TLS (default: both served)",
+    },
+    "tls_client_ca": {"metavar": "PEM", "help": "CA to ask for and verify client certificates with"},
+    "tls_require_client_cert": {
+        "action": argparse.BooleanOptionalAction,
+        "help": "refuse TLS clients without a certificate signed by --tls-client-ca",
+    },
+    "mqtt_cert_identity": {
+        "action": argparse.BooleanOptionalAction,
+        "help": "MQTT over TLS: the client certificate's CN is the user (no password)",
+    },
     "amqp_mqtt_exchange": {
         "metavar": "NAME",
         "help": "AMQP exchange of vhost / that MQTT topics map to (default amq.topic; '' = none)",

@@ -32,6 +32,7 @@ PORT_FIELDS = (
     "amqp_port",
     "mqtt_tls_port",
     "amqp_tls_port",
+    "https_port",
 )
 MIB = 1024 * 1024
 MAX_BODY_LIMIT = 100 * MIB  # a record must fit one 128 MiB commit log segment
@@ -85,6 +86,12 @@ class Settings:
     tls_key: str | None = None  # PEM private key of tls_cert (default: in the tls_cert file)
     mqtt_tls_port: int = 8883
     amqp_tls_port: int = 5671
+    https_port: int = 8443  # with tls_cert: the HTTP app (CloudEvents, read and admin API) over TLS
+    grpc_plain: bool = False  # with tls_cert: keep the gRPC port in clear (default: it serves TLS only)
+    tls_required: bool = False  # remoting (TLS detected on its port): refuse plain clients
+    tls_client_ca: str | None = None  # PEM CA(s): every TLS listener asks for and verifies client certs
+    tls_require_client_cert: bool = False  # refuse TLS clients without a verified certificate
+    mqtt_cert_identity: bool = False  # MQTT over TLS: a client certificate's CN is the user
     amqp_mqtt_exchange: str = "amq.topic"  # AMQP exchange (vhost "/") shared with MQTT; "" = none
     amqp_max_body_size: int = 16 * MIB  # AMQP's own body limit (RabbitMQ 4's default max_message_size)
     mqtt_max_keep_alive: int = 0  # 0: clients choose; else the most a client may ask (5.0: Server Keep Alive)
@@ -128,19 +135,30 @@ class Settings:
             _check_int(name, getattr(self, name), 0, 65535)
         _check_int("mqtt_max_keep_alive", self.mqtt_max_keep_alive, 0, 65535)
         _check_int("cloudevents_dedup_window_s", self.cloudevents_dedup_window_s, 0, 30 * 86400)
-        for name in ("tls_cert", "tls_key"):
+        for name in ("tls_cert", "tls_key", "tls_client_ca"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ConfigError(f"{name} must be a file path, got {value!r}")
-        if self.tls_key is not None and self.tls_cert is None:
-            raise ConfigError("tls_key needs tls_cert")
+        for name in ("tls_key", "tls_client_ca", "tls_required", "tls_require_client_cert"):
+            if getattr(self, name) not in (None, False) and self.tls_cert is None:
+                raise ConfigError(f"{name} needs tls_cert")
+        if self.tls_require_client_cert is True and self.tls_client_ca is None:
+            raise ConfigError("tls_require_client_cert needs tls_client_ca (to verify certificates with)")
         _check_int("max_body_size", self.max_body_size, 1, MAX_BODY_LIMIT)
         _check_int("amqp_max_body_size", self.amqp_max_body_size, 1, MAX_BODY_LIMIT)
         _check_int("default_queues", self.default_queues, 1, 1024)
         _check_int("segment_size_mib", self.segment_size_mib, 1, 1024)
         _check_int("transaction_timeout_ms", self.transaction_timeout_ms, 1, None)
         _check_int("transaction_check_interval_ms", self.transaction_check_interval_ms, 1, None)
-        for name in ("auto_create_topics", "auth", "allow_anonymous"):
+        for name in (
+            "auto_create_topics",
+            "auth",
+            "allow_anonymous",
+            "grpc_plain",
+            "tls_required",
+            "tls_require_client_cert",
+            "mqtt_cert_identity",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         for name in ("namesrv", "store_name", "proxy_name"):

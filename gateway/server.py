@@ -4,7 +4,11 @@ event loop, over an embedded store (LOCAL mode) or over store nodes found throug
 
 Start: open the store, start the processor, start each listener (one log line each), log
 ``gateway ready``. Stop (SIGTERM/SIGINT): every listener stops accepting at once and drains
-in-flight requests for up to ``drain_timeout_s``, then the processor and the store close."""
+in-flight requests for up to ``drain_timeout_s``, then the processor and the store close.
+
+TLS (`--tls-cert`): one `runtime.tls.ServerTls` gives every TLS listener its context (MQTT and AMQP
+on their TLS ports, HTTPS, gRPC on its port, remoting in permissive mode on its port); SIGHUP
+reloads the certificate for new connections (docs/security.md, "TLS")."""
 
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from fastapi import APIRouter
 from adapters.base import Adapter
 from gateway import collector as gc_collector
 from gateway.config import PROTOCOLS, Settings
+from runtime.tls import ServerTls, TlsError, TlsFiles
 
 if TYPE_CHECKING:
     from cluster.proxy import ProxyConfig
@@ -99,6 +104,7 @@ class Gateway:
         self.processor = None
         self.adapters: list[Adapter] = []  # started ones, in start order
         self._enabled: list[Adapter] = []  # every enabled listener, for /healthz
+        self.tls: ServerTls | None = None  # --tls-cert: the certificate every TLS listener serves
 
     def listeners(self) -> list[Adapter]:
         return list(self._enabled)
@@ -173,6 +179,12 @@ class Gateway:
 
     async def _start_listeners(self) -> None:
         s = self.settings
+        if s.tls_cert is not None:
+            files = TlsFiles(s.tls_cert, s.tls_key, s.tls_client_ca, s.tls_require_client_cert)
+            try:
+                self.tls = ServerTls(files, logging.getLogger("gateway.tls"))
+            except TlsError as e:
+                raise StartupError(str(e)) from e
         ordered = [p for p in PROTOCOLS if p in s.protocols]
         self._enabled = [self._make_adapter(name) for name in ordered]
         for adapter in self._enabled:
@@ -186,21 +198,35 @@ class Gateway:
                     raise StartupError(f"{adapter.name} cannot listen on {bind}: {e.strerror or e}") from e
                 raise StartupError(f"{adapter.name} listener failed to start on {bind}: {e}") from e
             self.adapters.append(adapter)
-            log.info("%s listening on %s", adapter.name, adapter.address)
-            for name, address in getattr(adapter, "extra_listeners", {}).items():
+            log.info("%s listening on %s%s", adapter.name, adapter.address, self._tls_note(adapter.name))
+            extra = getattr(adapter, "extra_listeners", None)
+            if extra is None:  # the HTTP listener wrapped by CloudEvents
+                extra = getattr(getattr(adapter, "http", None), "extra_listeners", {})
+            for name, address in extra.items():
                 log.info("%s listening on %s", name, address)
 
-    def _tls_context(self) -> ssl.SSLContext | None:
-        """The server TLS context of --tls-cert/--tls-key, or None when TLS is not configured."""
+    def _tls_note(self, name: str) -> str:
+        """How a listener's own port uses TLS, for its log line."""
         s = self.settings
-        if s.tls_cert is None:
-            return None
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        try:
-            ctx.load_cert_chain(s.tls_cert, s.tls_key)
-        except (OSError, ssl.SSLError) as e:
-            raise StartupError(f"cannot load the TLS certificate {s.tls_cert}: {e}") from e
-        return ctx
+        if self.tls is None:
+            return ""
+        if name == "grpc" and not s.grpc_plain:
+            return " (TLS)"
+        if name == "remoting":
+            return " (TLS required)" if s.tls_required else " (TLS or plain, detected)"
+        return ""
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        """A server TLS context (kept current by `reload_tls`) for one listener, or None without TLS."""
+        return self.tls.context() if self.tls is not None else None
+
+    def reload_tls(self) -> None:
+        """SIGHUP: load the certificate files again; new connections get the new certificate, a file
+        that does not load keeps the previous one (logged)."""
+        if self.tls is None:
+            log.info("SIGHUP: no TLS certificate configured, nothing to reload")
+            return
+        self.tls.reload()
 
     def _make_adapter(self, name: str) -> Adapter:
         s = self.settings
@@ -210,7 +236,15 @@ class Gateway:
 
             ce = CloudEvents(self.processor, dedup_window_s=s.cloudevents_dedup_window_s)
             app = create_app(self.processor, [*ce.routers(), *self.extra_routers], listeners=self.listeners)
-            return ce.serve(HttpAdapter(app, s.host, s.http_port, access_log=s.log_level == "debug"))
+            http = HttpAdapter(
+                app,
+                s.host,
+                s.http_port,
+                access_log=s.log_level == "debug",
+                ssl=self._tls_context(),
+                tls_port=s.https_port,
+            )
+            return ce.serve(http)
         if name == "grpc":
             try:
                 from adapters.grpc import GrpcAdapter
@@ -222,6 +256,7 @@ class Gateway:
                 port=s.grpc_port,
                 advertise_host=s.advertise_host,
                 max_inbound_message_size=max(GRPC_MIN_INBOUND, 2 * s.max_body_size),
+                tls=None if s.grpc_plain else self.tls,
             )
         if name == "mqtt":
             from adapters.mqtt import MqttAdapter
@@ -234,6 +269,7 @@ class Gateway:
                 max_keep_alive=s.mqtt_max_keep_alive,
                 ssl=self._tls_context(),
                 tls_port=s.mqtt_tls_port,
+                cert_identity=s.mqtt_cert_identity,
             )
         if name == "amqp":
             from adapters.amqp import AmqpAdapter
@@ -256,6 +292,8 @@ class Gateway:
                 advertise_host=s.advertise_host,
                 default_queues=s.default_queues,
                 max_frame_size=max(16 * MIB, s.max_body_size + MIB),
+                ssl=self._tls_context(),
+                tls_required=s.tls_required,
             )
         raise StartupError(f"the {name} listener is not available yet")
 
@@ -309,6 +347,7 @@ async def run(settings: Settings, *, extra_routers: Sequence[APIRouter] = ()) ->
     for sig in SHUTDOWN_SIGNALS:
         loop.add_signal_handler(sig, on_signal, sig)
     gw = Gateway(settings, extra_routers=extra_routers)
+    loop.add_signal_handler(signal.SIGHUP, gw.reload_tls)
     try:
         try:
             await gw.start()
@@ -328,6 +367,6 @@ async def run(settings: Settings, *, extra_routers: Sequence[APIRouter] = ()) ->
         log.info("gateway stopped in %.2f s", time.monotonic() - t0)
         return 0
     finally:
-        for sig in SHUTDOWN_SIGNALS:
+        for sig in (*SHUTDOWN_SIGNALS, signal.SIGHUP):
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(sig)

@@ -1,4 +1,6 @@
-"""`GrpcAdapter`: the grpc.aio server lifecycle around `MessagingService` (bind, serve, drain)."""
+"""`GrpcAdapter`: the grpc.aio server lifecycle around `MessagingService` (bind, serve, drain), in
+clear or over TLS. TLS uses gRPC's dynamic server credentials: gRPC asks `tls_credentials`'s fetcher
+at each new handshake, which hands it the certificate again after a reload (SIGHUP)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import grpc
 from adapters.grpc.generated import service_pb2 as s
 from adapters.grpc.service import RECEIVE_RAW, MessagingService
 from messaging_processor import MessagingProcessor
+from runtime.tls import ServerTls
 
 log = logging.getLogger("adapters.grpc")
 
@@ -47,6 +50,28 @@ def method_handlers(service: MessagingService) -> dict[str, grpc.RpcMethodHandle
     return out
 
 
+def tls_credentials(tls: ServerTls) -> grpc.ServerCredentials:
+    """Server credentials that follow `tls`: a reload (its `generation` changes) is picked up by
+    the next handshake; client certificates are asked for and verified with its client CA."""
+
+    def config() -> grpc.ServerCertificateConfiguration:
+        return grpc.ssl_server_certificate_configuration(
+            [(tls.pair.key, tls.pair.chain)], root_certificates=tls.client_ca
+        )
+
+    served = [tls.generation]
+
+    def fetch() -> grpc.ServerCertificateConfiguration | None:
+        if tls.generation == served[0]:
+            return None  # unchanged: gRPC keeps the one it has
+        served[0] = tls.generation
+        return config()
+
+    return grpc.dynamic_ssl_server_credentials(
+        config(), fetch, require_client_authentication=tls.files.require_client_cert
+    )
+
+
 class GrpcAdapter:
     """RocketMQ 5 gRPC (`apache.rocketmq.v2.MessagingService`) listener.
 
@@ -63,8 +88,11 @@ class GrpcAdapter:
         port: int = 8081,
         advertise_host: str | None = None,
         max_inbound_message_size: int = 130 * MIB,
+        tls: ServerTls | None = None,
     ) -> None:
+        """`tls`: the port serves TLS only (clients enable TLS, e.g. `tls_enable=True`)."""
         self.processor = processor
+        self.tls = tls
         self.host = host
         self.port = port
         self.advertise_host = advertise_host
@@ -101,7 +129,11 @@ class GrpcAdapter:
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
         server.add_registered_method_handlers(SERVICE, handlers)
         try:
-            port = server.add_insecure_port(_hostport(self.host, self.port))
+            bind = _hostport(self.host, self.port)
+            if self.tls is not None:
+                port = server.add_secure_port(bind, tls_credentials(self.tls))
+            else:
+                port = server.add_insecure_port(bind)
         except RuntimeError as e:
             raise RuntimeError(f"grpc: cannot bind {_hostport(self.host, self.port)}: {e}") from e
         if not port:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl as ssl_mod
 from collections.abc import Awaitable
 
 from adapters.listener import TcpListeners
@@ -156,7 +157,11 @@ class RemotingAdapter:
         max_frame_size: int = 16 * 1024 * 1024,
         client_expiry_s: float = 120.0,
         hold_interval: float = 0.1,
+        ssl: ssl_mod.SSLContext | None = None,
+        tls_required: bool = False,
     ) -> None:
+        """`ssl`: TLS on the same port in permissive mode (a client's ClientHello is detected);
+        plain clients are refused when `tls_required`."""
         self.processor = processor
         self.host = host
         self.port = port
@@ -174,7 +179,7 @@ class RemotingAdapter:
         self.frames = FrameServer(
             self, name="remoting", log=log, max_frame_size=max_frame_size, accepting=False
         )
-        self.net = TcpListeners(host, port)
+        self.net = TcpListeners(host, port, ssl=ssl, permissive=True, tls_required=tls_required)
         self._housekeeping: asyncio.Task | None = None
 
     # ------------------------------------------------------------------ FrameHandler
