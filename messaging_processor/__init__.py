@@ -26,7 +26,7 @@ from .model import (
     SendReceipt,
     TopicInfo,
 )
-from .processor import Authorizer, MessagingProcessor, allow_all
+from .processor import CERTIFICATE_MECHANISM, Authorizer, MessagingProcessor, allow_all
 from .registry import ClientRegistry
 from .store_client import LocalStoreClient, StoreClient
 from .validation import Limits
@@ -34,6 +34,7 @@ from .validation import Limits
 __all__ = [
     "ALL",
     "ANONYMOUS",
+    "CERTIFICATE_MECHANISM",
     "Action",
     "Authorizer",
     "ClientContext",

@@ -48,6 +48,8 @@ audit = logging.getLogger("messaging_processor.audit")
 
 # Identity mechanisms that present a user name and password.
 PASSWORD_MECHANISMS = frozenset({"password", "plain", "amqplain", "mqtt-password", "http-basic"})
+# An identity taken from a client certificate the adapter's TLS layer verified (the CN is the user).
+CERTIFICATE_MECHANISM = "tls-client-cert"
 
 Authorizer = Callable[[Identity, Action, Resource], bool | Awaitable[bool]]
 
@@ -149,6 +151,8 @@ class MessagingProcessor:
                 p = await sec.login_remoting(
                     ident.username, attrs.get("signature", ""), content, ctx.protocol, ctx.client_id
                 )
+            elif mech == CERTIFICATE_MECHANISM and ident.username:
+                p = await sec.login_certificate(ident.username, ctx.protocol, ctx.client_id)
             elif mech == "internal":
                 return
             else:

@@ -8,6 +8,7 @@ import logging
 import ssl as ssl_mod
 
 from messaging_processor import MessagingProcessor
+from runtime.tls import peer_common_name
 
 from ..listener import TcpListeners
 from .broker import Broker
@@ -41,6 +42,7 @@ class AmqpProtocol(asyncio.Protocol):
             heartbeat=a.heartbeat,
             frame_max=a.frame_max,
             channel_max=a.channel_max,
+            cert_user=peer_common_name(transport.get_extra_info("peercert")),
         )
         self.feed = self.conn.feed
         a.connections.add(self)

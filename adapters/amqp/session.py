@@ -21,7 +21,15 @@ import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from messaging_processor import Action, ClientContext, ErrorKind, Identity, ProcessorError, Resource
+from messaging_processor import (
+    CERTIFICATE_MECHANISM,
+    Action,
+    ClientContext,
+    ErrorKind,
+    Identity,
+    ProcessorError,
+    Resource,
+)
 
 from . import codec as c
 from .channel import CLOSED as CH_CLOSED
@@ -103,8 +111,12 @@ class Connection:
         heartbeat: int = 60,
         frame_max: int = c.DEFAULT_FRAME_MAX,
         channel_max: int = 2047,
+        cert_user: str | None = None,
     ) -> None:
+        """`cert_user`: the CN of a verified client certificate (AMQPS); SASL EXTERNAL is then offered
+        and logs in as that user."""
         self.broker = broker
+        self.cert_user = cert_user
         self._transport_write = write
         self._close = close
         self._pause = pause_reading
@@ -251,9 +263,8 @@ class Connection:
                 self._connection_method(ev.method)
         elif t is ProtocolHeader:
             self.state = START
-            self.write(
-                encode_method(0, c.ConnectionStart(0, 9, SERVER_PROPERTIES, b"PLAIN AMQPLAIN", b"en_US"))
-            )
+            mechanisms = b"EXTERNAL PLAIN AMQPLAIN" if self.cert_user is not None else b"PLAIN AMQPLAIN"
+            self.write(encode_method(0, c.ConnectionStart(0, 9, SERVER_PROPERTIES, mechanisms, b"en_US")))
 
     def _channel_method(self, ev: Method) -> None:
         if self.state != OPEN:
@@ -359,10 +370,11 @@ class Connection:
             self.cancel_notify = bool(caps.get("consumer_cancel_notify"))
             self.blocked_notify = bool(caps.get("connection.blocked"))
         mech = m.mechanism
-        if mech not in ("PLAIN", "AMQPLAIN"):
+        external = mech == "EXTERNAL" and self.cert_user is not None
+        if mech not in ("PLAIN", "AMQPLAIN") and not external:
             self._refuse(ReplyCode.COMMAND_INVALID, f"unknown authentication mechanism '{mech}'")
             return
-        cred = credentials(mech, m.response)
+        cred = (self.cert_user, "") if external else credentials(mech, m.response)
         # one text for every reason (RabbitMQ's): the client learns nothing about which part was wrong
         refused = (
             f"Login was refused using authentication mechanism {mech}. For details see the broker logfile."
@@ -371,7 +383,10 @@ class Connection:
         if cred is None and p.security is None:
             self._refuse(ReplyCode.ACCESS_REFUSED, refused)
             return
-        identity = Identity(cred[0], cred[1], mech.lower()) if cred is not None else Identity()
+        if external:
+            identity = Identity(self.cert_user, None, CERTIFICATE_MECHANISM)
+        else:
+            identity = Identity(cred[0], cred[1], mech.lower()) if cred is not None else Identity()
         self.ctx = ClientContext(
             "amqp", client_id=f"amqp-{self.remote}", identity=identity, remote=self.remote
         )

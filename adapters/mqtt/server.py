@@ -8,6 +8,7 @@ import logging
 import ssl as ssl_mod
 
 from messaging_processor import MessagingProcessor
+from runtime.tls import peer_common_name
 
 from ..listener import TcpListeners
 from .broker import Broker
@@ -29,7 +30,10 @@ class MqttProtocol(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         remote = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "")
-        self.session = Session(self.adapter.broker, transport.write, transport.close, remote)
+        cert_user = None
+        if self.adapter.cert_identity:
+            cert_user = peer_common_name(transport.get_extra_info("peercert"))
+        self.session = Session(self.adapter.broker, transport.write, transport.close, remote, cert_user)
         self.feed = self.session.feed
         self.adapter.connections.add(self)
 
@@ -58,8 +62,12 @@ class MqttAdapter:
         max_keep_alive: int = 0,
         ssl: ssl_mod.SSLContext | None = None,
         tls_port: int = 8883,
+        cert_identity: bool = False,
     ) -> None:
+        """`cert_identity`: a verified client certificate's CN is the user (its CONNECT's user name and
+        password are then ignored)."""
         self.processor = processor
+        self.cert_identity = cert_identity
         self.host = host
         self.port = port
         self.broker = Broker(

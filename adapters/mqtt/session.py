@@ -21,7 +21,14 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from messaging_processor import Action, ClientContext, Identity, ProcessorError, Resource
+from messaging_processor import (
+    CERTIFICATE_MECHANISM,
+    Action,
+    ClientContext,
+    Identity,
+    ProcessorError,
+    Resource,
+)
 
 from .codec import (
     MQTT_5,
@@ -80,8 +87,10 @@ class Session:
         write: Callable[[bytes], Any],
         close: Callable[[], Any],
         remote: str = "",
+        cert_user: str | None = None,
     ) -> None:
         self.broker = broker
+        self.cert_user = cert_user  # the CN of a verified client certificate, when it names the user
         self._transport_write = write
         self._wbuf: list[bytes] = []  # writes of one event-loop tick, sent with one syscall
         self._close = close
@@ -245,11 +254,14 @@ class Session:
             if v == MQTT_5:
                 props[PropertyId.ASSIGNED_CLIENT_IDENTIFIER] = cid
         self.client_id = cid
-        identity = Identity(
-            c.username,
-            c.password.decode("utf-8", "replace") if c.password is not None else None,
-            "mqtt-password" if c.username is not None or c.password is not None else "none",
-        )
+        if self.cert_user is not None:
+            identity = Identity(self.cert_user, None, CERTIFICATE_MECHANISM)
+        else:
+            identity = Identity(
+                c.username,
+                c.password.decode("utf-8", "replace") if c.password is not None else None,
+                "mqtt-password" if c.username is not None or c.password is not None else "none",
+            )
         self.ctx = ClientContext("mqtt", cid, identity, self.remote)
         refusal = await self._authenticate(c)
         if self.state == CLOSED:

@@ -111,6 +111,14 @@ class Security:
             self._verified[key] = user.password_hash
         return self._principal(user, client_id, protocol)
 
+    async def login_certificate(self, name: str, protocol: str, client_id: str = "") -> Principal:
+        """A user named by a client certificate the adapter's TLS layer verified (its CN): the user
+        must exist; no password is asked."""
+        user = await self._user(name) if name else None
+        if user is None:
+            raise AuthFailure("unknown_user")
+        return self._principal(user, client_id, protocol)
+
     def login_token(self, text: str, protocol: str, client_id: str = "") -> Principal:
         token = self.directory.token_of(text)
         user = self.directory.users.get(token.user) if token is not None else None
