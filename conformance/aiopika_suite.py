@@ -220,6 +220,7 @@ def run_suite(
     root = unpack_tests(fetch_sdist(sdist), work)
     cert, key = _self_signed(work)
     tls = ["--tls-cert", str(cert), "--tls-key", str(key), "--amqp-tls-port", "0", "--mqtt-tls-port", "0"]
+    tls += ["--https-port", "0"]
     admin_password = secrets.token_urlsafe(16)
     gw = GatewayProcess(
         work / "data",

@@ -97,6 +97,8 @@ def run_suite(
             "0",
             "--mqtt-tls-port",
             "0",
+            "--https-port",
+            "0",
         ],
     )
     gw.start()

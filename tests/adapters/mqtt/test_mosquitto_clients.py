@@ -150,7 +150,7 @@ def test_persistent_session_keeps_offline_messages_across_restart(gw):
 
 def test_tls_listener_with_mosquitto_clients(tmp_path):
     cert, key = make_cert(tmp_path)
-    gw = Gateway(tmp_path, "--tls-cert", cert, "--tls-key", key, "--mqtt-tls-port", "0")
+    gw = Gateway(tmp_path, "--tls-cert", cert, "--tls-key", key, "--mqtt-tls-port", "0", "--https-port", "0")
     gw.start()
     try:
         tls_port = int(gw.listeners["mqtts"].rsplit(":", 1)[1])
