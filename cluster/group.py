@@ -195,9 +195,12 @@ class GroupMember:
         await self._stop_following()
         if not address:
             return
-        self.follower = Follower(self.node.store, self.name, address, wait_ms=self.wait_ms)
+        auth = self.node.config.auth
+        self.follower = Follower(self.node.store, self.name, address, wait_ms=self.wait_ms, auth=auth)
         self.follower.start()
-        self.state_follower = StateFollower(self.node.store, self.name, address, wait_ms=self.wait_ms)
+        self.state_follower = StateFollower(
+            self.node.store, self.name, address, wait_ms=self.wait_ms, auth=auth
+        )
         self.state_follower.start()
 
     async def _stop_following(self) -> None:

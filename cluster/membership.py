@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from namesrv.client import NameServerClient
+from remoting.cluster_auth import ClusterAuth
 from store import Message
 
 from .ids import node_tag
@@ -43,8 +44,10 @@ class Membership:
         refresh_s: float = 5.0,
         connect_timeout_s: float = 2.0,
         namesrv_grace_s: float = 30.0,
+        auth: ClusterAuth | None = None,
     ) -> None:
-        self.ns = NameServerClient(namesrv)
+        self.auth = auth  # the cluster secret: name server and node connections prove it
+        self.ns = NameServerClient(namesrv, auth=auth)
         self.cluster = cluster
         self.refresh_s = refresh_s
         self.connect_timeout_s = connect_timeout_s
@@ -146,7 +149,7 @@ class Membership:
             self.spawn(self._refresh_stats())
 
     def _add(self, name: str, addr: str) -> NodeClient:
-        node = NodeClient(name, addr, node_tag(name), self.on_txn_check)
+        node = NodeClient(name, addr, node_tag(name), self.on_txn_check, auth=self.auth)
         node.connect_timeout_s = self.connect_timeout_s
         other = self.by_tag.get(node.tag)
         if other is not None:

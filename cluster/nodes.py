@@ -4,7 +4,9 @@ and topic into batches (`AppendBatcher`).
 
 A "node" is a replica group when the name server lists replicas beside its primary (broker ids
 >= 1): reads (`store_wire.READS`) then fall back to a replica, first listed first, while the
-primary cannot be reached or none is registered ("reads while degraded", docs/cluster.md)."""
+primary cannot be reached or none is registered ("reads while degraded", docs/cluster.md).
+
+With the cluster secret (`auth`) every connection to a node authenticates first (docs/security.md)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Any
 
 from remoting import RemotingCommand, ResponseCode, parse_host_port
 from remoting.client import RemotingClient, RemotingClientError
+from remoting.cluster_auth import ClusterAuth
 from store import Message, StoreError
 
 from . import store_wire as w
@@ -28,7 +31,13 @@ class NodeClient:
     """One store node: `call(op, args, body)` over a remoting connection."""
 
     def __init__(
-        self, name: str, addr: str, tag: int, on_txn_check: Callable[[NodeClient, Message], None]
+        self,
+        name: str,
+        addr: str,
+        tag: int,
+        on_txn_check: Callable[[NodeClient, Message], None],
+        *,
+        auth: ClusterAuth | None = None,
     ) -> None:
         self.name = name
         self.addr = addr  # the primary's address; "" while the group has none registered
@@ -39,6 +48,7 @@ class NodeClient:
         self.connect_timeout_s = 2.0  # of a replica connection, opened on the first read it serves
         self._replicas: dict[str, RemotingClient] = {}  # open replica connections by address
         self._on_txn_check = on_txn_check
+        self.auth = auth
         self._connecting: asyncio.Lock = asyncio.Lock()
 
     @property
@@ -56,7 +66,9 @@ class NodeClient:
             if self.conn is not None and not self.conn.closed.is_set():
                 return
             host, port = parse_host_port(self.addr, 10911)
-            self.conn = await RemotingClient.connect(host, port, self._on_request, timeout=timeout)
+            self.conn = await RemotingClient.connect(
+                host, port, self._on_request, timeout=timeout, auth=self.auth
+            )
 
     async def set_replicas(self, addrs: list[str]) -> None:
         """The replicas the name server lists now; connections to the others are closed."""
@@ -71,7 +83,9 @@ class NodeClient:
             conn = self._replicas.get(addr)
             if conn is None or conn.closed.is_set():
                 host, port = parse_host_port(addr, 10911)
-                conn = await RemotingClient.connect(host, port, timeout=self.connect_timeout_s)
+                conn = await RemotingClient.connect(
+                    host, port, timeout=self.connect_timeout_s, auth=self.auth
+                )
                 self._replicas[addr] = conn
             return conn
 

@@ -1,7 +1,8 @@
 """A CLUSTER mode proxy's links to the cluster (docs/cluster.md): its network StoreClient over the
 store nodes the name server lists, and its own registration with the name server (REGISTER_PROXY:
 its endpoints per protocol, renewed every `lease_period_s`). `gateway start --mode cluster` builds
-both from its settings (gateway/server.py)."""
+both from its settings (gateway/server.py). With `auth` (the cluster secret) every connection to
+the name server and the store nodes authenticates first (docs/security.md, "Closed cluster")."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import contextlib
 import logging
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from namesrv.client import NameServerClient
+from remoting.cluster_auth import ClusterAuth
 
 from .remote_store import ClusterStoreClient
 
@@ -31,6 +33,7 @@ class ProxyConfig:
     lease_period_s: float = 30.0
     lease_expiry_s: float = 120.0
     proxy_name: str | None = None  # default proxy-<host>-<pid>
+    auth: ClusterAuth | None = field(default=None, repr=False)  # the cluster secret, if any
 
 
 async def open_cluster_store(config: ProxyConfig) -> ClusterStoreClient:
@@ -41,6 +44,7 @@ async def open_cluster_store(config: ProxyConfig) -> ClusterStoreClient:
         config.cluster_name,
         refresh_s=config.route_refresh_s,
         namesrv_grace_s=config.lease_period_s,
+        auth=config.auth,
     )
     await client.start(wait_s=START_WAIT_S)
     live = [n.name for n in client.live()]
@@ -61,7 +65,7 @@ class ProxyRegistration:
         self.config = config
         self.name = config.proxy_name or f"proxy-{socket.gethostname()}-{os.getpid()}"
         self.endpoints = dict(endpoints)
-        self.client = NameServerClient(config.namesrv)
+        self.client = NameServerClient(config.namesrv, auth=config.auth)
         self._task: asyncio.Task | None = None
 
     async def register(self) -> None:

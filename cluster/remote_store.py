@@ -18,6 +18,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from remoting.cluster_auth import ClusterAuth
 from store import (
     ALL,
     AppendResult,
@@ -51,6 +52,7 @@ class ClusterStoreClient:
         request_timeout_s: float = 10.0,
         connect_timeout_s: float = 2.0,
         namesrv_grace_s: float = 30.0,
+        auth: ClusterAuth | None = None,
     ) -> None:
         self.members = Membership(
             namesrv,
@@ -59,6 +61,7 @@ class ClusterStoreClient:
             refresh_s=refresh_s,
             connect_timeout_s=connect_timeout_s,
             namesrv_grace_s=namesrv_grace_s,
+            auth=auth,
         )
         self.ids = IdMap(self.members)
         self.request_timeout_s = request_timeout_s

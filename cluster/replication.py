@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 from remoting import RemotingCommand, ResponseCode, parse_host_port
 from remoting.client import RemotingClient, RemotingClientError
+from remoting.cluster_auth import ClusterAuth
 from store import Store, StoreError
 from store.epochs import divergence
 
@@ -172,6 +173,7 @@ class Follower:
         chunk: int = DEFAULT_CHUNK,
         wait_ms: int = 1000,
         retry_s: float = 0.5,
+        auth: ClusterAuth | None = None,
     ) -> None:
         self.store = store
         self.name = name
@@ -179,6 +181,7 @@ class Follower:
         self.chunk = chunk
         self.wait_ms = wait_ms
         self.retry_s = retry_s
+        self.auth = auth  # the cluster secret: the connection to the primary proves it
         self.connected = asyncio.Event()  # set while aligned with the primary and pulling
         self.truncated: list[int] = []  # offsets truncated to on (re)joins (for tests and logs)
         self.rebased: list[int] = []  # offsets its empty log was re-based at (for tests and logs)
@@ -199,7 +202,7 @@ class Follower:
             client = None
             try:
                 host, port = parse_host_port(self.primary, 10911)
-                client = await RemotingClient.connect(host, port, timeout=5.0)
+                client = await RemotingClient.connect(host, port, timeout=5.0, auth=self.auth)
                 await self._align(client)
                 self.connected.set()
                 await self._pull(client)

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 from remoting import RemotingCommand, ResponseCode, parse_host_port
 from remoting.client import RemotingClient, RemotingClientError
+from remoting.cluster_auth import ClusterAuth
 from store import Store
 from store.state_replica import catalog_digest
 
@@ -215,13 +216,21 @@ class StateFollower:
     """A replica's side: pulls the primary's state into `store` until stopped."""
 
     def __init__(
-        self, store: Store, name: str, primary: str, *, wait_ms: int = 1000, retry_s: float = 0.5
+        self,
+        store: Store,
+        name: str,
+        primary: str,
+        *,
+        wait_ms: int = 1000,
+        retry_s: float = 0.5,
+        auth: ClusterAuth | None = None,
     ) -> None:
         self.store = store
         self.name = name
         self.primary = primary
         self.wait_ms = wait_ms
         self.retry_s = retry_s
+        self.auth = auth  # the cluster secret: the connection to the primary proves it
         self.synced = asyncio.Event()  # set once a full copy is taken (cleared on reconnects)
         self.session = ""
         self.cpos = 0
@@ -243,7 +252,7 @@ class StateFollower:
             client = None
             try:
                 host, port = parse_host_port(self.primary, 10911)
-                client = await RemotingClient.connect(host, port, timeout=5.0)
+                client = await RemotingClient.connect(host, port, timeout=5.0, auth=self.auth)
                 while True:
                     await self._pull(client)
             except (OSError, RemotingClientError, TimeoutError, ValueError, KeyError) as e:

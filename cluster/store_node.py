@@ -6,7 +6,11 @@ The node registers with the name server(s) as a broker (REGISTER_BROKER with its
 and renews that lease every `lease_period_s`; its lease expires after `lease_expiry_s`. Half
 messages whose transaction is unresolved are handed to a connected proxy (TXN_CHECK), which asks a
 producer. The process around it (`gateway store`: signals, opening the store) is
-gateway/store_process.py."""
+gateway/store_process.py.
+
+With the cluster secret (`StoreNodeConfig.auth`) every connection to the node proves it before
+any request is served, and the node's own name server connections prove it too (docs/security.md,
+"Closed cluster"); transaction checks go to authenticated connections only."""
 
 from __future__ import annotations
 
@@ -15,12 +19,13 @@ import contextlib
 import logging
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from messaging_processor import LocalStoreClient
 from namesrv.client import NameServerClient
 from namesrv.routeinfo import TopicQueues
 from remoting import RemotingCommand, ResponseCode
+from remoting.cluster_auth import ClusterAuth
 from remoting.server import FrameConnection, FrameServer, close_tcp, serve_tcp
 from store import Message, Store, StoreError
 
@@ -56,6 +61,7 @@ class StoreNodeConfig:
     replication: str = "async"
     min_insync: int = 1
     replication_timeout_s: float = 3.0
+    auth: ClusterAuth | None = field(default=None, repr=False)  # the cluster secret, if any
 
 
 def default_node_name(port: int) -> str:
@@ -71,7 +77,7 @@ class StoreNode:
         self.client = LocalStoreClient(store)
         self.name = config.name
         max_frame = max(16 * 1024 * 1024, 2 * config.max_body_size + 1024 * 1024)
-        self.frames = FrameServer(self, name="store", log=log, max_frame_size=max_frame)
+        self.frames = FrameServer(self, name="store", log=log, max_frame_size=max_frame, auth=config.auth)
         self.polls: set[asyncio.Task] = set()  # pops under way (long polls end at once on stop)
         self._server: asyncio.Server | None = None
         self._address = f"{config.host}:{config.port}"
@@ -101,7 +107,7 @@ class StoreNode:
         c = self.config
         self._server, self._address = await serve_tcp(self.frames, c.host, c.port)
         if c.namesrv:
-            self.namesrv = NameServerClient(c.namesrv)
+            self.namesrv = NameServerClient(c.namesrv, auth=c.auth)
             try:  # registered before it says ready (a name server that is down is retried)
                 await asyncio.wait_for(self.register(), 5.0)
                 log.info("store node %s registered with the name server %s", self.name, c.namesrv)
@@ -249,7 +255,7 @@ class StoreNode:
 
     async def _check_transaction(self, msg: Message) -> None:
         """Hand an unresolved half message to one connected proxy (round robin)."""
-        conns = [c for c in self.frames.connections if not c.closed]
+        conns = [c for c in self.frames.connections if not c.closed and c.authenticated]
         if not conns:
             return
         self._rr += 1

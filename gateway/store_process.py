@@ -1,7 +1,8 @@
 """`gateway store`: the process around a CLUSTER mode store node (cluster/store_node.py). Opens
 the store on `data_dir`, serves it until SIGTERM/SIGINT, then unregisters, stops accepting,
 lets in-flight requests finish (up to `drain_timeout_s`), closes (flushes) the store and exits 0;
-exits 1 when the store cannot be opened or the port bound."""
+exits 1 when the store cannot be opened or the port bound, 2 when `cluster_secret_file` is set but
+unusable (docs/security.md, "Closed cluster")."""
 
 from __future__ import annotations
 
@@ -13,14 +14,15 @@ import time
 from cluster.store_node import StoreNode, StoreNodeConfig, default_node_name
 from gateway import collector as gc_collector
 from gateway.config import Settings
-from gateway.server import SHUTDOWN_SIGNALS, shutdown_signals_blocked, store_config
+from gateway.server import SHUTDOWN_SIGNALS, cluster_auth, shutdown_signals_blocked, store_config
+from remoting.cluster_auth import ClusterAuth, ClusterSecretError
 from store import Store, StoreError
 
 log = logging.getLogger("gateway.store")
 
 
-def node_config(settings: Settings) -> StoreNodeConfig:
-    """The store node's own settings, taken from the gateway's."""
+def node_config(settings: Settings, auth: ClusterAuth | None = None) -> StoreNodeConfig:
+    """The store node's own settings, taken from the gateway's (`auth`: the cluster secret)."""
     s = settings
     return StoreNodeConfig(
         name=s.store_name or default_node_name(s.store_port),
@@ -35,11 +37,17 @@ def node_config(settings: Settings) -> StoreNodeConfig:
         group=s.store_group,
         replication=s.replication,
         min_insync=s.min_insync if s.replication == "sync" else 1,
+        auth=auth,
     )
 
 
 async def serve(settings: Settings) -> int:
-    """Run a store node until SIGTERM/SIGINT; the exit code (0 clean, 1 cannot start)."""
+    """Run a store node until SIGTERM/SIGINT; the exit code (0 clean, 1 cannot start, 2 bad secret)."""
+    try:
+        auth = cluster_auth(settings)
+    except ClusterSecretError as e:
+        log.error("%s", e)
+        return 2
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in SHUTDOWN_SIGNALS:
@@ -51,7 +59,7 @@ async def serve(settings: Settings) -> int:
         log.error("cannot open the store at %s: %s", settings.data_dir, e)
         return 1
     store.preallocate()  # a fresh store's first append need not wait for its segment
-    node = StoreNode(node_config(settings), store)
+    node = StoreNode(node_config(settings, auth), store)
     try:
         await node.start()
     except OSError as e:
@@ -59,6 +67,8 @@ async def serve(settings: Settings) -> int:
         await store.close()
         return 1
     log.info("store node %s listening on %s (data %s)", node.name, node.address, settings.data_dir)
+    if auth is not None:
+        log.info("closed cluster: every connection must prove the cluster secret first")
     member = None
     if settings.store_group:
         from cluster.controller import EtcdController

@@ -1,6 +1,7 @@
 """`gateway namesrv [--config FILE] [--host ADDR] [--port N] [--lease-period-s S]
-[--lease-expiry-s S] [--scan-interval-s S] [--event-loop L] [--log-level L]`: a standalone name
-server, serving until SIGTERM/SIGINT (exit 0; 1 if the port cannot be bound; 2 for bad settings)."""
+[--lease-expiry-s S] [--scan-interval-s S] [--cluster-secret-file FILE] [--event-loop L]
+[--log-level L]`: a standalone name server, serving until SIGTERM/SIGINT (exit 0; 1 if the port
+cannot be bound; 2 for bad settings, an unusable cluster secret file among them)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,10 @@ _FLAGS: dict[str, dict[str, Any]] = {
         "help": "drop registrations idle for S s (default 120)",
     },
     "scan_interval_s": {"type": float, "metavar": "S", "help": "check leases every S s (default 5)"},
+    "cluster_secret_file": {
+        "metavar": "FILE",
+        "help": "every connection must prove this secret first (docs/security.md, 'Closed cluster')",
+    },
     "event_loop": {"choices": EVENT_LOOPS, "help": "asyncio event loop (default uvloop)"},
     "log_level": {"choices": LOG_LEVELS, "help": "log level (default info)"},
 }
@@ -43,6 +48,14 @@ def run(args: argparse.Namespace, env: dict[str, str] | None = None) -> int:
         settings = load(
             {f: getattr(args, f, None) for f in _FLAGS}, dict(os.environ) if env is None else env, args.config
         )
+        auth = None
+        if settings.cluster_secret_file is not None:
+            from remoting.cluster_auth import ClusterAuth, ClusterSecretError
+
+            try:
+                auth = ClusterAuth.from_file(settings.cluster_secret_file)
+            except ClusterSecretError as e:
+                raise ConfigError(str(e)) from None
     except ConfigError as e:
         print(f"gateway: {e}", file=sys.stderr)
         return 2
@@ -51,4 +64,4 @@ def run(args: argparse.Namespace, env: dict[str, str] | None = None) -> int:
 
     factory = loop_factory(settings.event_loop, logging.getLogger("namesrv"))
     with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(serve(settings))
+        return runner.run(serve(settings, auth))

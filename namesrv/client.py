@@ -6,7 +6,9 @@ queries go to the first that answers.
     await ns.register_broker(cluster="c", name="store-a", addr="10.0.0.1:10911",
                              topics={"orders": TopicQueues(8, 8)})
     task = ns.keep_registered(lambda: ns.register_broker(...), period_s=30)   # lease renewals
-    brokers, queues = await ns.route("orders")"""
+    brokers, queues = await ns.route("orders")
+
+With `auth` (the cluster secret, remoting/cluster_auth.py) every connection authenticates first."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from typing import Any
 from remoting import RemotingCommand, RequestCode, ResponseCode, loads, parse_host_port
 from remoting import routes as rd
 from remoting.client import RemotingClient, RemotingClientError
+from remoting.cluster_auth import ClusterAuth
 
 from .body import body_crc32, encode_register_body
 from .routeinfo import TopicQueues
@@ -34,11 +37,14 @@ class NameServerError(Exception):
 
 
 class NameServerClient:
-    def __init__(self, addrs: list[str] | str, *, timeout: float = 3.0) -> None:
+    def __init__(
+        self, addrs: list[str] | str, *, timeout: float = 3.0, auth: ClusterAuth | None = None
+    ) -> None:
         self.addrs = [a.strip() for a in (addrs.split(";") if isinstance(addrs, str) else addrs) if a.strip()]
         if not self.addrs:
             raise ValueError("no name server address")
         self.timeout = timeout
+        self.auth = auth
         self._conns: dict[str, RemotingClient] = {}
         self._lock = asyncio.Lock()
 
@@ -47,7 +53,7 @@ class NameServerClient:
         if c is not None and not c.closed.is_set():
             return c
         host, port = parse_host_port(addr, 9876)
-        c = await RemotingClient.connect(host, port, timeout=self.timeout)
+        c = await RemotingClient.connect(host, port, timeout=self.timeout, auth=self.auth)
         self._conns[addr] = c
         return c
 

@@ -1,5 +1,7 @@
 """Name server settings, layered like the gateway's: defaults < TOML file < GATEWAY_NAMESRV_* env <
-flags of `gateway namesrv`. A TOML file may hold the keys at top level or in a [namesrv] table."""
+flags of `gateway namesrv`. A TOML file may hold the keys at top level or in a [namesrv] table.
+`cluster_secret_file` also comes from GATEWAY_CLUSTER_SECRET_FILE (one variable for every process
+of a cluster) when GATEWAY_NAMESRV_CLUSTER_SECRET_FILE is not set."""
 
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ class NamesrvSettings:
     lease_period_s: float = 30.0  # how often registrants should renew (told in register replies)
     lease_expiry_s: float = 120.0  # a registration not renewed for this long is dropped
     scan_interval_s: float = 5.0  # how often leases are checked
+    # the cluster secret (remoting/cluster_auth.py): every connection authenticates with it first
+    cluster_secret_file: str | None = None
     event_loop: str = "uvloop"
     log_level: str = "info"
 
@@ -40,6 +44,10 @@ class NamesrvSettings:
                 f"lease_expiry_s ({self.lease_expiry_s:g}) must not be shorter than lease_period_s "
                 f"({self.lease_period_s:g})"
             )
+        if self.cluster_secret_file is not None and (
+            not isinstance(self.cluster_secret_file, str) or not self.cluster_secret_file
+        ):
+            raise ConfigError(f"cluster_secret_file must be a file path, got {self.cluster_secret_file!r}")
         if self.event_loop not in EVENT_LOOPS:
             raise ConfigError(f"event_loop must be one of {', '.join(EVENT_LOOPS)}, got {self.event_loop!r}")
         if self.log_level not in LOG_LEVELS:
@@ -85,6 +93,8 @@ def load(
         var = ENV_PREFIX + name.upper()
         if env and env.get(var):
             values[name] = _from_text(name, env[var], var)
+    if env and env.get("GATEWAY_CLUSTER_SECRET_FILE") and not env.get(ENV_PREFIX + "CLUSTER_SECRET_FILE"):
+        values["cluster_secret_file"] = env["GATEWAY_CLUSTER_SECRET_FILE"]
     for k, v in (overrides or {}).items():
         if k not in FIELDS:
             raise ConfigError(f"unknown setting {k!r}")

@@ -3,7 +3,10 @@
 Requests: REGISTER_BROKER, UNREGISTER_BROKER, QUERY_DATA_VERSION and BROKER_HEARTBEAT (lease
 renewals), GET_ROUTEINFO_BY_TOPIC, GET_BROKER_CLUSTER_INFO, GET_ALL_TOPIC_LIST_FROM_NAMESERVER,
 GET_KV_CONFIG (always QUERY_NOT_FOUND: no KV config), and the gateway's REGISTER_PROXY (7001),
-UNREGISTER_PROXY (7002), GET_PROXY_LIST (7003). Anything else: REQUEST_CODE_NOT_SUPPORTED."""
+UNREGISTER_PROXY (7002), GET_PROXY_LIST (7003). Anything else: REQUEST_CODE_NOT_SUPPORTED.
+
+With a cluster secret (`auth`) every connection proves it before any of these is served
+(remoting/cluster_auth.py): a process without it can neither register nor list routes."""
 
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from remoting import (
     wants_standard_json,
 )
 from remoting import routes as rd
+from remoting.cluster_auth import ClusterAuth
 from remoting.server import FrameConnection, FrameServer, close_tcp, serve_tcp
 
 from .body import BodyError, body_crc32, decode_register_body
@@ -43,12 +47,16 @@ class NameServer:
     """Serve until `stop()`; `address` is the bound host:port."""
 
     def __init__(
-        self, settings: NamesrvSettings | None = None, *, clock: Callable[[], float] = time.monotonic
+        self,
+        settings: NamesrvSettings | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        auth: ClusterAuth | None = None,
     ):
         self.settings = settings or NamesrvSettings()
         self.clock = clock
         self.routes = RouteInfo(self.settings.lease_expiry_s)
-        self.frames = FrameServer(self, name="name server", log=log)
+        self.frames = FrameServer(self, name="name server", log=log, auth=auth)
         self._server: asyncio.Server | None = None
         self._scanner: asyncio.Task | None = None
         self._address = f"{self.settings.host}:{self.settings.port}"
@@ -251,21 +259,23 @@ async def _proxy_list(ns: NameServer, conn: FrameConnection, cmd: RemotingComman
     return cmd.response(R.SUCCESS, None, None, json.dumps({"proxies": proxies}, sort_keys=True).encode())
 
 
-async def serve(settings: NamesrvSettings) -> int:
-    """Run a name server until SIGTERM/SIGINT; returns the exit code."""
+async def serve(settings: NamesrvSettings, auth: ClusterAuth | None = None) -> int:
+    """Run a name server until SIGTERM/SIGINT (with `auth`: a closed cluster); the exit code."""
     import signal
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    ns = NameServer(settings)
+    ns = NameServer(settings, auth=auth)
     try:
         await ns.start()
     except OSError as e:
         log.error("namesrv cannot listen on %s:%d: %s", settings.host, settings.port, e.strerror or e)
         return 1
     log.info("namesrv listening on %s", ns.address)
+    if auth is not None:
+        log.info("closed cluster: every connection must prove the cluster secret first")
     log.info(
         "name server ready (lease period %.0f s, expiry %.0f s)",
         settings.lease_period_s,

@@ -16,7 +16,8 @@ Decoder), headers (lenient extFields access, SEND_MESSAGE_V2 short names), jsonx
 sorted keys, bare numeric keys for clients below 4.9.4), routes (route and cluster data bodies),
 address (`host:port` parsing). The asyncio parts are imported on their own: `remoting.client` (a
 request/response client) and `remoting.server` (the frame server every remoting listener runs,
-each supplying only its dispatch). The 4.x message encodings are the adapter's
+each supplying only its dispatch); `remoting.cluster_auth` is the cluster secret's sans-IO
+connect-time handshake, which both of them run when given one. The 4.x message encodings are the adapter's
 (adapters/remoting/message_codec.py). Wire facts: ../shared/protocols/rocketmq-remoting.md.
 """
 

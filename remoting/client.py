@@ -1,23 +1,32 @@
 """A small asyncio remoting client: request/response by opaque, oneway requests, and a callback for
 requests the server sends (CHECK_TRANSACTION_STATE, NOTIFY_CONSUMER_IDS_CHANGED).
 
-Used by the name server's clients (store nodes and proxies registering, see namesrv/client.py)
-and by tests. Not a RocketMQ client library: no routes, no rebalancing."""
+Used by the name server's clients (store nodes and proxies registering, see namesrv/client.py),
+CLUSTER mode's store connections and by tests. Not a RocketMQ client library: no routes, no
+rebalancing. `connect(..., auth=ClusterAuth)` proves the cluster secret before anything else is
+sent and checks the server's proof (remoting/cluster_auth.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import itertools
+import logging
 from collections.abc import Awaitable, Callable
 
-from remoting import FLAG_ONEWAY, Decoder, RemotingCodecError, RemotingCommand
+from remoting import FLAG_ONEWAY, Decoder, RemotingCodecError, RemotingCommand, ResponseCode
+from remoting.cluster_auth import AUTH_CODE, AuthRefused, ClusterAuth
 
+log = logging.getLogger("remoting.cluster_auth")
 ServerRequestHandler = Callable[[RemotingCommand], Awaitable[RemotingCommand | None] | None]
 
 
 class RemotingClientError(ConnectionError):
     pass
+
+
+class ClusterAuthError(RemotingClientError):
+    """The cluster handshake failed: the peer refused us, or does not hold the secret."""
 
 
 class RemotingClient:
@@ -52,10 +61,41 @@ class RemotingClient:
         on_request: ServerRequestHandler | None = None,
         *,
         timeout: float = 5.0,
+        auth: ClusterAuth | None = None,
         **kw: object,
     ) -> RemotingClient:
+        """Open a connection; with `auth`, authenticated (ClusterAuthError when refused)."""
         r, w = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
-        return cls(r, w, on_request, **kw)  # type: ignore[arg-type]
+        client = cls(r, w, on_request, **kw)  # type: ignore[arg-type]
+        if auth is not None:
+            try:
+                await client.authenticate(auth, f"{host}:{port}", timeout)
+            except BaseException:
+                await client.close()
+                raise
+        return client
+
+    async def authenticate(self, auth: ClusterAuth, peer: str, timeout: float = 5.0) -> None:
+        """The cluster handshake: send the hello, check the server's answer. One warning line
+        (without the secret) and ClusterAuthError when either side refuses."""
+        hello = auth.hello()
+        try:
+            r = await self.invoke(AUTH_CODE, dict(hello), timeout=timeout)
+        except RemotingClientError as e:
+            why = f"connection closed during the cluster authentication ({e})"
+        else:
+            if r.code == ResponseCode.SUCCESS:
+                try:
+                    auth.check_welcome(hello, r.ext_fields)
+                    return
+                except AuthRefused as e:
+                    why = str(e)
+            elif r.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED:
+                why = "it takes no cluster authentication (started without a cluster secret?)"
+            else:
+                why = f"{r.remark or 'refused'} (code {r.code})"
+        log.warning("cluster peer %s refused: %s", peer, why)
+        raise ClusterAuthError(f"cluster peer {peer} refused: {why}")
 
     def command(
         self, code: int, ext: dict[str, object] | None = None, body: bytes = b"", *, oneway: bool = False

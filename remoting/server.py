@@ -8,7 +8,10 @@ store node): thin asyncio glue around the sans-IO `Decoder`. Each listener suppl
   request is answered SYSTEM_BUSY (`[OVERLOAD] ...`) and a oneway request dropped;
 - write the handler's reply (none for oneway requests), stop reading a client that does not read
   its replies (transport flow control), and close the connection on a codec error;
-- `drain(grace)` lets running requests finish on shutdown, `abort()` closes every connection.
+- `drain(grace)` lets running requests finish on shutdown, `abort()` closes every connection;
+- with a cluster secret (`auth`, remoting/cluster_auth.py) a connection is served only once its
+  first frame, the AUTH hello, checked out: any other first frame, a bad hello, or no hello within
+  AUTH_TIMEOUT_S is refused (NO_PERMISSION), logged without the secret, and the connection closed.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import logging
 from collections.abc import Awaitable
 from typing import Any, Protocol
 
+from .cluster_auth import AUTH_CODE, AUTH_TIMEOUT_S, AuthRefused, ClusterAuth
 from .codes import FLAG_ONEWAY, ResponseCode
 from .command import MAX_FRAME_SIZE, Decoder, RemotingCodecError, RemotingCommand
 
@@ -52,6 +56,8 @@ class FrameConnection(asyncio.Protocol):
         self.closed = False
         self.tasks: dict[int, asyncio.Task] = {}
         self.state: Any = None
+        self.authenticated = server.auth is None  # with a cluster secret: once its hello checked out
+        self._auth_timer: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------------ asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -62,14 +68,22 @@ class FrameConnection(asyncio.Protocol):
         if isinstance(sock, tuple):
             self.local_host = str(sock[0])
         self.server.connections.add(self)
+        if not self.authenticated:
+            self._auth_timer = asyncio.get_running_loop().call_later(
+                self.server.auth_timeout_s, self._refuse, None, "no cluster authentication in time"
+            )
         self.handler.opened(self)
 
     def data_received(self, data: bytes) -> None:
         self.decoder.feed(data)
         try:
             for cmd in self.decoder:
-                if not cmd.is_response:  # replies to our oneway requests: nothing waits for them
+                if cmd.is_response:  # replies to our oneway requests: nothing waits for them
+                    continue
+                if self.authenticated:
                     self._start(cmd)
+                elif not self._authenticate(cmd):
+                    return
         except RemotingCodecError as e:
             self.server.log.info("%s connection %s: %s; closing it", self.server.name, self.remote, e)
             self.close()
@@ -85,10 +99,38 @@ class FrameConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
         self.server.connections.discard(self)
         self.handler.closed(self)
         for t in list(self.tasks.values()):
             t.cancel()
+
+    # ------------------------------------------------------------------ cluster secret
+    def _authenticate(self, cmd: RemotingCommand) -> bool:
+        """Check the first frame of a connection that must authenticate; False: refused, closed."""
+        auth = self.server.auth
+        assert auth is not None
+        try:
+            if cmd.code != AUTH_CODE:
+                raise AuthRefused("no cluster authentication")
+            reply = auth.check_hello(cmd.ext_fields)
+        except AuthRefused as e:
+            self._refuse(cmd, str(e))
+            return False
+        self.authenticated = True
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
+        self.write(cmd.response(ResponseCode.SUCCESS, None, reply))
+        return True
+
+    def _refuse(self, cmd: RemotingCommand | None, why: str) -> None:
+        if self.closed:
+            return
+        self.server.log.warning("cluster peer %s refused: %s", self.remote, why)
+        if cmd is not None and not cmd.is_oneway:
+            self.write(cmd.response(ResponseCode.NO_PERMISSION, why))
+        self.close()
 
     # ------------------------------------------------------------------ requests
     def _start(self, cmd: RemotingCommand) -> None:
@@ -138,7 +180,8 @@ class FrameConnection(asyncio.Protocol):
 
 class FrameServer:
     """The connections of one remoting listener. Pass `protocol` as the protocol factory to
-    `loop.create_server` (or adapters' TcpListeners); set `accepting` once serving."""
+    `loop.create_server` (or adapters' TcpListeners); set `accepting` once serving. `auth`: the
+    cluster secret every connection must prove first (None: open, as for 4.x clients)."""
 
     def __init__(
         self,
@@ -149,6 +192,8 @@ class FrameServer:
         max_frame_size: int = MAX_FRAME_SIZE,
         max_inflight: int = MAX_INFLIGHT,
         accepting: bool = True,
+        auth: ClusterAuth | None = None,
+        auth_timeout_s: float = AUTH_TIMEOUT_S,
     ) -> None:
         self.handler = handler
         self.name = name
@@ -156,6 +201,8 @@ class FrameServer:
         self.max_frame_size = max_frame_size
         self.max_inflight = max_inflight
         self.accepting = accepting
+        self.auth = auth  # a cluster secret: every connection authenticates first
+        self.auth_timeout_s = auth_timeout_s
         self.connections: set[FrameConnection] = set()
 
     def protocol(self) -> FrameConnection:

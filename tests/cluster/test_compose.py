@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yml"
 DOCKERFILE = REPO / "Dockerfile"
 STORES = ("store-1a", "store-1b", "store-2a", "store-2b")
+SECRET = "/run/secrets/cluster_secret"
 
 
 def services() -> dict[str, dict]:
@@ -76,13 +77,13 @@ def test_commands_parse_into_settings_that_point_at_each_other():
     svcs = services()
     ns_args = parsed(svcs["namesrv"])
     ns = load_namesrv({f: getattr(ns_args, f) for f in NAMESRV_FLAGS}, {})
-    assert ns.host == "0.0.0.0"
+    assert ns.host == "0.0.0.0" and ns.cluster_secret_file == SECRET
     ns_addr = f"namesrv:{ns.port}"
     stores = {}
     for name in STORES:
         svc = svcs[name]
         s = settings_from_args(parsed(svc), env_of(svc))
-        assert s.namesrv == ns_addr and s.host == "0.0.0.0"
+        assert s.namesrv == ns_addr and s.host == "0.0.0.0" and s.cluster_secret_file == SECRET
         assert s.store_name == name and s.advertise_host == name  # reachable by service name
         (volume,) = svc["volumes"]
         assert volume.endswith(":" + s.data_dir)
@@ -101,6 +102,7 @@ def test_commands_parse_into_settings_that_point_at_each_other():
         s = settings_from_args(parsed(svc), env_of(svc))
         assert (s.mode, s.namesrv, s.cluster_name, s.host) == ("cluster", ns_addr, cluster, "0.0.0.0")
         assert s.proxy_name == name and s.advertise_host == "127.0.0.1"
+        assert s.cluster_secret_file == SECRET
         check_exposure(s)  # every interface: the proxies run with --auth, so they start
         assert s.auth and "GATEWAY_ADMIN_PASSWORD" in svc["environment"]
         assert set(svc["depends_on"]) == set(STORES)
@@ -115,6 +117,17 @@ def test_commands_parse_into_settings_that_point_at_each_other():
         host_ports += list(published.values())
         assert str(s.http_port) in " ".join(svc["healthcheck"]["test"])
     assert len(host_ports) == len(set(host_ports))  # the two proxies do not collide
+
+
+def test_every_gateway_service_gets_the_cluster_secret():
+    top = yaml.safe_load(COMPOSE.read_text())["secrets"]
+    assert top == {"cluster_secret": {"file": "./cluster.secret"}}
+    for name, svc in services().items():
+        if name == "etcd":
+            continue
+        (mount,) = svc["secrets"]
+        assert mount["source"] == "cluster_secret" and SECRET.endswith("/" + mount["target"]), name
+        assert mount["uid"] == "10001" and mount["mode"] == 0o400, name  # the image's user, owner-only
 
 
 def test_the_image_starts_with_authentication():
