@@ -12,6 +12,7 @@ A server that cannot start raises `ServerError` with the tail of its log.
   `--gateway-profile`), ready when it logged `gateway ready` and `GET /healthz` answers 200.
 - `spawn_gateway`: any `gateway` subcommand (`namesrv`, `store`, `start`), ready on its ready line
   (and /healthz, given the HTTP port).
+- `self_signed_cert`: a certificate and key made by the `openssl` CLI for the TLS runs.
 
 Process figures come from /proc: utime+stime of /proc/<pid>/stat (CPU seconds, clock-tick
 resolution), VmRSS of /proc/<pid>/status, the machine's busy and steal time of /proc/stat.
@@ -286,6 +287,23 @@ def start_gateway(
         server.info["src"] = str(src or REPO)
     server.info["flush"] = gateway_flag(list(extra_args), "--flush")
     return server
+
+
+def self_signed_cert(directory: Path, days: int = 2) -> tuple[Path, Path]:
+    """A fresh self-signed EC P-256 certificate for `localhost` and 127.0.0.1 (`openssl req -x509`)
+    written to `directory` as (cert.pem, key.pem): what the TLS runs' servers serve and their
+    clients trust. Generated per run, so no key is ever committed. ServerError without openssl."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise ServerError("openssl not found (Debian package openssl)")
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    cmd = [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"]
+    cmd += ["-nodes", "-days", str(days), "-subj", "/CN=localhost"]
+    cmd += ["-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+    if out.returncode != 0:
+        raise ServerError(f"openssl req failed: {out.stderr.strip()[-500:]}")
+    return cert, key
 
 
 # ---------------------------------------------------------------------------- /proc readers

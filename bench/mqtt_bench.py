@@ -1,7 +1,8 @@
 """MQTT broker benchmark: our gateway against Mosquitto and amqtt, same load generator, same machine.
 
     .venv/bin/python bench/mqtt_bench.py [--brokers gateway,mosquitto,amqtt] [--duration S]
-        [--publishers N] [--subscribers M] [--idle-conns K] [--quick] [--json]
+        [--publishers N] [--subscribers M] [--idle-conns K] [--auth-rounds N] [--tls-rounds N]
+        [--quick] [--json]
 
 For each broker (started on loopback by bench/common.py, the gateway, or bench/mqtt_servers.py,
 pinned to `--server-cpu`, default CPU 0) the load generator (bench/mqtt_loadgen.py: `--procs`
@@ -40,6 +41,19 @@ packets; this process is pinned there too) measures, in this order:
    real login and the per-message ACL check of `processor.send` included. `qos1_auth_ratio` is the
    median over the rounds of auth-on / auth-off QoS 1 throughput (target >= 0.9).
 
+7. TLS (`--tls-rounds N`, default 3; `--quick`: 1): phase 3 again on fresh brokers per round: our
+   gateway in clear, our gateway over TLS (`--tls-cert`/`--tls-key`, publishers on its
+   `--mqtt-tls-port`), Mosquitto over TLS (`certfile`/`keyfile` on its listener) and Mosquitto in
+   clear (for context; the Mosquitto runs only with `mosquitto` in `--brokers`), in that order in
+   odd rounds and the reverse in even ones: the same load and pinning, the generator's connections
+   then being TLS (the event loop's TLS transport, the server certificate verified). All serve one
+   self-signed EC P-256 certificate made for the run by the `openssl` CLI in a temporary directory
+   (removed after it). `qos1_tls_ratio` is the median over the rounds of gateway TLS / gateway
+   plain QoS 1 throughput (target >= 0.7), `qos1_tls_ratio_vs_mosquitto` the median of gateway TLS
+   / Mosquitto TLS. `tls.gateway_cpu_ratio` (median of gateway plain / TLS server CPU per message)
+   is the throughput ratio a CPU-bound gateway would show: a cross-check when other jobs disturb
+   the throughput figures.
+
 Server CPU is utime+stime from /proc/<pid>/stat of the server process (the gateway's fsync helper
 child, when its store uses one, is reported separately in `cpu_us_per_qos1_msg_incl_children`;
 with Linux AIO fdatasync, the default, the kernel worker that runs it is not counted), so it stays
@@ -51,8 +65,9 @@ directory); the output says which filesystem that is.
 
 Shared machines: before each measured run the bench waits (up to `--quiet-wait` s) until the whole
 machine uses < 0.3 CPUs, and each run reports `other_util`, the CPUs used by processes other than
-the server (and its children) and the generator during the window (/proc/stat minus those); the
-table flags runs where that exceeded 0.15 CPUs, as their figures are disturbed.
+the server (and its children) and the generator during the window (/proc/stat minus those), and
+`host_steal`, the share of all CPU time the hypervisor gave to other guests then; the table flags
+runs where `other_util` exceeded 0.15 CPUs, as their figures are disturbed.
 
 Profiling our gateway: `--gateway-profile FILE` runs it under `python -m cProfile -o FILE` (e.g.
 with `--brokers gateway --phases qos1`); the stats are written when it exits on SIGTERM. cProfile
@@ -62,8 +77,10 @@ Output: a table of the figures, our ratio to each peer (gateway / peer; the arro
 better) and the targets; `--json` prints one JSON object instead (progress goes to stderr) with the
 top-level keys `qos1_ratio_vs_mosquitto`, `qos1_ratio_vs_amqtt`, `cpu_us_per_qos1_msg`,
 `p99_ms_at_5k`, `idle_conn_rss_mib_per_10k`, `qos1_auth_ratio` (our gateway; its rounds in `auth`),
-`targets`, `ratios`, `brokers` (figures and per-phase details per broker) and `config`. A broker
-that cannot start, or a phase that fails, gives null figures and an `error`; the run goes on.
+`qos1_tls_ratio` and `qos1_tls_ratio_vs_mosquitto` (in `tls`: the rounds, each run's rate, server
+CPU per message, `other_util` and `host_steal`, and the medians per run kind), `targets`, `ratios`,
+`brokers` (figures and per-phase details per broker) and `config`. A broker that cannot start, or
+a phase that fails, gives null figures and an `error`; the run goes on.
 """
 
 from __future__ import annotations
@@ -93,18 +110,25 @@ from common import (
     ServerError,
     admin_call,
     cpu_s,
+    cpu_ticks,
     descendants,
+    fmt,
+    free_port,
     fs_type,
     log,
     pct_ms,
     policy_toml,
     rss_bytes,
+    self_signed_cert,
     sleep_until,
     start_gateway,
+    steal_since,
     system_busy_s,
+    tcp_ready,
     tree_cpu_s,
     wait_idle,
     wait_quiet,
+    wait_ready,
 )
 from mqtt_loadgen import Job, Spec, raise_nofile, worker_main
 from mqtt_report import BROKERS, FIGURES, GIB, MIB, build_report, print_table
@@ -195,7 +219,9 @@ class Generator:
 
 
 class BrokerBench:
-    def __init__(self, server: Server, args: argparse.Namespace, auth: bool = False) -> None:
+    def __init__(
+        self, server: Server, args: argparse.Namespace, auth: bool = False, tls_ca: Path | None = None
+    ) -> None:
         self.server = server
         self.args = args
         creds = {"username": BENCH_USER, "password": args.bench_password} if auth else {}
@@ -208,6 +234,7 @@ class BrokerBench:
             rate=args.latency_rate,
             cpus=args.gen_cpu_list,
             loop=args.loop,
+            tls_ca=str(tls_ca) if tls_ca else None,
             **creds,
         )
         self.kids = descendants(server.pid)  # the gateway's fsync helper
@@ -235,9 +262,11 @@ class BrokerBench:
         sleep_until(t0)
         c0, ct0 = self._cpu()
         sys0 = system_busy_s()
+        ticks0 = cpu_ticks()
         sleep_until(t1)
         c1, ct1 = self._cpu()
         sys1 = system_busy_s()
+        steal = steal_since(ticks0)
         drain = 0.0
         c2, ct2 = c1, ct1
         if settle:
@@ -256,6 +285,8 @@ class BrokerBench:
                 "gen_util": res["gen_cpu_s"] / (dur * ncpu),
                 # CPU used by anything else on the machine during the window (other jobs): in CPUs
                 "other_util": max(0.0, (sys1 - sys0) - (ct1 - ct0) - res["gen_cpu_s"]) / dur,
+                # share of all CPU time the hypervisor gave to other guests during the window
+                "host_steal": steal,
             }
         )
         s_util, g_util = res["server_util"], res["gen_util"]
@@ -406,6 +437,7 @@ def _run_details(r: dict[str, Any]) -> dict[str, Any]:
         "server_util",
         "gen_util",
         "other_util",
+        "host_steal",
         "bottleneck",
         "errors",
     )
@@ -416,14 +448,32 @@ def _run_details(r: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
-def start_server(name: str, workdir: Path, args: argparse.Namespace, auth: bool = False) -> Server:
+def start_server(
+    name: str,
+    workdir: Path,
+    args: argparse.Namespace,
+    auth: bool = False,
+    tls: tuple[Path, Path] | None = None,
+) -> Server:
+    """Broker `name` started fresh in `workdir`; with `tls` (certificate, key) `server.port` is its
+    MQTT over TLS port (our gateway: `--mqtt-tls-port`, its plain listener left unused)."""
     if name == "gateway":
         src = Path(args.gateway_src).resolve() if args.gateway_src else None
         prof = Path(args.gateway_profile).resolve() if args.gateway_profile else None
         extra = shlex.split(args.gateway_args) + (["--auth"] if auth else [])
-        return start_gateway(workdir, "mqtt", extra, cpu=args.server_cpu, src=src, profile=prof)
+        tls_port = free_port() if tls is not None else 0
+        if tls is not None:
+            extra += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1]), "--mqtt-tls-port", str(tls_port)]
+            extra += ["--https-port", "0"]  # HTTPS is on with --tls-cert (8443 by default)
+        server = start_gateway(workdir, "mqtt", extra, cpu=args.server_cpu, src=src, profile=prof)
+        if tls is not None:
+            server.port = tls_port
+            wait_ready(server, lambda: tcp_ready(tls_port), 30)
+        return server
     if name == "mosquitto":
-        return start_mosquitto(workdir, args.server_cpu)
+        return start_mosquitto(workdir, args.server_cpu, tls=tls)
+    if tls is not None:
+        raise ServerError(f"no TLS runs for {name}")
     if name == "amqtt":
         return start_amqtt(workdir, args.server_cpu)
     raise ServerError(f"unknown broker {name!r} (known: {', '.join(BROKERS)})")
@@ -439,10 +489,16 @@ PHASES: list[tuple[str, Callable[[BrokerBench], dict[str, Any]]]] = [
 
 
 def bench_broker(
-    name: str, args: argparse.Namespace, *, auth: bool = False, phases: list[str] | None = None
+    name: str,
+    args: argparse.Namespace,
+    *,
+    auth: bool = False,
+    phases: list[str] | None = None,
+    tls: tuple[Path, Path] | None = None,
 ) -> dict[str, Any]:
     """One broker started fresh and its `phases` (default `--phases`) measured; `auth`: our gateway
-    with `--auth`, the `bench` user and the ACL rules."""
+    with `--auth`, the `bench` user and the ACL rules; `tls` (certificate, key): the broker serves
+    MQTT over TLS with them and every generator connection uses it."""
     res: dict[str, Any] = {k: None for k, _, _ in FIGURES}
     res["details"] = {}
     workdir = Path(tempfile.mkdtemp(prefix=f"mqtt-bench-{name}-", dir=args.dir))
@@ -450,15 +506,16 @@ def bench_broker(
     server: Server | None = None
     phase_list = args.phase_list if phases is None else phases
     try:
-        log(f"[{name}] starting" + (" with --auth" if auth else ""))
-        server = start_server(name, workdir, args, auth)
+        log(f"[{name}] starting" + (" with --auth" if auth else "") + (" over TLS" if tls else ""))
+        server = start_server(name, workdir, args, auth, tls)
         res["info"] = dict(server.info)
+        res["info"]["tls"] = tls is not None
         res["info"]["start_s"] = round(time.monotonic() - t, 2)
         if name == "gateway":
             res["info"]["data_fs"] = fs_type(workdir)
         if auth:
             res["info"].update(provision(server, args))
-        b = BrokerBench(server, args, auth)
+        b = BrokerBench(server, args, auth, tls[0] if tls else None)
         for phase, fn in PHASES:
             if phase not in phase_list:
                 continue
@@ -575,6 +632,96 @@ def auth_rounds(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+# ---------------------------------------------------------------------------- TLS vs plain
+
+# the runs of one TLS round in odd rounds (even rounds run them in reverse): (broker, over TLS)
+TLS_RUNS = (("gateway", False), ("gateway", True), ("mosquitto", True), ("mosquitto", False))
+
+
+def _tls_run(r: dict[str, Any]) -> dict[str, Any]:
+    """The figures of one TLS-phase run (a `bench_broker` result with its qos1 phase)."""
+    d = r["details"].get("qos1", {})
+    out = {"qos1_msgs_per_s": r.get("qos1_msgs_per_s"), "cpu_us_per_qos1_msg": r.get("cpu_us_per_qos1_msg")}
+    out.update({k: d.get(k) for k in ("server_util", "gen_util", "bottleneck", "other_util", "host_steal")})
+    err = r.get("error") or d.get("error")
+    if err:
+        out["error"] = err.splitlines()[0]
+    return out
+
+
+def _div(a: Any, b: Any) -> float | None:
+    return a / b if a and b else None
+
+
+def _median(xs: list[Any]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def tls_rounds(args: argparse.Namespace) -> dict[str, Any]:
+    """QoS 1 throughput over TLS vs plain: `--tls-rounds` rounds, each running phase 3 on a fresh
+    gateway in clear, a fresh one over TLS, a fresh Mosquitto over TLS and one in clear (when
+    `mosquitto` is in `--brokers`), in the order of TLS_RUNS in odd rounds and the reverse in even
+    ones, so that neither side of a pair always runs second. All use one self-signed certificate
+    made for this run (deleted after it)."""
+    out: dict[str, Any] = {"qos1_tls_ratio": None, "qos1_tls_ratio_vs_mosquitto": None, "target": ">= 0.7"}
+    certdir = Path(tempfile.mkdtemp(prefix="mqtt-bench-cert-", dir=args.dir))
+    try:
+        tls = self_signed_cert(certdir)
+    except ServerError as e:
+        shutil.rmtree(certdir, ignore_errors=True)
+        log(f"TLS rounds: {e}")
+        out["error"] = str(e)
+        return out
+    runs = [r for r in TLS_RUNS if r[0] in args.broker_list]
+    rounds = []
+    try:
+        for i in range(args.tls_rounds):
+            rnd: dict[str, Any] = {"order": []}
+            for name, over_tls in runs if i % 2 == 0 else runs[::-1]:
+                key = _run_key((name, over_tls))
+                log(f"[{name}] TLS round {i + 1}: {'TLS' if over_tls else 'plain'}")
+                rnd[key] = _tls_run(bench_broker(name, args, phases=["qos1"], tls=tls if over_tls else None))
+                rnd["order"].append(key)
+            rate = {k: rnd.get(k, {}).get("qos1_msgs_per_s") for k in map(_run_key, TLS_RUNS)}
+            rnd["ratio"] = _div(rate["gateway_tls"], rate["gateway_plain"])
+            rnd["ratio_vs_mosquitto"] = _div(rate["gateway_tls"], rate["mosquitto_tls"])
+            rnd["mosquitto_ratio"] = _div(rate["mosquitto_tls"], rate["mosquitto_plain"])
+            cpu = {k: rnd.get(k, {}).get("cpu_us_per_qos1_msg") for k in ("gateway_plain", "gateway_tls")}
+            # the TLS / plain throughput of a CPU-bound gateway: less disturbed by other jobs than `ratio`
+            rnd["cpu_ratio"] = _div(cpu["gateway_plain"], cpu["gateway_tls"])
+            rnd["errors"] = [f"{k}: {rnd[k]['error']}" for k in rnd["order"] if "error" in rnd[k]]
+            rounds.append(rnd)
+            log(
+                f"  TLS round {i + 1}: "
+                + ", ".join(f"{k} {fmt(rate[k])} msg/s" for k in rnd["order"])
+                + f"; gateway TLS/plain {fmt(rnd['ratio'])}"
+            )
+    finally:
+        shutil.rmtree(certdir, ignore_errors=True)
+
+    def med(key: str, fig: str = "qos1_msgs_per_s") -> float | None:
+        return _median([r.get(key, {}).get(fig) for r in rounds])
+
+    out.update(
+        {
+            "qos1_tls_ratio": _median([r["ratio"] for r in rounds]),
+            "qos1_tls_ratio_vs_mosquitto": _median([r["ratio_vs_mosquitto"] for r in rounds]),
+            "mosquitto_tls_ratio": _median([r["mosquitto_ratio"] for r in rounds]),
+            "gateway_cpu_ratio": _median([r["cpu_ratio"] for r in rounds]),
+            "qos1_msgs_per_s": {k: med(k) for k in map(_run_key, TLS_RUNS)},
+            "cpu_us_per_qos1_msg": {k: med(k, "cpu_us_per_qos1_msg") for k in map(_run_key, TLS_RUNS)},
+            "certificate": "self-signed EC P-256 (openssl req -x509), server-authenticated TLS",
+            "rounds": rounds,
+        }
+    )
+    return out
+
+
+def _run_key(run: tuple[str, bool]) -> str:
+    return f"{run[0]}_{'tls' if run[1] else 'plain'}"
+
+
 def _last_error_line(server: Server) -> str | None:
     lines = [ln for ln in server.log_tail(200).splitlines() if "Error" in ln or "rror:" in ln]
     return lines[-1].strip()[:300] if lines else None
@@ -624,6 +771,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--auth-rounds", type=int, default=3, help="QoS 1 auth off/on rounds of our gateway (0: none)"
     )
     ap.add_argument("--acl-rules", type=int, default=1000, help="ACL rules of the auth-on runs")
+    ap.add_argument(
+        "--tls-rounds", type=int, default=3, help="QoS 1 plain/TLS rounds (gateway, Mosquitto; 0: none)"
+    )
     ap.add_argument("--dir", default=None, help="parent of the temporary work directories")
     ap.add_argument("--keep", action="store_true", help="keep work directories (logs, configs)")
     ap.add_argument("--quick", action="store_true", help="small fast run (smoke test)")
@@ -640,6 +790,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.drain_max = min(args.drain_max, 3.0)
         args.quiet_wait = min(args.quiet_wait, 1.0)
         args.auth_rounds = min(args.auth_rounds, 1)
+        args.tls_rounds = min(args.tls_rounds, 1)
     args.payload = max(args.payload, 8)
     args.broker_list = [b.strip() for b in args.brokers.split(",") if b.strip()]
     args.phase_list = [p.strip() for p in args.phases.split(",") if p.strip()]
@@ -668,14 +819,27 @@ def main(argv: list[str] | None = None) -> int:
     auth: dict[str, Any] = {"qos1_auth_ratio": None}
     if "gateway" in args.broker_list and "qos1" in args.phase_list and args.auth_rounds > 0:
         auth = auth_rounds(args)
+    tls: dict[str, Any] = {"qos1_tls_ratio": None, "qos1_tls_ratio_vs_mosquitto": None}
+    if "gateway" in args.broker_list and "qos1" in args.phase_list and args.tls_rounds > 0:
+        tls = tls_rounds(args)
     report = build_report(brokers, args)
     report["qos1_auth_ratio"] = auth["qos1_auth_ratio"]
-    report["config"].update(auth_rounds=args.auth_rounds, acl_rules=args.acl_rules)
+    report["qos1_tls_ratio"] = tls["qos1_tls_ratio"]
+    report["qos1_tls_ratio_vs_mosquitto"] = tls["qos1_tls_ratio_vs_mosquitto"]
+    report["config"].update(
+        auth_rounds=args.auth_rounds, acl_rules=args.acl_rules, tls_rounds=args.tls_rounds
+    )
     report["auth"] = auth
+    report["tls"] = tls
     report["targets"]["qos1_auth"] = {
         "target": "QoS 1 throughput with auth on and 1,000 ACL rules >= 0.9x auth off",
         "value": auth["qos1_auth_ratio"],
         "met": None if auth["qos1_auth_ratio"] is None else auth["qos1_auth_ratio"] >= 0.9,
+    }
+    report["targets"]["qos1_tls"] = {
+        "target": "QoS 1 throughput over TLS >= 0.7x plain",
+        "value": tls["qos1_tls_ratio"],
+        "met": None if tls["qos1_tls_ratio"] is None else tls["qos1_tls_ratio"] >= 0.7,
     }
     text = json.dumps(report, default=str)
     if args.json_file:
@@ -694,7 +858,30 @@ def main(argv: list[str] | None = None) -> int:
     log(f"qos1_auth_ratio (auth on / off, median of {len(auth.get('rounds', ()))}): {text_ratio}")
     if not args.json:
         print(f"qos1_auth_ratio (QoS 1 auth on / off, median): {text_ratio} (target >= 0.9)")
+        print_tls(tls)
     return 0
+
+
+def print_tls(tls: dict[str, Any]) -> None:
+    """The TLS rounds' lines of the text output."""
+    if tls.get("error"):
+        print(f"TLS rounds: could not run: {tls['error'].splitlines()[0]}")
+    for i, r in enumerate(tls.get("rounds", ())):
+        runs = ", ".join(
+            f"{k.replace('_', ' ')} {fmt(r[k]['qos1_msgs_per_s'])} msg/s "
+            f"({fmt(r[k]['cpu_us_per_qos1_msg'])} µs/msg, other {fmt(r[k]['other_util'])} CPUs, "
+            f"steal {fmt(r[k]['host_steal'])})"
+            for k in r["order"]
+        )
+        print(f"TLS round {i + 1}: {runs}" + "".join(f"; {e}" for e in r["errors"]))
+    cpu = tls.get("cpu_us_per_qos1_msg", {})
+    print(f"qos1_tls_ratio (QoS 1 gateway TLS / plain, median): {fmt(tls['qos1_tls_ratio'])} (target >= 0.7)")
+    print(
+        "qos1_tls_ratio_vs_mosquitto (gateway TLS / Mosquitto TLS, median): "
+        f"{fmt(tls['qos1_tls_ratio_vs_mosquitto'])}; server CPU µs/QoS1 msg over TLS: gateway "
+        f"{fmt(cpu.get('gateway_tls'))} (plain {fmt(cpu.get('gateway_plain'))}: CPU ratio "
+        f"{fmt(tls.get('gateway_cpu_ratio'))}), Mosquitto {fmt(cpu.get('mosquitto_tls'))}"
+    )
 
 
 if __name__ == "__main__":

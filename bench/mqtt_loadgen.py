@@ -27,6 +27,9 @@ connections (at most `connect_concurrency` handshakes at once), reports ready on
 serves commands: `("run", t_start, t0, t1)` (monotonic seconds: load from t_start, counter
 snapshots at t0 and t1, load stops at t1, then a drain of outstanding acks/deliveries) answered by a
 result dict, and `("stop",)` which DISCONNECTs and exits.
+
+With `Job.tls_ca` every connection is TLS (the event loop's own TLS transport, certificate checked
+against that file); the packets and their counting are the same.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import asyncio
 import contextlib
 import os
 import resource
+import ssl
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -125,6 +129,7 @@ class Job:
     loop: str = "uvloop"
     username: str | None = None  # CONNECT credentials (a gateway started with --auth)
     password: str | None = None
+    tls_ca: str | None = None  # connect over TLS, verifying the server against this PEM (its certificate)
 
 
 @dataclass(slots=True)
@@ -417,11 +422,12 @@ class Worker:
         j = self.job
         sem = asyncio.Semaphore(j.connect_concurrency)
         pid = os.getpid()
+        tls = client_tls(j.tls_ca) if j.tls_ca else None
 
         async def one(spec: Spec) -> Client:
             async with sem:
                 _, c = await self.loop.create_connection(
-                    lambda: _CLASSES[spec.role](self, spec), j.host, j.port
+                    lambda: _CLASSES[spec.role](self, spec), j.host, j.port, ssl=tls
                 )
                 assert isinstance(c, Client)
                 c.write(
@@ -556,6 +562,12 @@ async def _serve(job: Job, conn: Connection, fan_counts: Any) -> None:
             await w.close()
             conn.send(("closed", None))
             return
+
+
+def client_tls(cafile: str) -> ssl.SSLContext:
+    """The generator's TLS client context: the library defaults (TLS 1.2+, the server's certificate
+    and host name checked) with `cafile` as the only trusted root."""
+    return ssl.create_default_context(cafile=cafile)
 
 
 def raise_nofile() -> None:

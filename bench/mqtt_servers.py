@@ -11,7 +11,9 @@ tail of its log.
   Default settings: flush policy `sync`.
 - `mosquitto`: /usr/sbin/mosquitto with a config that never drops QoS 1 messages for slow
   subscribers (`max_queued_messages 0`, `max_queued_bytes 0`, `max_inflight_messages 0`), anonymous,
-  no persistence, TCP_NODELAY on, only errors and warnings logged.
+  no persistence, TCP_NODELAY on, only errors and warnings logged. With `tls=(cert, key)` its
+  listener serves MQTT over TLS only (`certfile`, `keyfile`, no client certificates; `user root`:
+  see MOSQUITTO_TLS_CONF).
 - `amqtt`: the `amqtt` console script next to this interpreter with a YAML config (amqtt 0.12
   `BrokerConfig`: a `default` tcp listener on 127.0.0.1:P, unlimited connections, only
   `AnonymousAuthPlugin` with `allow_anonymous: true`, so no $SYS publishing or packet logging).
@@ -47,13 +49,28 @@ log_type error
 log_type warning
 """
 
+# appended with `tls`: the listener above serves MQTT over TLS with the bench's certificate. Started
+# as root, Mosquitto would switch to user `mosquitto` before reading the key in the bench's private
+# work directory; `user root` keeps the starting user (no effect when that is not root).
+MOSQUITTO_TLS_CONF = """\
+user root
+certfile {cert}
+keyfile {key}
+"""
 
-def start_mosquitto(workdir: Path, cpu: int | None, timeout: float = 20.0) -> Server:
+
+def start_mosquitto(
+    workdir: Path, cpu: int | None, timeout: float = 20.0, tls: tuple[Path, Path] | None = None
+) -> Server:
+    """Mosquitto on a free port; with `tls` (certificate, key PEM files) that port serves TLS only."""
     if not os.access(MOSQUITTO, os.X_OK):
         raise ServerError(f"{MOSQUITTO} not found (make install-system installs Debian mosquitto)")
     port = free_port()
     conf = workdir / "mosquitto.conf"
-    conf.write_text(MOSQUITTO_CONF.format(port=port))
+    text = MOSQUITTO_CONF.format(port=port)
+    if tls is not None:
+        text += MOSQUITTO_TLS_CONF.format(cert=tls[0].resolve(), key=tls[1].resolve())
+    conf.write_text(text)
     proc, log_path = spawn("mosquitto", [MOSQUITTO, "-c", str(conf)], workdir, cpu)
     server = Server("mosquitto", proc, port, workdir, log_path)
     try:
