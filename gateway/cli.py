@@ -86,11 +86,39 @@ _START_FLAGS: dict[str, dict[str, Any]] = {
         "help": "largest AMQP message body (default 16 MiB, as RabbitMQ 4)",
     },
     "mqtt_max_keep_alive": {"type": int, "metavar": "S", "help": "longest MQTT keep-alive allowed (0 = any)"},
+    "disk_free_limit": {
+        "metavar": "SIZES",
+        "help": "refuse publishes below this free disk: a size, a %% of the volume, or both (the smaller)",
+    },
+    "mqtt_max_client_id_length": {"type": int, "metavar": "N", "help": "longest MQTT client id (65535)"},
+    "mqtt_max_topic_length": {"type": int, "metavar": "N", "help": "longest MQTT topic, bytes (65535)"},
+    "mqtt_max_topic_levels": {"type": int, "metavar": "N", "help": "most MQTT topic levels (128)"},
+    "mqtt_max_retained_messages": {"type": int, "metavar": "N", "help": "retained messages cap (0 = none)"},
+    "mqtt_max_retained_bytes": {"type": int, "metavar": "BYTES", "help": "retained bytes cap (0 = none)"},
+    "mqtt_max_queued_messages": {
+        "type": int,
+        "metavar": "N",
+        "help": "offline MQTT session backlog; the oldest are dropped past it (default 0: no cap)",
+    },
+    "amqp_channel_max": {"type": int, "metavar": "N", "help": "AMQP channel_max offered (default 2047)"},
+    "amqp_frame_max": {"type": int, "metavar": "BYTES", "help": "AMQP frame_max offered (default 131072)"},
+    "amqp_max_queues_per_vhost": {"type": int, "metavar": "N", "help": "AMQP queues per vhost (0 = no cap)"},
     "cloudevents_dedup_window_s": {
         "type": int,
         "metavar": "S",
         "help": "CloudEvents ingest drops a source+id seen within S seconds (default 0: off)",
     },
+    "max_connections": {"type": int, "metavar": "N", "help": "connections per listener (100000; 0 = any)"},
+    "max_connections_per_user": {"type": int, "metavar": "N", "help": "connections per user (0 = any)"},
+    "max_connection_rate": {
+        "type": float,
+        "metavar": "PER_S",
+        "help": "new connections per second per source address (default 0: off)",
+    },
+    "connection_burst": {"type": int, "metavar": "N", "help": "connections an address may open at once"},
+    "publish_rate_msgs": {"type": float, "metavar": "PER_S", "help": "messages/s per client and per user"},
+    "publish_rate_bytes": {"type": int, "metavar": "BYTES", "help": "bytes/s per client and per user"},
+    "publish_burst": {"type": float, "metavar": "S", "help": "seconds of publish rate sent at once (1)"},
     "mode": {
         "choices": MODES,
         "help": "local: embedded store; cluster: proxy over store nodes (default local)",
@@ -104,6 +132,10 @@ _START_FLAGS: dict[str, dict[str, Any]] = {
     "lease_period_s": {"type": float, "metavar": "S", "help": "name server re-registration period (30)"},
     "lease_expiry_s": {"type": float, "metavar": "S", "help": "registration expiry without renewal (120)"},
     "route_refresh_s": {"type": float, "metavar": "S", "help": "store node list refresh period (5)"},
+    "cluster_secret_file": {
+        "metavar": "FILE",
+        "help": "cluster mode: prove this secret to name servers and stores (docs/security.md)",
+    },
     "auth": {
         "action": argparse.BooleanOptionalAction,
         "help": "authenticate every client and apply the ACL rules (default off; docs/security.md)",
@@ -130,6 +162,7 @@ _STORE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "default_queues": ("default_queues", _START_FLAGS["default_queues"]),
     "max_body_size": ("max_body_size", _START_FLAGS["max_body_size"]),
     "segment_size_mib": ("segment_size_mib", _START_FLAGS["segment_size_mib"]),
+    "disk_free_limit": ("disk_free_limit", _START_FLAGS["disk_free_limit"]),
     "transaction_timeout_ms": ("transaction_timeout_ms", _START_FLAGS["transaction_timeout_ms"]),
     "transaction_check_interval_ms": (
         "transaction_check_interval_ms",
@@ -137,6 +170,10 @@ _STORE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "lease_period_s": ("lease_period_s", _START_FLAGS["lease_period_s"]),
     "lease_expiry_s": ("lease_expiry_s", _START_FLAGS["lease_expiry_s"]),
+    "cluster_secret_file": (
+        "cluster_secret_file",
+        {"metavar": "FILE", "help": "every connection to this node, and its own, prove this secret first"},
+    ),
     "group": (
         "store_group",
         {"metavar": "NAME", "help": "replica group of this node (needs --controller; docs/cluster.md)"},
@@ -358,10 +395,23 @@ def settings_from_args(args: argparse.Namespace, env: dict[str, str] | None = No
     return load(overrides, dict(os.environ) if env is None else env, args.config)
 
 
+def _check_cluster_secret(settings: Settings) -> None:
+    """ConfigError (exit 2) when `cluster_secret_file` is set but unusable (remoting/cluster_auth.py)."""
+    if settings.cluster_secret_file is None:
+        return
+    from remoting.cluster_auth import ClusterSecretError, read_secret
+
+    try:
+        read_secret(settings.cluster_secret_file)
+    except ClusterSecretError as e:
+        raise ConfigError(str(e)) from None
+
+
 def _start(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_args(args)
         check_exposure(settings)
+        _check_cluster_secret(settings)
     except ConfigError as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 2
@@ -379,6 +429,7 @@ def _start(args: argparse.Namespace) -> int:
 def _store(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_args(args)
+        _check_cluster_secret(settings)
     except ConfigError as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 2

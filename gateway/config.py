@@ -95,7 +95,27 @@ class Settings:
     amqp_mqtt_exchange: str = "amq.topic"  # AMQP exchange (vhost "/") shared with MQTT; "" = none
     amqp_max_body_size: int = 16 * MIB  # AMQP's own body limit (RabbitMQ 4's default max_message_size)
     mqtt_max_keep_alive: int = 0  # 0: clients choose; else the most a client may ask (5.0: Server Keep Alive)
+    # disk low-watermark (docs/limits.md "Disk"): publishes are refused while the data volume has less
+    # free space than the largest of a comma list of sizes and percentages of the volume; "0" = off
+    disk_free_limit: str = "1GiB,5%"
+    mqtt_max_client_id_length: int = 65535  # longer client ids: CONNACK 0x85 (5.0) / 2 (3.1.1)
+    mqtt_max_topic_length: int = 65535  # longer topic names or filters (bytes): 0x90 / 0x8F
+    mqtt_max_topic_levels: int = 128  # more levels ('/'-separated) in a name or filter: 0x90 / 0x8F
+    mqtt_max_retained_messages: int = 0  # retained messages kept (0 = no cap); over it: 0x97
+    mqtt_max_retained_bytes: int = 0  # bytes of retained payloads kept (0 = no cap); over it: 0x97
+    mqtt_max_queued_messages: int = 0  # offline session backlog (0 = no cap); oldest dropped past it
+    amqp_channel_max: int = 2047  # channel_max offered in connection.tune (RabbitMQ's default)
+    amqp_frame_max: int = 131072  # frame_max offered in connection.tune (RabbitMQ's default)
+    amqp_max_queues_per_vhost: int = 0  # 0 = no cap; a new queue over it: 406 (as RabbitMQ)
     cloudevents_dedup_window_s: int = 0  # > 0: CloudEvents ingest skips a source+id stored this recently
+    # connection and publish-rate limits (docs/limits.md); 0 = off
+    max_connections: int = 100_000  # open connections per listener (gRPC: client ids)
+    max_connections_per_user: int = 0  # open connections of one user over all listeners
+    max_connection_rate: float = 0.0  # new connections per second per source address
+    connection_burst: int = 0  # connections an address may open at once (0: max_connection_rate, >= 1)
+    publish_rate_msgs: float = 0.0  # messages/s per client connection and, separately, per user
+    publish_rate_bytes: int = 0  # body bytes/s, same scopes
+    publish_burst: float = 1.0  # seconds of the publish rates a client or user may send at once
     # CLUSTER mode (docs/cluster.md): `gateway start --mode cluster` proxies and `gateway store` nodes.
     mode: str = "local"  # "cluster": no local data, stores found through the name server(s)
     namesrv: str | None = None  # name server address(es), "host:port;host:port"
@@ -110,6 +130,9 @@ class Settings:
     lease_period_s: float = 30.0  # stores and proxies renew their name server registration this often
     lease_expiry_s: float = 120.0  # ... which expires when not renewed for this long
     route_refresh_s: float = 5.0  # proxies refresh the store node list this often
+    # the cluster secret (docs/security.md, "Closed cluster"): every connection to a name server or a
+    # store node proves it first; a file readable by its owner only, read once at start
+    cluster_secret_file: str | None = None
     auth: bool = False  # users, tokens and ACL rules on every listener (docs/security.md)
     allow_anonymous: bool = False  # let a non-loopback host run with auth off (secure by default)
 
@@ -134,8 +157,30 @@ class Settings:
         for name in (*PORT_FIELDS, "store_port"):
             _check_int(name, getattr(self, name), 0, 65535)
         _check_int("mqtt_max_keep_alive", self.mqtt_max_keep_alive, 0, 65535)
+        parse_disk_free_limit(self.disk_free_limit)
+        for name in ("mqtt_max_client_id_length", "mqtt_max_topic_length"):
+            _check_int(name, getattr(self, name), 1, 65535)
+        _check_int("mqtt_max_topic_levels", self.mqtt_max_topic_levels, 1, 65535)
+        for name in (
+            "mqtt_max_retained_messages",
+            "mqtt_max_retained_bytes",
+            "mqtt_max_queued_messages",
+            "amqp_max_queues_per_vhost",
+        ):
+            _check_int(name, getattr(self, name), 0, None)
+        _check_int("amqp_channel_max", self.amqp_channel_max, 1, 65535)
+        _check_int("amqp_frame_max", self.amqp_frame_max, 4096, 1 << 30)
         _check_int("cloudevents_dedup_window_s", self.cloudevents_dedup_window_s, 0, 30 * 86400)
-        for name in ("tls_cert", "tls_key", "tls_client_ca"):
+        for name in ("max_connections", "max_connections_per_user", "connection_burst", "publish_rate_bytes"):
+            _check_int(name, getattr(self, name), 0, None)
+        for name in ("max_connection_rate", "publish_rate_msgs", "publish_burst"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 1e12:
+                raise ConfigError(f"{name} must be a number >= 0, got {v!r}")
+            object.__setattr__(self, name, float(v))
+        if self.publish_burst <= 0:
+            raise ConfigError(f"publish_burst must be > 0 seconds, got {self.publish_burst:g}")
+        for name in ("tls_cert", "tls_key", "tls_client_ca", "cluster_secret_file"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ConfigError(f"{name} must be a file path, got {value!r}")
@@ -215,6 +260,39 @@ class Settings:
 
     def port(self, protocol: str) -> int:
         return getattr(self, f"{protocol}_port")
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4}
+_SIZE_UNITS.update({"k": 1024, "kib": 1024, "m": MIB, "mib": MIB, "g": 1024 * MIB, "gib": 1024 * MIB})
+_SIZE_UNITS.update({"t": 1024**4, "tib": 1024**4})
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$")
+
+
+def parse_disk_free_limit(text: str) -> tuple[int, float]:
+    """`disk_free_limit` -> (bytes, fraction of the volume): a comma list of sizes ("1GiB", "500MiB",
+    "2GB", "0") and percentages ("5%"); the effective limit is the largest size or percentage, and
+    the smaller of the two when both are given (store/diskspace.py)."""
+    if not isinstance(text, str) or not text.strip():
+        raise ConfigError(f"disk_free_limit must be sizes or percentages like '1GiB,5%', got {text!r}")
+    size, ratio = 0, 0.0
+    for item in text.lower().split(","):
+        item = item.strip()
+        try:
+            if item.endswith("%"):
+                pct = float(item[:-1])
+                if not 0 <= pct < 100:
+                    raise ValueError
+                ratio = max(ratio, pct / 100)
+                continue
+            m = _SIZE.match(item)
+            if m is None or m.group(2) not in _SIZE_UNITS:
+                raise ValueError
+            size = max(size, int(float(m.group(1)) * _SIZE_UNITS[m.group(2)]))
+        except ValueError:
+            raise ConfigError(
+                f"disk_free_limit: {item!r} is neither a size (1GiB, 500MiB) nor a percentage below 100 (5%)"
+            ) from None
+    return size, ratio
 
 
 def is_loopback(host: str) -> bool:

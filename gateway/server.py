@@ -30,8 +30,10 @@ from gateway.config import PROTOCOLS, Settings
 from runtime.tls import ServerTls, TlsError, TlsFiles
 
 if TYPE_CHECKING:
+    from adapters.limits import Limiter
     from cluster.proxy import ProxyConfig
     from messaging_processor import LocalStoreClient
+    from remoting.cluster_auth import ClusterAuth
     from store import StoreConfig
 
 log = logging.getLogger("gateway")
@@ -63,6 +65,10 @@ def store_config(s: Settings) -> StoreConfig:
     """The embedded store's settings (LOCAL mode, and a `gateway store` node)."""
     from store import StoreConfig
 
+    from .config import parse_disk_free_limit
+
+    free_bytes, free_ratio = parse_disk_free_limit(s.disk_free_limit)
+
     return StoreConfig(
         data_dir=s.data_dir,
         flush=s.flush,
@@ -72,11 +78,21 @@ def store_config(s: Settings) -> StoreConfig:
         max_message_size=max(s.largest_body_size, StoreConfig().max_message_size),
         transaction_timeout_ms=s.transaction_timeout_ms,
         transaction_check_interval_ms=s.transaction_check_interval_ms,
+        disk_free_limit_bytes=free_bytes,
+        disk_free_limit_ratio=free_ratio,
     )
 
 
-def proxy_config(s: Settings) -> ProxyConfig:
-    """CLUSTER mode: how this proxy finds its stores and registers itself."""
+def cluster_auth(s: Settings) -> ClusterAuth | None:
+    """CLUSTER mode's secret (`cluster_secret_file`, read now), or None; ClusterSecretError if unusable."""
+    from remoting.cluster_auth import ClusterAuth
+
+    return None if s.cluster_secret_file is None else ClusterAuth.from_file(s.cluster_secret_file)
+
+
+def proxy_config(s: Settings, auth: ClusterAuth | None = None) -> ProxyConfig:
+    """CLUSTER mode: how this proxy finds its stores and registers itself (`auth`: the cluster
+    secret its connections prove)."""
     from cluster.proxy import ProxyConfig
 
     assert s.namesrv
@@ -87,11 +103,29 @@ def proxy_config(s: Settings) -> ProxyConfig:
         lease_period_s=s.lease_period_s,
         lease_expiry_s=s.lease_expiry_s,
         proxy_name=s.proxy_name,
+        auth=auth,
     )
 
 
 class StartupError(Exception):
     """The gateway could not start (store unavailable, port busy, adapter missing); one-line reason."""
+
+
+def limiter_of(s: Settings) -> Limiter:
+    """The process's connection and publish-rate limits (docs/limits.md)."""
+    from adapters.limits import Limiter, LimitSettings
+
+    return Limiter(
+        LimitSettings(
+            max_connections=s.max_connections,
+            max_connections_per_user=s.max_connections_per_user,
+            max_connection_rate=s.max_connection_rate,
+            connection_burst=s.connection_burst,
+            publish_rate_msgs=s.publish_rate_msgs,
+            publish_rate_bytes=s.publish_rate_bytes,
+            publish_burst=s.publish_burst,
+        )
+    )
 
 
 class Gateway:
@@ -105,6 +139,7 @@ class Gateway:
         self.adapters: list[Adapter] = []  # started ones, in start order
         self._enabled: list[Adapter] = []  # every enabled listener, for /healthz
         self.tls: ServerTls | None = None  # --tls-cert: the certificate every TLS listener serves
+        self.limiter = limiter_of(settings)  # connection and publish-rate limits of every listener
 
     def listeners(self) -> list[Adapter]:
         return list(self._enabled)
@@ -115,11 +150,17 @@ class Gateway:
         from messaging_processor import Limits, MessagingProcessor
 
         s = self.settings
+        cluster_config = None
         if s.mode == "cluster":
             from cluster.proxy import open_cluster_store
+            from remoting.cluster_auth import ClusterSecretError
 
             try:
-                self.cluster_store = await open_cluster_store(proxy_config(s))
+                cluster_config = proxy_config(s, cluster_auth(s))
+            except ClusterSecretError as e:
+                raise StartupError(str(e)) from e
+            try:
+                self.cluster_store = await open_cluster_store(cluster_config)
             except (OSError, ValueError) as e:
                 raise StartupError(f"cannot reach the name server {s.namesrv}: {e}") from e
             store_client = self.cluster_store
@@ -152,7 +193,8 @@ class Gateway:
 
             host = s.advertise_host or s.host
             endpoints = {a.name: f"{host}:{a.address.rsplit(':', 1)[1]}" for a in self.adapters}
-            self.registration = ProxyRegistration(proxy_config(s), endpoints)
+            assert cluster_config is not None
+            self.registration = ProxyRegistration(cluster_config, endpoints)
             self.registration.start()
 
     async def _open_local_store(self) -> LocalStoreClient:
@@ -234,8 +276,11 @@ class Gateway:
             from adapters.cloudevents import CloudEvents
             from gateway.http import HttpAdapter, create_app
 
-            ce = CloudEvents(self.processor, dedup_window_s=s.cloudevents_dedup_window_s)
+            ce = CloudEvents(
+                self.processor, dedup_window_s=s.cloudevents_dedup_window_s, limiter=self.limiter
+            )
             app = create_app(self.processor, [*ce.routers(), *self.extra_routers], listeners=self.listeners)
+            app.state.limiter = self.limiter  # /metrics: gateway_limit_refusals_total
             http = HttpAdapter(
                 app,
                 s.host,
@@ -243,6 +288,7 @@ class Gateway:
                 access_log=s.log_level == "debug",
                 ssl=self._tls_context(),
                 tls_port=s.https_port,
+                limiter=self.limiter,
             )
             return ce.serve(http)
         if name == "grpc":
@@ -257,9 +303,10 @@ class Gateway:
                 advertise_host=s.advertise_host,
                 max_inbound_message_size=max(GRPC_MIN_INBOUND, 2 * s.max_body_size),
                 tls=None if s.grpc_plain else self.tls,
+                limiter=self.limiter,
             )
         if name == "mqtt":
-            from adapters.mqtt import MqttAdapter
+            from adapters.mqtt import MqttAdapter, MqttCaps
 
             return MqttAdapter(
                 self.processor,
@@ -267,9 +314,18 @@ class Gateway:
                 s.mqtt_port,
                 max_packet_size=s.max_body_size + 65536,
                 max_keep_alive=s.mqtt_max_keep_alive,
+                caps=MqttCaps(
+                    max_client_id_length=s.mqtt_max_client_id_length,
+                    max_topic_length=s.mqtt_max_topic_length,
+                    max_topic_levels=s.mqtt_max_topic_levels,
+                    max_retained_messages=s.mqtt_max_retained_messages,
+                    max_retained_bytes=s.mqtt_max_retained_bytes,
+                    max_queued_messages=s.mqtt_max_queued_messages,
+                ),
                 ssl=self._tls_context(),
                 tls_port=s.mqtt_tls_port,
                 cert_identity=s.mqtt_cert_identity,
+                limiter=self.limiter,
             )
         if name == "amqp":
             from adapters.amqp import AmqpAdapter
@@ -281,6 +337,10 @@ class Gateway:
                 ssl=self._tls_context(),
                 tls_port=s.amqp_tls_port,
                 mqtt_exchange=s.amqp_mqtt_exchange,
+                limiter=self.limiter,
+                channel_max=s.amqp_channel_max,
+                frame_max=s.amqp_frame_max,
+                max_queues_per_vhost=s.amqp_max_queues_per_vhost,
             )
         if name == "remoting":
             from adapters.remoting import RemotingAdapter

@@ -20,6 +20,7 @@ from .catalog import Catalog
 from .commitlog import CommitLog, StoreFullError
 from .config import HALF_TOPIC, SCHEDULE_TOPIC, StoreConfig
 from .consumequeue import ENTRY
+from .diskspace import FreeSpaceWatermark, watermark_bytes
 from .errors import MessageTooLarge, StoreError
 from .index import ID32, KIND_ID, MessageIndex
 from .message import PATH_HASH_BIT, PATH_PROPERTY, AppendResult, Message, MessageType, tag_hash
@@ -78,6 +79,10 @@ class Appender:
         self.max_size = config.max_message_size
         self.seg_size = config.segment_size
         self.ids = MessageIdFactory()
+        self.free_space = FreeSpaceWatermark(
+            commitlog.dir,
+            watermark_bytes(commitlog.dir, config.disk_free_limit_bytes, config.disk_free_limit_ratio),
+        )
         self.rr: dict[str, int] = {}  # next queue per topic (round robin)
         self.closed = False
         self.on_delayed: Callable[[AppendResult], None] = _unset
@@ -104,6 +109,8 @@ class Appender:
         if self.writer.broken is not None:
             raise StoreError(f"store failed and must be reopened: {self.writer.broken}")
         now = time_ns() // 1_000_000  # (now_ms inlined: one call less per message)
+        if self.free_space.low:  # the disk low-watermark (read in the background)
+            self.free_space.refuse()
         if msg.msg_type == MessageType.TRANSACTION or msg.deliver_at > now:
             return self.submit(hold(msg, self.catalog), now, msg.topic)
         # (submit, inlined: one call less per message)
@@ -123,6 +130,8 @@ class Appender:
         if self.writer.broken is not None:
             raise StoreError(f"store failed and must be reopened: {self.writer.broken}")
         now = time_ns() // 1_000_000
+        if self.free_space.low:
+            self.free_space.refuse()
         real: list[str] | None = None
         for i, msg in enumerate(msgs):
             if len(msg.body) > self.max_size:

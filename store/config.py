@@ -58,6 +58,10 @@ class StoreConfig:
     retention_ms: int = 72 * 3600 * 1000
     retention_check_interval_ms: int = 60_000
     min_free_bytes: int = 0
+    # disk low-watermark (diskspace.py): client appends are refused while free space is below the
+    # smaller of these two when both are set (bytes, fraction of the volume's size); 0 and 0.0: none
+    disk_free_limit_bytes: int = 0
+    disk_free_limit_ratio: float = 0.0
     checkpoint_interval_ms: int = 1000
     consumer_log_flush_ms: int = 100
     consumer_checkpoint_ops: int = 200_000
@@ -70,6 +74,8 @@ class StoreConfig:
             raise ValueError("flush must be 'sync' or 'async'")
         if self.fsync_method not in ("auto", "aio", "helper"):
             raise ValueError("fsync_method must be 'auto', 'aio' or 'helper'")
+        if self.disk_free_limit_bytes < 0 or not 0.0 <= self.disk_free_limit_ratio < 1.0:
+            raise ValueError("disk_free_limit_bytes must be >= 0 and disk_free_limit_ratio in [0, 1)")
 
 
 def check_name(kind: str, name: str) -> None:

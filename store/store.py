@@ -22,6 +22,7 @@ from .commitlog import CommitLog, StoreFullError
 from .config import GroupConfig, Metadata, RetryPolicy, StoreConfig, TopicConfig
 from .consumequeue import ConsumeQueue
 from .consumer import ConsumerProgress
+from .diskspace import CHECK_INTERVAL_MS
 from .epochs import EpochLog
 from .errors import StoreError
 from .filters import ALL, Filter
@@ -169,6 +170,10 @@ class Store:
         ]
         if not self.sync:
             self._tasks.append(loop.create_task(self._periodic(config.flush_interval_ms, self._fsync_async)))
+        free_space = self._appender.free_space
+        if free_space.limit > 0:
+            free_space.refresh(0)
+            self._tasks.append(loop.create_task(self._periodic(CHECK_INTERVAL_MS, free_space.poll)))
         self._start_own_writes()
 
     def _start_own_writes(self) -> None:

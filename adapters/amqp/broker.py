@@ -53,8 +53,10 @@ class Broker:
         long_poll_ms: int = 20_000,
         max_inflight_publishes: int = 20_000,
         mqtt_exchange: str = "amq.topic",
+        max_queues_per_vhost: int = 0,
     ) -> None:
         self.processor = processor
+        self.max_queues_per_vhost = max_queues_per_vhost  # 0: no cap (RabbitMQ's default)
         self.invisible_time_ms = invisible_time_ms
         self.consumer_timeout_ms = consumer_timeout_ms
         self.long_poll_ms = long_poll_ms
@@ -79,6 +81,7 @@ class Broker:
             self.work.start_sweeper,
             self.spawn,
         )
+        self.registry.max_queues_per_vhost = max_queues_per_vhost
         self.lifetimes = self.registry.lifetimes
         # the MQTT exchange of vhost "/" ("" = none): RabbitMQ's MQTT convention (bridge.py)
         self.bridge = ExchangeBridge(

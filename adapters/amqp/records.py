@@ -111,6 +111,10 @@ class Records:
     async def queues(self) -> list[tuple[str, bytes]]:
         return await self.kv.kv_scan(QUEUES_NS)
 
+    async def queue_count(self, vh: str) -> int:
+        """The queues of vhost `vh` (every proxy's: read from the key-value table)."""
+        return len(await self.kv.kv_scan(QUEUES_NS, vkey(vh, "")))
+
     async def queue_value(self, vh: str, name: str) -> bytes | None:
         return await self.kv.kv_get(QUEUES_NS, vkey(vh, name))
 

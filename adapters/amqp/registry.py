@@ -59,6 +59,7 @@ class Registry:
         self.lifetimes = QueueLifetimes(self.drop_later)
         self.lock = asyncio.Lock()  # declarations, deletions and bindings, one at a time
         self.closed = False
+        self.max_queues_per_vhost = 0  # queue.declare of a new queue past it: 530 (0: no cap)
 
     # ------------------------------------------------------------------ lifecycle
     def vhost(self, name: str) -> VHost:
@@ -395,6 +396,14 @@ class Registry:
         async with self.lock:
             if name in vh.queues or await self._load_queue(vh, name, 50, 10) is not None:
                 return self._redeclare(conn, vh, name, durable, exclusive, auto_delete, args)
+            cap = self.max_queues_per_vhost
+            if cap and await self.records.queue_count(vh.name) >= cap:
+                raise err(
+                    ReplyCode.PRECONDITION_FAILED,  # as RabbitMQ's vhost queue limit
+                    f"cannot declare queue '{name}': queue limit in vhost '{vh.name}' ({cap}) is reached",
+                    50,
+                    10,
+                )
             q = Queue(
                 vh.name, name, topic, durable=durable, exclusive=exclusive, auto_delete=auto_delete, args=args
             )

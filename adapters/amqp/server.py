@@ -10,9 +10,11 @@ import ssl as ssl_mod
 from messaging_processor import MessagingProcessor
 from runtime.tls import peer_common_name
 
+from ..limits import Limiter, host_of
 from ..listener import TcpListeners
 from .broker import Broker
 from .codec import DEFAULT_FRAME_MAX, AMQPError, ReplyCode
+from .limits import ConnectionLimits
 from .session import CLOSING, Connection
 
 log = logging.getLogger("adapters.amqp")
@@ -44,6 +46,13 @@ class AmqpProtocol(asyncio.Protocol):
             channel_max=a.channel_max,
             cert_user=peer_common_name(transport.get_extra_info("peercert")),
         )
+        if a.limiter is not None:
+            self.conn.limits = ConnectionLimits(
+                a.limiter,
+                host_of(peer),
+                t.pause_reading,  # type: ignore[attr-defined]
+                t.resume_reading,  # type: ignore[attr-defined]
+            )
         self.feed = self.conn.feed
         a.connections.add(self)
 
@@ -62,6 +71,8 @@ class AmqpProtocol(asyncio.Protocol):
         self.adapter.connections.discard(self)
         if self.conn is not None:
             self.conn.connection_lost()
+            if self.conn.limits is not None:
+                self.conn.limits.closed(self.conn)
 
 
 class AmqpAdapter:
@@ -83,8 +94,12 @@ class AmqpAdapter:
         ssl: ssl_mod.SSLContext | None = None,
         tls_port: int = 5671,
         mqtt_exchange: str = "amq.topic",
+        limiter: Limiter | None = None,
+        max_queues_per_vhost: int = 0,
     ) -> None:
+        """`limiter`: connection and publish-rate limits (docs/limits.md)."""
         self.processor = processor
+        self.limiter = limiter
         self.host = host
         self.port = port
         self.heartbeat = heartbeat
@@ -95,6 +110,7 @@ class AmqpAdapter:
             invisible_time_ms=invisible_time_ms,
             consumer_timeout_ms=consumer_timeout_ms,
             mqtt_exchange=mqtt_exchange,
+            max_queues_per_vhost=max_queues_per_vhost,
         )
         self.connections: set[AmqpProtocol] = set()
         self.net = TcpListeners(host, port, ssl=ssl, tls_port=tls_port, tls_name="amqps")

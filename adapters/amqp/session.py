@@ -50,7 +50,9 @@ from .mapping import now_ms
 from .publish import PublishAcl
 
 if TYPE_CHECKING:
+    from ..limits import ReadThrottle
     from .broker import Broker
+    from .limits import ConnectionLimits
     from .queues import Queue
     from .routing import VHost
 
@@ -150,6 +152,8 @@ class Connection:
         self._inflight = 0
         self._paused = False
         self.closed_event = asyncio.Event()
+        self.limits: ConnectionLimits | None = None  # connection and publish-rate limits (limits.py)
+        self.throttle: ReadThrottle | None = None  # set at login when publish rates are limited
 
     @property
     def ended(self) -> bool:
@@ -247,6 +251,8 @@ class Connection:
             if self.state == OPEN:
                 self.fail(AMQPError(ReplyCode.CHANNEL_ERROR, f"expected 'channel.open' on channel {number}"))
             return
+        if self.throttle is not None:
+            self.throttle.charge(len(batch), sum([len(m.body) for m in batch]))
         ch.handle(batch)
 
     def _handle(self, ev: Any) -> None:
@@ -374,6 +380,9 @@ class Connection:
         if mech not in ("PLAIN", "AMQPLAIN") and not external:
             self._refuse(ReplyCode.COMMAND_INVALID, f"unknown authentication mechanism '{mech}'")
             return
+        if self.limits is not None and (why := self.limits.refused()) is not None:
+            self._refuse(ReplyCode.NOT_ALLOWED, why)
+            return
         cred = (self.cert_user, "") if external else credentials(mech, m.response)
         # one text for every reason (RabbitMQ's): the client learns nothing about which part was wrong
         refused = (
@@ -409,6 +418,9 @@ class Connection:
             self._refuse(ReplyCode.ACCESS_REFUSED, refused)
             return
         if self.state != START:
+            return
+        if self.limits is not None and (why := self.limits.login(self)) is not None:
+            self._refuse(ReplyCode.NOT_ALLOWED, why)
             return
         self.state = TUNE
         self.write(encode_method(0, c.ConnectionTune(self.channel_max, self.frame_max, self.heartbeat)))

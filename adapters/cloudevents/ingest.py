@@ -61,6 +61,7 @@ _RESPONSES: dict[int | str, dict] = {
     404: {"description": "unknown topic (and auto-create is off)", **_PROBLEM},
     405: {"description": "method other than POST / OPTIONS", **_PROBLEM},
     413: {"description": "body over 4/3 max_body_size + 64 KiB, data over max_body_size, or too many events"},
+    429: {"description": "over the publish rate (docs/limits.md); `Retry-After` says when to retry"},
     415: {"description": "an event format other than JSON", **_PROBLEM},
 }
 
@@ -144,6 +145,11 @@ class IngestEndpoint:
             events = codec.decode(headers, body, max_events=processor.limits.max_batch)
         except codec.CodecError as e:
             return problem(e.status, e.kind, str(e), e.problems)
+        limits = self.service.limits
+        if limits is not None and (wait := limits.retry_after(scope, len(events), len(body))):
+            return problem(
+                429, "too_many_requests", "publish rate over its limit", headers={"Retry-After": str(wait)}
+            )
         await self.service.store(scope_context(scope), scope["path_params"]["topic"], events)
         return None
 

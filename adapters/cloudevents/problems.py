@@ -26,6 +26,7 @@ _TITLES = {
     405: "Method Not Allowed",
     413: "Content Too Large",
     415: "Unsupported Media Type",
+    429: "Too Many Requests",
 }
 
 

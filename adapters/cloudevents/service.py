@@ -12,11 +12,13 @@ from fastapi import APIRouter
 from starlette.applications import Starlette
 
 from adapters.base import Adapter
+from adapters.limits import Limiter
 from messaging_processor import ClientContext, MessagingProcessor
 
 from . import ingest, pull, subscriptions
 from .dedup import Deduplicator
 from .event import Event
+from .limits import IngestLimits
 from .mapping import to_message
 from .webhook import WebhookClient
 
@@ -26,8 +28,14 @@ log = logging.getLogger("adapters.cloudevents")
 class CloudEvents:
     """`routers()` go into the HTTP app; `serve(http_adapter)` ties start/stop to the listener."""
 
-    def __init__(self, processor: MessagingProcessor, *, dedup_window_s: float = 0.0) -> None:
+    def __init__(
+        self, processor: MessagingProcessor, *, dedup_window_s: float = 0.0, limiter: Limiter | None = None
+    ) -> None:
+        """`limiter`: the ingest's publish-rate limit (429 with Retry-After when over it; limits.py)."""
         self.processor = processor
+        self.limits = (
+            IngestLimits(limiter) if limiter is not None and limiter.settings.publish_limited else None
+        )
         self.dedup = Deduplicator(processor, dedup_window_s) if dedup_window_s > 0 else None
         self.subscriptions = subscriptions.SubscriptionManager(self)
         self.ingest = ingest.IngestEndpoint(self)

@@ -11,7 +11,9 @@ import logging
 import grpc
 
 from adapters.grpc.generated import service_pb2 as s
+from adapters.grpc.limits import GrpcLimits
 from adapters.grpc.service import RECEIVE_RAW, MessagingService
+from adapters.limits import Limiter
 from messaging_processor import MessagingProcessor
 from runtime.tls import ServerTls
 
@@ -34,16 +36,21 @@ _HANDLER_KINDS = {  # (client streaming, server streaming) -> handler factory
 }
 
 
-def method_handlers(service: MessagingService) -> dict[str, grpc.RpcMethodHandler]:
+def method_handlers(
+    service: MessagingService, limits: GrpcLimits | None = None
+) -> dict[str, grpc.RpcMethodHandler]:
     """What `service_pb2_grpc.add_MessagingServiceServicer_to_server` registers, built from the
     service descriptor, except that the methods in `RECEIVE_RAW` write the bytes their handler
-    yields (no response serializer)."""
+    yields (no response serializer); with `limits`, each handler refuses over-limit calls first."""
     out = {}
     for m in s.DESCRIPTOR.services_by_name["MessagingService"].methods:
         factory = _HANDLER_KINDS[(m.client_streaming, m.server_streaming)]
         response = getattr(s, m.output_type.name)
+        handler = getattr(service, m.name)
+        if limits is not None:
+            handler = limits.wrap(m.name, handler, m.client_streaming, m.server_streaming)
         out[m.name] = factory(
-            getattr(service, m.name),
+            handler,
             request_deserializer=getattr(s, m.input_type.name).FromString,
             response_serializer=None if m.name in RECEIVE_RAW else response.SerializeToString,
         )
@@ -89,8 +96,10 @@ class GrpcAdapter:
         advertise_host: str | None = None,
         max_inbound_message_size: int = 130 * MIB,
         tls: ServerTls | None = None,
+        limiter: Limiter | None = None,
     ) -> None:
-        """`tls`: the port serves TLS only (clients enable TLS, e.g. `tls_enable=True`)."""
+        """`tls`: the port serves TLS only (clients enable TLS, e.g. `tls_enable=True`). `limiter`:
+        connection and publish-rate limits (docs/limits.md; adapters/grpc/limits.py)."""
         self.processor = processor
         self.tls = tls
         self.host = host
@@ -98,6 +107,7 @@ class GrpcAdapter:
         self.advertise_host = advertise_host
         self.max_inbound_message_size = max_inbound_message_size
         self.service = MessagingService(processor)
+        self.limits = GrpcLimits(limiter, self.service) if limiter is not None else None
         self._server: grpc.aio.Server | None = None
         self._bound_port = 0
         self._listening = False
@@ -125,7 +135,7 @@ class GrpcAdapter:
                 ("grpc.http2.max_ping_strikes", 0),
             ]
         )
-        handlers = method_handlers(self.service)
+        handlers = method_handlers(self.service, self.limits)
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
         server.add_registered_method_handlers(SERVICE, handlers)
         try:
@@ -173,3 +183,5 @@ class GrpcAdapter:
             await asyncio.sleep(max(expiry / 4, 1.0))
             for cid in self.service.expire_sessions(expiry):
                 log.debug("grpc session %s expired", cid)
+            if self.limits is not None:
+                self.limits.expire(expiry)

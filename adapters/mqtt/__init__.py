@@ -3,6 +3,7 @@ per-connection session state machine (session.py), the shared broker state (brok
 registry.py, subscriptions.py, shared.py, fanout.py, retained.py, publish.py) and the MQTT <-> store
 message mapping (mapping.py). See docs/mqtt.md."""
 
+from .caps import MqttCaps
 from .server import MqttAdapter
 
-__all__ = ["MqttAdapter"]
+__all__ = ["MqttAdapter", "MqttCaps"]

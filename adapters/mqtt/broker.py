@@ -18,6 +18,7 @@ import uuid
 
 from messaging_processor import ClientContext, Identity, MessagingProcessor
 
+from .caps import DEFAULT_CAPS, MqttCaps
 from .fanout import Fanout
 from .persistence import SessionState
 from .publish import Publisher
@@ -42,15 +43,17 @@ class Broker:
         max_packet_size: int = 1 << 20,
         topic_scan_interval: float = 1.0,
         max_keep_alive: int = 0,
+        caps: MqttCaps = DEFAULT_CAPS,
     ) -> None:
         self.processor = processor
         self.max_packet_size = max_packet_size
         self.max_keep_alive = max_keep_alive  # 0: accept what the client asks for
+        self.caps = caps
         self.group = f"%MQTT_FANOUT_{uuid.uuid4().hex}"
         ctx = ClientContext("mqtt", client_id=self.group, identity=PROXY_IDENTITY)
-        self.retained = Retained(processor)
+        self.retained = Retained(processor, caps.max_retained_messages, caps.max_retained_bytes)
         self.fanout = Fanout(processor, ctx, self.group, topic_scan_interval)
-        self.publisher = Publisher(processor, self.fanout, self.retained)
+        self.publisher = Publisher(processor, self.fanout, self.retained, caps)
         self.shares = Shares(processor, ctx)
         self.subscriptions = Subscriptions(processor, self.fanout, self.retained, self.shares)
         self.registry = SessionRegistry(processor, self.subscriptions, self.publisher.publish)
@@ -68,6 +71,7 @@ class Broker:
     async def start(self) -> None:
         """Restore the persistent sessions an earlier run saved."""
         await self.registry.start()
+        await self.retained.start()
 
     async def close(self) -> None:
         """Close every connection (persistent sessions are saved with their disconnect time, their

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from messaging_processor import ClientContext, ErrorKind, Message, MessagingProcessor, ProcessorError
 
+from .caps import DEFAULT_CAPS, MqttCaps
 from .codec import ReasonCode
 from .mapping import P_TOPIC
 
@@ -37,8 +38,14 @@ _ERROR_REASON = {
 class Publisher:
     """Stores MQTT messages through the processor; answers are MQTT reason codes (0 = stored)."""
 
-    def __init__(self, processor: MessagingProcessor, fanout: Fanout, retained: Retained) -> None:
+    def __init__(
+        self, processor: MessagingProcessor, fanout: Fanout, retained: Retained, caps: MqttCaps = DEFAULT_CAPS
+    ) -> None:
         self.processor = processor
+        self.caps = caps
+        # the caps' fast test, inlined on the publish path: a topic passing it is within the caps
+        self._short_topic = caps.max_topic_length // 4  # characters (at most 4 bytes each)
+        self._max_slashes = caps.max_topic_levels - 1
         self.fanout = fanout
         self.retained = retained
         self._queues: dict[str, int] = {}  # store topic -> queue count (per-path queue choice)
@@ -46,6 +53,15 @@ class Publisher:
     async def publish(self, ctx: ClientContext, msg: Message, retain: bool) -> int:
         """Store one message (and the retained value); the MQTT reason code (0 = stored)."""
         topic = msg.topic
+        path = msg.properties[P_TOPIC]
+        if (len(path) > self._short_topic or path.count("/") > self._max_slashes) and not self.caps.topic_ok(
+            path
+        ):
+            log.info("mqtt %s: publish to a topic over the length or level caps refused", ctx.client_id)
+            return ReasonCode.TOPIC_NAME_INVALID
+        if retain and not self.retained.admits(msg):
+            log.info("mqtt %s: retained message for %s refused: retained caps reached", ctx.client_id, topic)
+            return ReasonCode.QUOTA_EXCEEDED
         fanout = self.fanout
         if fanout.wild_refs and topic not in fanout.loops:
             await fanout.ensure(topic, from_now=False)
@@ -83,8 +99,12 @@ class Publisher:
         queues = self._queues
         fanout = self.fanout
         crc32 = zlib.crc32
+        topic_ok, short, slashes = self.caps.topic_ok, self._short_topic, self._max_slashes
         try:
             for m in msgs:
+                path = m.properties[P_TOPIC]
+                if (len(path) > short or path.count("/") > slashes) and not topic_ok(path):
+                    raise ValueError("topic over the caps")  # answered per message below
                 topic = m.topic
                 if fanout.wild_refs and topic not in fanout.loops:
                     await fanout.ensure(topic, from_now=False)

@@ -31,8 +31,32 @@ def decode_retained(path: str, value: bytes) -> Message:
 class Retained:
     """The retained messages of every path (stored in `processor.kv`, shared by all proxies)."""
 
-    def __init__(self, processor: MessagingProcessor) -> None:
+    def __init__(self, processor: MessagingProcessor, max_messages: int = 0, max_bytes: int = 0) -> None:
         self.processor = processor
+        self.max_messages = max_messages  # 0: no cap
+        self.max_bytes = max_bytes  # payload bytes, 0: no cap
+        # with a cap: payload size per retained path (read at start; this proxy's view in a cluster)
+        self.sizes: dict[str, int] | None = {} if max_messages or max_bytes else None
+        self.total_bytes = 0
+
+    async def start(self) -> None:
+        """With a cap: count the retained messages kept by earlier runs."""
+        if self.sizes is not None:
+            for key, value in await self.processor.kv_scan(RETAINED_NS):
+                self.sizes[key] = n = len(value) - value.index(b"\n") - 1
+                self.total_bytes += n
+
+    def admits(self, msg: Message) -> bool:
+        """Whether keeping `msg` stays within the caps (a replacement counts its size change only;
+        clearing a path always does)."""
+        sizes = self.sizes
+        if sizes is None or not msg.body:
+            return True
+        old = sizes.get(msg.properties[P_TOPIC])
+        if old is None and self.max_messages and len(sizes) >= self.max_messages:
+            return False
+        grown = self.total_bytes + len(msg.body) - (old or 0)
+        return not (self.max_bytes and grown > self.max_bytes)
 
     async def keep(self, msg: Message) -> None:
         """Make `msg` its path's retained message, or clear the path's one if `msg` is empty."""
@@ -41,6 +65,11 @@ class Retained:
             await self.processor.kv_put(RETAINED_NS, path, encode_retained(msg))
         else:
             await self.processor.kv_delete(RETAINED_NS, path)
+        if self.sizes is not None:
+            self.total_bytes -= self.sizes.pop(path, 0)
+            if msg.body:
+                self.sizes[path] = len(msg.body)
+                self.total_bytes += len(msg.body)
 
     async def matching(self, filt: str) -> list[tuple[str, Message]]:
         """(path, message) of the unexpired retained messages whose path matches `filt`."""

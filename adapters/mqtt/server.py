@@ -10,30 +10,50 @@ import ssl as ssl_mod
 from messaging_processor import MessagingProcessor
 from runtime.tls import peer_common_name
 
+from ..limits import Limiter, host_of
 from ..listener import TcpListeners
 from .broker import Broker
+from .caps import DEFAULT_CAPS, MqttCaps
+from .limits import Refusal, SessionLimits
 from .session import Session
 
 log = logging.getLogger("adapters.mqtt")
+REFUSED_WAIT_S = 5.0  # a refused connection is closed after this if its CONNECT does not come
 
 
 class MqttProtocol(asyncio.Protocol):
-    __slots__ = ("adapter", "transport", "session", "feed")
+    __slots__ = ("adapter", "transport", "session", "feed", "counted")
 
     def __init__(self, adapter: MqttAdapter) -> None:
         self.adapter = adapter
         self.transport: asyncio.Transport | None = None
         self.session: Session | None = None
+        self.counted = False  # holds one of the limiter's connection places
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's TCPTransport is not an asyncio.Transport subclass: no isinstance check here.
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         remote = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "")
+        limiter = self.adapter.limiter
+        if limiter is not None:
+            why = limiter.accept("mqtt", host_of(peer))
+            if why is not None:
+                log.debug("mqtt %s refused: %s", remote, why)
+                self.feed = Refusal(transport.write, transport.close, why).feed  # type: ignore[attr-defined]
+                asyncio.get_running_loop().call_later(REFUSED_WAIT_S, transport.close)  # no CONNECT came
+                return
+            self.counted = True
         cert_user = None
         if self.adapter.cert_identity:
             cert_user = peer_common_name(transport.get_extra_info("peercert"))
         self.session = Session(self.adapter.broker, transport.write, transport.close, remote, cert_user)
+        if limiter is not None:
+            self.session.limits = SessionLimits(
+                limiter,
+                transport.pause_reading,  # type: ignore[attr-defined]
+                transport.resume_reading,  # type: ignore[attr-defined]
+            )
         self.feed = self.session.feed
         self.adapter.connections.add(self)
 
@@ -42,8 +62,13 @@ class MqttProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.adapter.connections.discard(self)
+        if self.counted:
+            self.counted = False
+            self.adapter.limiter.closed("mqtt")  # type: ignore[union-attr]
         if self.session is not None:
             self.session.connection_lost()
+            if self.session.limits is not None:
+                self.session.limits.closed(self.session)
 
 
 class MqttAdapter:
@@ -63,10 +88,13 @@ class MqttAdapter:
         ssl: ssl_mod.SSLContext | None = None,
         tls_port: int = 8883,
         cert_identity: bool = False,
+        limiter: Limiter | None = None,
+        caps: MqttCaps = DEFAULT_CAPS,
     ) -> None:
         """`cert_identity`: a verified client certificate's CN is the user (its CONNECT's user name and
-        password are then ignored)."""
+        password are then ignored). `limiter`: connection and publish-rate limits (docs/limits.md)."""
         self.processor = processor
+        self.limiter = limiter
         self.cert_identity = cert_identity
         self.host = host
         self.port = port
@@ -75,6 +103,7 @@ class MqttAdapter:
             max_packet_size=max_packet_size,
             topic_scan_interval=topic_scan_interval,
             max_keep_alive=max_keep_alive,
+            caps=caps,
         )
         self.connections: set[MqttProtocol] = set()
         self.net = TcpListeners(host, port, ssl=ssl, tls_port=tls_port, tls_name="mqtts")

@@ -57,11 +57,14 @@ from .codec import (
     encode_unsuback,
 )
 from .codec.packets import Pingreq
+from .limits import admit_batch, admit_publish
 from .mapping import P_CLIENT, to_message
 from .persistence import NEVER, qos2_mark
 
 if TYPE_CHECKING:
+    from ..limits import ReadThrottle
     from .broker import Broker
+    from .limits import SessionLimits
     from .persistence import SessionState
     from .subscription import Sub
 
@@ -120,6 +123,8 @@ class Session:
         self._ka_timer: asyncio.TimerHandle | None = None
         self._normal_disconnect = False
         self.closed_event = asyncio.Event()
+        self.limits: SessionLimits | None = None  # connection and publish-rate limits (limits.py)
+        self.throttle: ReadThrottle | None = None  # set at CONNECT when publish rates are limited
 
     # ------------------------------------------------------------------ output
     def _write(self, data: bytes) -> None:
@@ -254,6 +259,9 @@ class Session:
             if v == MQTT_5:
                 props[PropertyId.ASSIGNED_CLIENT_IDENTIFIER] = cid
         self.client_id = cid
+        if not self.broker.caps.client_id_ok(cid):
+            self._refuse(ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, "client identifier too long")
+            return
         if self.cert_user is not None:
             identity = Identity(self.cert_user, None, CERTIFICATE_MECHANISM)
         else:
@@ -270,6 +278,9 @@ class Session:
             self._write(encode_connack(False, connack_code(refusal, v), v))
             self._backlog = None
             self.close()
+            return
+        if self.limits is not None and not self.limits.login(self):
+            self._refuse(ReasonCode.QUOTA_EXCEEDED, "too many connections for this user")
             return
         self.will = c.will
         keep_alive = c.keep_alive
@@ -369,6 +380,8 @@ class Session:
 
     # ------------------------------------------------------------------ inbound PUBLISH
     def _on_publish(self, p: Publish) -> None:
+        if self.throttle is not None and not admit_publish(self, p):
+            return
         qos = p.qos
         pid = p.packet_id
         if qos == 2:
@@ -390,6 +403,10 @@ class Session:
         group commit and one task); their PUBACKs go out together, in order."""
         if len(pkts) == 1:
             self._on_publish(pkts[0])
+            return
+        if self.throttle is not None and not admit_batch(self, pkts):
+            for p in pkts:  # over the hard quota: what fits is stored, the rest refused, in order
+                self._on_publish(p)
             return
         v5 = self.version == MQTT_5
         cid = self.client_id if self.nl_count else None

@@ -65,6 +65,9 @@ class Subscriptions:
                 codes.append(ReasonCode.TOPIC_FILTER_INVALID)
                 continue
             inner = shared[1] if shared else filt
+            if not s.broker.caps.topic_ok(inner):  # over --mqtt-max-topic-length / -levels
+                codes.append(ReasonCode.TOPIC_FILTER_INVALID)
+                continue
             first = inner.split("/", 1)[0]
             wild = first in ("+", "#")
             grant = access.decide(self.processor, s.ctx.identity, inner)

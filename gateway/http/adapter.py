@@ -17,6 +17,10 @@ from collections.abc import Generator
 import uvicorn
 from fastapi import FastAPI
 
+from adapters.limits import Limiter
+
+from .connection_limits import limited
+
 log = logging.getLogger("gateway.http")
 
 
@@ -74,8 +78,11 @@ class HttpAdapter:
         access_log: bool = False,
         ssl: ssl.SSLContext | None = None,
         tls_port: int = 8443,
+        limiter: Limiter | None = None,
     ):
+        """`limiter`: connection limits (over them: 503 with Retry-After, connection_limits.py)."""
         self.app = app
+        self.limiter = limiter
         self.host = host
         self.port = port
         self.access_log = access_log
@@ -123,6 +130,9 @@ class HttpAdapter:
             server_header=False,
             ssl_context_factory=(lambda _config, _default: context) if context is not None else None,
         )
+        if self.limiter is not None:
+            config.load()
+            config.http_protocol_class = limited(config.http_protocol_class, self.limiter)
         server = _EmbeddedServer(config)
         task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
         up = asyncio.ensure_future(server.up.wait())

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from adapters.base import Adapter
+from adapters.limits import Limiter
 from messaging_processor import MessagingProcessor
 
 from .deps import get_listeners, get_processor
@@ -91,7 +92,10 @@ def quantile(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
-def render(processor: MessagingProcessor, listeners: Iterable[Adapter] = ()) -> str:
+def render(
+    processor: MessagingProcessor, listeners: Iterable[Adapter] = (), limiter: Limiter | None = None
+) -> str:
+    """The exposition text; `limiter` adds the connection gauge and the limit refusal counter."""
     w = _Writer()
     m = processor.metrics
     for name, attr, label_names, help_text in _PROCESSOR_COUNTERS:
@@ -109,6 +113,9 @@ def render(processor: MessagingProcessor, listeners: Iterable[Adapter] = ()) -> 
     w.family("gateway_listener_up", "gauge", "1 when the protocol listener accepts connections.")
     for a in listeners:
         w.sample("gateway_listener_up", 1 if a.listening else 0, ("protocol",), (a.name,))
+
+    if limiter is not None:
+        _render_limits(w, limiter)
 
     stats = processor.store_stats()
     for key, help_text in _STORE_COUNTERS:
@@ -128,6 +135,17 @@ def render(processor: MessagingProcessor, listeners: Iterable[Adapter] = ()) -> 
     return w.text()
 
 
+def _render_limits(w: _Writer, limiter: Limiter) -> None:
+    name = "gateway_limit_refusals_total"
+    w.family(name, "counter", "Connections refused and publishers throttled, by protocol and limit.")
+    for (protocol, limit), n in sorted(limiter.refusals.items()):
+        w.sample(name, n, ("protocol", "limit"), (protocol, limit))
+    w.family("gateway_connections", "gauge", "Open connections counted against --max-connections.")
+    for protocol, n in sorted(limiter.connections.items()):
+        w.sample("gateway_connections", n, ("protocol",), (protocol,))
+
+
 @router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE: {}}}})
 async def metrics(request: Request) -> Response:
-    return Response(render(get_processor(request), get_listeners(request)), media_type=CONTENT_TYPE)
+    limiter = getattr(request.app.state, "limiter", None)
+    return Response(render(get_processor(request), get_listeners(request), limiter), media_type=CONTENT_TYPE)
