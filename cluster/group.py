@@ -195,11 +195,13 @@ class GroupMember:
         await self._stop_following()
         if not address:
             return
-        auth = self.node.config.auth
-        self.follower = Follower(self.node.store, self.name, address, wait_ms=self.wait_ms, auth=auth)
+        auth, tls = self.node.config.auth, self.node.config.cluster_tls
+        self.follower = Follower(
+            self.node.store, self.name, address, wait_ms=self.wait_ms, auth=auth, tls=tls
+        )
         self.follower.start()
         self.state_follower = StateFollower(
-            self.node.store, self.name, address, wait_ms=self.wait_ms, auth=auth
+            self.node.store, self.name, address, wait_ms=self.wait_ms, auth=auth, tls=tls
         )
         self.state_follower.start()
 

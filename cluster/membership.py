@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -45,9 +46,11 @@ class Membership:
         connect_timeout_s: float = 2.0,
         namesrv_grace_s: float = 30.0,
         auth: ClusterAuth | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.auth = auth  # the cluster secret: name server and node connections prove it
-        self.ns = NameServerClient(namesrv, auth=auth)
+        self.tls = tls  # a client context: name server and node connections speak TLS
+        self.ns = NameServerClient(namesrv, auth=auth, tls=tls)
         self.cluster = cluster
         self.refresh_s = refresh_s
         self.connect_timeout_s = connect_timeout_s
@@ -149,7 +152,7 @@ class Membership:
             self.spawn(self._refresh_stats())
 
     def _add(self, name: str, addr: str) -> NodeClient:
-        node = NodeClient(name, addr, node_tag(name), self.on_txn_check, auth=self.auth)
+        node = NodeClient(name, addr, node_tag(name), self.on_txn_check, auth=self.auth, tls=self.tls)
         node.connect_timeout_s = self.connect_timeout_s
         other = self.by_tag.get(node.tag)
         if other is not None:

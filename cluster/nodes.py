@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -38,6 +39,7 @@ class NodeClient:
         on_txn_check: Callable[[NodeClient, Message], None],
         *,
         auth: ClusterAuth | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.name = name
         self.addr = addr  # the primary's address; "" while the group has none registered
@@ -49,6 +51,7 @@ class NodeClient:
         self._replicas: dict[str, RemotingClient] = {}  # open replica connections by address
         self._on_txn_check = on_txn_check
         self.auth = auth
+        self.tls = tls  # a client context: the node is spoken to over TLS
         self._connecting: asyncio.Lock = asyncio.Lock()
 
     @property
@@ -67,7 +70,7 @@ class NodeClient:
                 return
             host, port = parse_host_port(self.addr, 10911)
             self.conn = await RemotingClient.connect(
-                host, port, self._on_request, timeout=timeout, auth=self.auth
+                host, port, self._on_request, timeout=timeout, auth=self.auth, ssl=self.tls
             )
 
     async def set_replicas(self, addrs: list[str]) -> None:
@@ -84,7 +87,7 @@ class NodeClient:
             if conn is None or conn.closed.is_set():
                 host, port = parse_host_port(addr, 10911)
                 conn = await RemotingClient.connect(
-                    host, port, timeout=self.connect_timeout_s, auth=self.auth
+                    host, port, timeout=self.connect_timeout_s, auth=self.auth, ssl=self.tls
                 )
                 self._replicas[addr] = conn
             return conn

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import socket
+import ssl
 from dataclasses import dataclass, field
 
 from namesrv.client import NameServerClient
@@ -34,6 +35,8 @@ class ProxyConfig:
     lease_expiry_s: float = 120.0
     proxy_name: str | None = None  # default proxy-<host>-<pid>
     auth: ClusterAuth | None = field(default=None, repr=False)  # the cluster secret, if any
+    # a client context: name servers and store nodes are spoken to over TLS (None: in clear)
+    tls: ssl.SSLContext | None = field(default=None, repr=False)
 
 
 async def open_cluster_store(config: ProxyConfig) -> ClusterStoreClient:
@@ -45,6 +48,7 @@ async def open_cluster_store(config: ProxyConfig) -> ClusterStoreClient:
         refresh_s=config.route_refresh_s,
         namesrv_grace_s=config.lease_period_s,
         auth=config.auth,
+        tls=config.tls,
     )
     await client.start(wait_s=START_WAIT_S)
     live = [n.name for n in client.live()]
@@ -65,7 +69,7 @@ class ProxyRegistration:
         self.config = config
         self.name = config.proxy_name or f"proxy-{socket.gethostname()}-{os.getpid()}"
         self.endpoints = dict(endpoints)
-        self.client = NameServerClient(config.namesrv, auth=config.auth)
+        self.client = NameServerClient(config.namesrv, auth=config.auth, tls=config.tls)
         self._task: asyncio.Task | None = None
 
     async def register(self) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -53,6 +54,7 @@ class ClusterStoreClient:
         connect_timeout_s: float = 2.0,
         namesrv_grace_s: float = 30.0,
         auth: ClusterAuth | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.members = Membership(
             namesrv,
@@ -62,6 +64,7 @@ class ClusterStoreClient:
             connect_timeout_s=connect_timeout_s,
             namesrv_grace_s=namesrv_grace_s,
             auth=auth,
+            tls=tls,
         )
         self.ids = IdMap(self.members)
         self.request_timeout_s = request_timeout_s

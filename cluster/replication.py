@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import ssl
 import time
 from dataclasses import dataclass, field
 
@@ -174,6 +175,7 @@ class Follower:
         wait_ms: int = 1000,
         retry_s: float = 0.5,
         auth: ClusterAuth | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.store = store
         self.name = name
@@ -182,6 +184,7 @@ class Follower:
         self.wait_ms = wait_ms
         self.retry_s = retry_s
         self.auth = auth  # the cluster secret: the connection to the primary proves it
+        self.tls = tls  # a client context: the primary is spoken to over TLS
         self.connected = asyncio.Event()  # set while aligned with the primary and pulling
         self.truncated: list[int] = []  # offsets truncated to on (re)joins (for tests and logs)
         self.rebased: list[int] = []  # offsets its empty log was re-based at (for tests and logs)
@@ -202,7 +205,7 @@ class Follower:
             client = None
             try:
                 host, port = parse_host_port(self.primary, 10911)
-                client = await RemotingClient.connect(host, port, timeout=5.0, auth=self.auth)
+                client = await RemotingClient.connect(host, port, timeout=5.0, auth=self.auth, ssl=self.tls)
                 await self._align(client)
                 self.connected.set()
                 await self._pull(client)

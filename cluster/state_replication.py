@@ -30,6 +30,7 @@ import base64
 import contextlib
 import json
 import logging
+import ssl
 import struct
 import time
 import uuid
@@ -224,6 +225,7 @@ class StateFollower:
         wait_ms: int = 1000,
         retry_s: float = 0.5,
         auth: ClusterAuth | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.store = store
         self.name = name
@@ -231,6 +233,7 @@ class StateFollower:
         self.wait_ms = wait_ms
         self.retry_s = retry_s
         self.auth = auth  # the cluster secret: the connection to the primary proves it
+        self.tls = tls  # a client context: the primary is spoken to over TLS
         self.synced = asyncio.Event()  # set once a full copy is taken (cleared on reconnects)
         self.session = ""
         self.cpos = 0
@@ -252,7 +255,7 @@ class StateFollower:
             client = None
             try:
                 host, port = parse_host_port(self.primary, 10911)
-                client = await RemotingClient.connect(host, port, timeout=5.0, auth=self.auth)
+                client = await RemotingClient.connect(host, port, timeout=5.0, auth=self.auth, ssl=self.tls)
                 while True:
                     await self._pull(client)
             except (OSError, RemotingClientError, TimeoutError, ValueError, KeyError) as e:

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 import time
 from dataclasses import dataclass, field
 
@@ -62,6 +63,10 @@ class StoreNodeConfig:
     min_insync: int = 1
     replication_timeout_s: float = 3.0
     auth: ClusterAuth | None = field(default=None, repr=False)  # the cluster secret, if any
+    # TLS: `tls` a server context for the node's port (TLS only), `cluster_tls` a client context
+    # for its own connections (name server, a replica's primary); None: in clear
+    tls: ssl.SSLContext | None = field(default=None, repr=False)
+    cluster_tls: ssl.SSLContext | None = field(default=None, repr=False)
 
 
 def default_node_name(port: int) -> str:
@@ -105,9 +110,9 @@ class StoreNode:
 
     async def start(self) -> None:
         c = self.config
-        self._server, self._address = await serve_tcp(self.frames, c.host, c.port)
+        self._server, self._address = await serve_tcp(self.frames, c.host, c.port, ssl=c.tls)
         if c.namesrv:
-            self.namesrv = NameServerClient(c.namesrv, auth=c.auth)
+            self.namesrv = NameServerClient(c.namesrv, auth=c.auth, tls=c.cluster_tls)
             try:  # registered before it says ready (a name server that is down is retried)
                 await asyncio.wait_for(self.register(), 5.0)
                 log.info("store node %s registered with the name server %s", self.name, c.namesrv)

@@ -2,27 +2,36 @@
 the store on `data_dir`, serves it until SIGTERM/SIGINT, then unregisters, stops accepting,
 lets in-flight requests finish (up to `drain_timeout_s`), closes (flushes) the store and exits 0;
 exits 1 when the store cannot be opened or the port bound, 2 when `cluster_secret_file` is set but
-unusable (docs/security.md, "Closed cluster")."""
+unusable or a TLS file does not load (docs/security.md, "Closed cluster": with `--tls-cert` the
+node's port serves TLS only; with `--cluster-tls` its own connections speak TLS)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 
 from cluster.store_node import StoreNode, StoreNodeConfig, default_node_name
 from gateway import collector as gc_collector
 from gateway.config import Settings
-from gateway.server import SHUTDOWN_SIGNALS, cluster_auth, shutdown_signals_blocked, store_config
+from gateway.server import SHUTDOWN_SIGNALS, cluster_auth, cluster_tls, shutdown_signals_blocked, store_config
 from remoting.cluster_auth import ClusterAuth, ClusterSecretError
+from runtime.tls import ServerTls, TlsError, TlsFiles
 from store import Store, StoreError
 
 log = logging.getLogger("gateway.store")
 
 
-def node_config(settings: Settings, auth: ClusterAuth | None = None) -> StoreNodeConfig:
-    """The store node's own settings, taken from the gateway's (`auth`: the cluster secret)."""
+def node_config(
+    settings: Settings,
+    auth: ClusterAuth | None = None,
+    tls: ssl.SSLContext | None = None,
+    cluster_tls: ssl.SSLContext | None = None,
+) -> StoreNodeConfig:
+    """The store node's own settings, taken from the gateway's (`auth`: the cluster secret; `tls`
+    the server context of its port, `cluster_tls` the client context of its own connections)."""
     s = settings
     return StoreNodeConfig(
         name=s.store_name or default_node_name(s.store_port),
@@ -38,14 +47,27 @@ def node_config(settings: Settings, auth: ClusterAuth | None = None) -> StoreNod
         replication=s.replication,
         min_insync=s.min_insync if s.replication == "sync" else 1,
         auth=auth,
+        tls=tls,
+        cluster_tls=cluster_tls,
     )
+
+
+def server_tls(s: Settings) -> ssl.SSLContext | None:
+    """The node port's server context (`tls_cert`, `tls_key`, `tls_client_ca`,
+    `tls_require_client_cert`), or None (in clear); TlsError when a file does not load."""
+    if s.tls_cert is None:
+        return None
+    files = TlsFiles(s.tls_cert, s.tls_key, s.tls_client_ca, s.tls_require_client_cert)
+    return ServerTls(files, logging.getLogger("gateway.tls")).context()
 
 
 async def serve(settings: Settings) -> int:
     """Run a store node until SIGTERM/SIGINT; the exit code (0 clean, 1 cannot start, 2 bad secret)."""
     try:
         auth = cluster_auth(settings)
-    except ClusterSecretError as e:
+        tls = server_tls(settings)
+        client_tls = cluster_tls(settings)
+    except (ClusterSecretError, TlsError) as e:
         log.error("%s", e)
         return 2
     loop = asyncio.get_running_loop()
@@ -59,7 +81,7 @@ async def serve(settings: Settings) -> int:
         log.error("cannot open the store at %s: %s", settings.data_dir, e)
         return 1
     store.preallocate()  # a fresh store's first append need not wait for its segment
-    node = StoreNode(node_config(settings, auth), store)
+    node = StoreNode(node_config(settings, auth, tls, client_tls), store)
     try:
         await node.start()
     except OSError as e:
@@ -69,6 +91,8 @@ async def serve(settings: Settings) -> int:
     log.info("store node %s listening on %s (data %s)", node.name, node.address, settings.data_dir)
     if auth is not None:
         log.info("closed cluster: every connection must prove the cluster secret first")
+    if tls is not None:
+        log.info("store node port serves TLS only (certificate %s)", settings.tls_cert)
     member = None
     if settings.store_group:
         from cluster.controller import EtcdController

@@ -1,7 +1,8 @@
 """`gateway namesrv [--config FILE] [--host ADDR] [--port N] [--lease-period-s S]
-[--lease-expiry-s S] [--scan-interval-s S] [--cluster-secret-file FILE] [--event-loop L]
+[--lease-expiry-s S] [--scan-interval-s S] [--cluster-secret-file FILE] [--tls-cert PEM]
+[--tls-key PEM] [--tls-client-ca PEM] [--tls-require-client-cert] [--event-loop L]
 [--log-level L]`: a standalone name server, serving until SIGTERM/SIGINT (exit 0; 1 if the port
-cannot be bound; 2 for bad settings, an unusable cluster secret file among them)."""
+cannot be bound; 2 for bad settings, an unusable cluster secret file or TLS file among them)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,13 @@ _FLAGS: dict[str, dict[str, Any]] = {
         "metavar": "FILE",
         "help": "every connection must prove this secret first (docs/security.md, 'Closed cluster')",
     },
+    "tls_cert": {"metavar": "PEM", "help": "PEM certificate chain: the port serves TLS only"},
+    "tls_key": {"metavar": "PEM", "help": "private key of --tls-cert (default: inside the cert file)"},
+    "tls_client_ca": {"metavar": "PEM", "help": "CA to ask for and verify client certificates with"},
+    "tls_require_client_cert": {
+        "action": argparse.BooleanOptionalAction,
+        "help": "refuse a TLS handshake without a certificate signed by --tls-client-ca",
+    },
     "event_loop": {"choices": EVENT_LOOPS, "help": "asyncio event loop (default uvloop)"},
     "log_level": {"choices": LOG_LEVELS, "help": "log level (default info)"},
 }
@@ -56,6 +64,16 @@ def run(args: argparse.Namespace, env: dict[str, str] | None = None) -> int:
                 auth = ClusterAuth.from_file(settings.cluster_secret_file)
             except ClusterSecretError as e:
                 raise ConfigError(str(e)) from None
+        tls = None
+        if settings.tls_cert is not None:
+            from runtime.tls import ServerTls, TlsError, TlsFiles
+
+            s = settings
+            files = TlsFiles(s.tls_cert, s.tls_key, s.tls_client_ca, s.tls_require_client_cert)
+            try:
+                tls = ServerTls(files, logging.getLogger("namesrv.tls")).context()
+            except TlsError as e:
+                raise ConfigError(str(e)) from None
     except ConfigError as e:
         print(f"gateway: {e}", file=sys.stderr)
         return 2
@@ -64,4 +82,4 @@ def run(args: argparse.Namespace, env: dict[str, str] | None = None) -> int:
 
     factory = loop_factory(settings.event_loop, logging.getLogger("namesrv"))
     with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(serve(settings, auth))
+        return runner.run(serve(settings, auth, tls))

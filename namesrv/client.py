@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -38,13 +39,19 @@ class NameServerError(Exception):
 
 class NameServerClient:
     def __init__(
-        self, addrs: list[str] | str, *, timeout: float = 3.0, auth: ClusterAuth | None = None
+        self,
+        addrs: list[str] | str,
+        *,
+        timeout: float = 3.0,
+        auth: ClusterAuth | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.addrs = [a.strip() for a in (addrs.split(";") if isinstance(addrs, str) else addrs) if a.strip()]
         if not self.addrs:
             raise ValueError("no name server address")
         self.timeout = timeout
         self.auth = auth
+        self.tls = tls  # a client context: the name servers are spoken to over TLS
         self._conns: dict[str, RemotingClient] = {}
         self._lock = asyncio.Lock()
 
@@ -53,7 +60,7 @@ class NameServerClient:
         if c is not None and not c.closed.is_set():
             return c
         host, port = parse_host_port(addr, 9876)
-        c = await RemotingClient.connect(host, port, timeout=self.timeout, auth=self.auth)
+        c = await RemotingClient.connect(host, port, timeout=self.timeout, auth=self.auth, ssl=self.tls)
         self._conns[addr] = c
         return c
 

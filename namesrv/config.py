@@ -1,7 +1,8 @@
 """Name server settings, layered like the gateway's: defaults < TOML file < GATEWAY_NAMESRV_* env <
 flags of `gateway namesrv`. A TOML file may hold the keys at top level or in a [namesrv] table.
-`cluster_secret_file` also comes from GATEWAY_CLUSTER_SECRET_FILE (one variable for every process
-of a cluster) when GATEWAY_NAMESRV_CLUSTER_SECRET_FILE is not set."""
+`cluster_secret_file` and the TLS files also come from GATEWAY_CLUSTER_SECRET_FILE, GATEWAY_TLS_CERT,
+GATEWAY_TLS_KEY and GATEWAY_TLS_CLIENT_CA (one variable for every process of a cluster) when the
+GATEWAY_NAMESRV_* one is not set."""
 
 from __future__ import annotations
 
@@ -26,6 +27,11 @@ class NamesrvSettings:
     scan_interval_s: float = 5.0  # how often leases are checked
     # the cluster secret (remoting/cluster_auth.py): every connection authenticates with it first
     cluster_secret_file: str | None = None
+    # TLS on the port (TLS only; docs/security.md, "Closed cluster"), as the gateway's --tls-* settings
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+    tls_require_client_cert: bool = False
     event_loop: str = "uvloop"
     log_level: str = "info"
 
@@ -44,10 +50,18 @@ class NamesrvSettings:
                 f"lease_expiry_s ({self.lease_expiry_s:g}) must not be shorter than lease_period_s "
                 f"({self.lease_period_s:g})"
             )
-        if self.cluster_secret_file is not None and (
-            not isinstance(self.cluster_secret_file, str) or not self.cluster_secret_file
-        ):
-            raise ConfigError(f"cluster_secret_file must be a file path, got {self.cluster_secret_file!r}")
+        for name in ("cluster_secret_file", "tls_cert", "tls_key", "tls_client_ca"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ConfigError(f"{name} must be a file path, got {value!r}")
+        if not isinstance(self.tls_require_client_cert, bool):
+            v = self.tls_require_client_cert
+            raise ConfigError(f"tls_require_client_cert must be true or false, got {v!r}")
+        for name in ("tls_key", "tls_client_ca", "tls_require_client_cert"):
+            if getattr(self, name) not in (None, False) and self.tls_cert is None:
+                raise ConfigError(f"{name} needs tls_cert")
+        if self.tls_require_client_cert and self.tls_client_ca is None:
+            raise ConfigError("tls_require_client_cert needs tls_client_ca")
         if self.event_loop not in EVENT_LOOPS:
             raise ConfigError(f"event_loop must be one of {', '.join(EVENT_LOOPS)}, got {self.event_loop!r}")
         if self.log_level not in LOG_LEVELS:
@@ -65,8 +79,13 @@ def _from_text(name: str, text: str, source: str) -> Any:
             return int(text.strip())
         if kind == "float":
             return float(text.strip())
+        if kind == "bool":
+            if text.strip().lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+                raise ValueError
+            return text.strip().lower() in ("1", "true", "yes", "on")
     except ValueError:
-        raise ConfigError(f"{source} must be a number, got {text!r}") from None
+        what = "boolean" if kind == "bool" else "number"
+        raise ConfigError(f"{source} must be a {what}, got {text!r}") from None
     return text
 
 
@@ -93,8 +112,10 @@ def load(
         var = ENV_PREFIX + name.upper()
         if env and env.get(var):
             values[name] = _from_text(name, env[var], var)
-    if env and env.get("GATEWAY_CLUSTER_SECRET_FILE") and not env.get(ENV_PREFIX + "CLUSTER_SECRET_FILE"):
-        values["cluster_secret_file"] = env["GATEWAY_CLUSTER_SECRET_FILE"]
+    for name in ("cluster_secret_file", "tls_cert", "tls_key", "tls_client_ca"):
+        shared = "GATEWAY_" + name.upper()
+        if env and env.get(shared) and not env.get(ENV_PREFIX + name.upper()):
+            values[name] = env[shared]
     for k, v in (overrides or {}).items():
         if k not in FIELDS:
             raise ConfigError(f"unknown setting {k!r}")

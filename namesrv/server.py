@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 
@@ -52,8 +53,10 @@ class NameServer:
         *,
         clock: Callable[[], float] = time.monotonic,
         auth: ClusterAuth | None = None,
+        tls: ssl.SSLContext | None = None,
     ):
         self.settings = settings or NamesrvSettings()
+        self.tls = tls  # a server context: the port serves TLS only
         self.clock = clock
         self.routes = RouteInfo(self.settings.lease_expiry_s)
         self.frames = FrameServer(self, name="name server", log=log, auth=auth)
@@ -83,7 +86,9 @@ class NameServer:
         return int(self._address.rsplit(":", 1)[1])
 
     async def start(self) -> None:
-        self._server, self._address = await serve_tcp(self.frames, self.settings.host, self.settings.port)
+        self._server, self._address = await serve_tcp(
+            self.frames, self.settings.host, self.settings.port, ssl=self.tls
+        )
         self._scanner = asyncio.get_running_loop().create_task(self._scan(), name="namesrv lease scan")
 
     async def _scan(self) -> None:
@@ -259,15 +264,18 @@ async def _proxy_list(ns: NameServer, conn: FrameConnection, cmd: RemotingComman
     return cmd.response(R.SUCCESS, None, None, json.dumps({"proxies": proxies}, sort_keys=True).encode())
 
 
-async def serve(settings: NamesrvSettings, auth: ClusterAuth | None = None) -> int:
-    """Run a name server until SIGTERM/SIGINT (with `auth`: a closed cluster); the exit code."""
+async def serve(
+    settings: NamesrvSettings, auth: ClusterAuth | None = None, tls: ssl.SSLContext | None = None
+) -> int:
+    """Run a name server until SIGTERM/SIGINT (with `auth`: a closed cluster; with `tls`: a server
+    context, the port serves TLS only); the exit code."""
     import signal
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    ns = NameServer(settings, auth=auth)
+    ns = NameServer(settings, auth=auth, tls=tls)
     try:
         await ns.start()
     except OSError as e:
@@ -276,6 +284,8 @@ async def serve(settings: NamesrvSettings, auth: ClusterAuth | None = None) -> i
     log.info("namesrv listening on %s", ns.address)
     if auth is not None:
         log.info("closed cluster: every connection must prove the cluster secret first")
+    if tls is not None:
+        log.info("name server port serves TLS only (certificate %s)", settings.tls_cert)
     log.info(
         "name server ready (lease period %.0f s, expiry %.0f s)",
         settings.lease_period_s,

@@ -4,7 +4,8 @@ requests the server sends (CHECK_TRANSACTION_STATE, NOTIFY_CONSUMER_IDS_CHANGED)
 Used by the name server's clients (store nodes and proxies registering, see namesrv/client.py),
 CLUSTER mode's store connections and by tests. Not a RocketMQ client library: no routes, no
 rebalancing. `connect(..., auth=ClusterAuth)` proves the cluster secret before anything else is
-sent and checks the server's proof (remoting/cluster_auth.py)."""
+sent and checks the server's proof (remoting/cluster_auth.py); `connect(..., ssl=context)` speaks
+TLS, verifying the server's certificate for `host` as the context says."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import ssl as ssl_mod
 from collections.abc import Awaitable, Callable
 
 from remoting import FLAG_ONEWAY, Decoder, RemotingCodecError, RemotingCommand, ResponseCode
@@ -62,10 +64,15 @@ class RemotingClient:
         *,
         timeout: float = 5.0,
         auth: ClusterAuth | None = None,
+        ssl: ssl_mod.SSLContext | None = None,
         **kw: object,
     ) -> RemotingClient:
-        """Open a connection; with `auth`, authenticated (ClusterAuthError when refused)."""
-        r, w = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+        """Open a connection (over TLS with `ssl`: ssl.SSLError when the handshake fails); with
+        `auth`, authenticated (ClusterAuthError when refused)."""
+        r, w = await asyncio.wait_for(
+            asyncio.open_connection(host, port, ssl=ssl, server_hostname=host if ssl is not None else None),
+            timeout,
+        )
         client = cls(r, w, on_request, **kw)  # type: ignore[arg-type]
         if auth is not None:
             try:

@@ -11,7 +11,8 @@ store node): thin asyncio glue around the sans-IO `Decoder`. Each listener suppl
 - `drain(grace)` lets running requests finish on shutdown, `abort()` closes every connection;
 - with a cluster secret (`auth`, remoting/cluster_auth.py) a connection is served only once its
   first frame, the AUTH hello, checked out: any other first frame, a bad hello, or no hello within
-  AUTH_TIMEOUT_S is refused (NO_PERMISSION), logged without the secret, and the connection closed.
+  AUTH_TIMEOUT_S is refused (NO_PERMISSION), logged without the secret, and the connection closed;
+- `serve_tcp(..., ssl=context)` serves TLS only (the name server's and store nodes' ports).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import ssl as ssl_mod
 from collections.abc import Awaitable
 from typing import Any, Protocol
 
@@ -225,9 +227,12 @@ class FrameServer:
                 c.transport.abort()
 
 
-async def serve_tcp(server: FrameServer, host: str, port: int) -> tuple[asyncio.Server, str]:
-    """Listen on host:port for `server`; the asyncio server and the bound `host:port`."""
-    srv = await asyncio.get_running_loop().create_server(server.protocol, host, port)
+async def serve_tcp(
+    server: FrameServer, host: str, port: int, ssl: ssl_mod.SSLContext | None = None
+) -> tuple[asyncio.Server, str]:
+    """Listen on host:port for `server` (TLS only with `ssl`: a plain client's handshake fails and
+    its connection is closed); the asyncio server and the bound `host:port`."""
+    srv = await asyncio.get_running_loop().create_server(server.protocol, host, port, ssl=ssl)
     sock = srv.sockets[0].getsockname()
     return srv, f"{sock[0]}:{sock[1]}"
 

@@ -117,6 +117,23 @@ class ServerTls:
         return True
 
 
+def client_context(ca: str | None = None, cert: str | None = None, key: str | None = None) -> ssl.SSLContext:
+    """A client context for the cluster's own connections (docs/security.md, "Closed cluster"):
+    the server's certificate is verified against `ca` (None: the system store) and its host name
+    or IP address; `cert` (and `key`) is presented when the server asks for a client certificate.
+    TlsError when a file does not load."""
+    try:
+        ctx = ssl.create_default_context(cafile=ca)
+    except (OSError, ssl.SSLError) as e:
+        raise TlsError(f"cannot load the cluster TLS CA {ca}: {e}") from e
+    if cert is not None:
+        try:
+            ctx.load_cert_chain(cert, key)
+        except (OSError, ssl.SSLError) as e:
+            raise TlsError(f"cannot load the TLS certificate {cert}: {e}") from e
+    return ctx
+
+
 def peer_common_name(cert: dict | None) -> str | None:
     """The subject CN of a verified peer certificate (`SSLObject.getpeercert()`), or None."""
     for rdn in (cert or {}).get("subject", ()):
