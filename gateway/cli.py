@@ -17,7 +17,15 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gateway.config import FLUSH_POLICIES, MODES, Settings, check_exposure, load, parse_protocols
+from gateway.config import (
+    FLUSH_POLICIES,
+    MODES,
+    MQTT_QUEUE_FULL_POLICIES,
+    Settings,
+    check_exposure,
+    load,
+    parse_protocols,
+)
 from runtime import EVENT_LOOPS, LOG_LEVELS, ConfigError, loop_factory, setup_logging
 
 log = logging.getLogger("gateway")
@@ -98,11 +106,25 @@ _START_FLAGS: dict[str, dict[str, Any]] = {
     "mqtt_max_queued_messages": {
         "type": int,
         "metavar": "N",
-        "help": "offline MQTT session backlog; the oldest are dropped past it (default 0: no cap)",
+        "help": "offline MQTT session backlog, cut at reconnect (default 0: no cap)",
+    },
+    "mqtt_max_queued_bytes": {
+        "type": int,
+        "metavar": "BYTES",
+        "help": "offline MQTT session backlog, payload bytes (default 0: no cap)",
+    },
+    "mqtt_queue_full_policy": {
+        "choices": MQTT_QUEUE_FULL_POLICIES,
+        "help": "offline MQTT backlog over its cap: drop-oldest (default) or refuse-new (keep the oldest)",
     },
     "amqp_channel_max": {"type": int, "metavar": "N", "help": "AMQP channel_max offered (default 2047)"},
     "amqp_frame_max": {"type": int, "metavar": "BYTES", "help": "AMQP frame_max offered (default 131072)"},
     "amqp_max_queues_per_vhost": {"type": int, "metavar": "N", "help": "AMQP queues per vhost (0 = no cap)"},
+    "amqp_max_queues_per_user": {
+        "type": int,
+        "metavar": "N",
+        "help": "AMQP queues one user may declare, over all vhosts (0 = no cap)",
+    },
     "cloudevents_dedup_window_s": {
         "type": int,
         "metavar": "S",
@@ -119,6 +141,11 @@ _START_FLAGS: dict[str, dict[str, Any]] = {
     "publish_rate_msgs": {"type": float, "metavar": "PER_S", "help": "messages/s per client and per user"},
     "publish_rate_bytes": {"type": int, "metavar": "BYTES", "help": "bytes/s per client and per user"},
     "publish_burst": {"type": float, "metavar": "S", "help": "seconds of publish rate sent at once (1)"},
+    "max_outbound_bytes_per_connection": {
+        "type": int,
+        "metavar": "BYTES",
+        "help": "unsent bytes per MQTT/AMQP connection above which its deliveries pause (4 MiB; 0 = off)",
+    },
     "mode": {
         "choices": MODES,
         "help": "local: embedded store; cluster: proxy over store nodes (default local)",
@@ -135,6 +162,14 @@ _START_FLAGS: dict[str, dict[str, Any]] = {
     "cluster_secret_file": {
         "metavar": "FILE",
         "help": "cluster mode: prove this secret to name servers and stores (docs/security.md)",
+    },
+    "cluster_tls": {
+        "action": argparse.BooleanOptionalAction,
+        "help": "cluster mode: speak TLS to name servers and store nodes (default off)",
+    },
+    "cluster_tls_ca": {
+        "metavar": "PEM",
+        "help": "CA to verify name servers and store nodes with (implies --cluster-tls; default: system)",
     },
     "auth": {
         "action": argparse.BooleanOptionalAction,
@@ -174,6 +209,15 @@ _STORE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
         "cluster_secret_file",
         {"metavar": "FILE", "help": "every connection to this node, and its own, prove this secret first"},
     ),
+    "tls_cert": (
+        "tls_cert",
+        {"metavar": "PEM", "help": "PEM certificate chain: the node's port serves TLS only"},
+    ),
+    "tls_key": ("tls_key", _START_FLAGS["tls_key"]),
+    "tls_client_ca": ("tls_client_ca", _START_FLAGS["tls_client_ca"]),
+    "tls_require_client_cert": ("tls_require_client_cert", _START_FLAGS["tls_require_client_cert"]),
+    "cluster_tls": ("cluster_tls", _START_FLAGS["cluster_tls"]),
+    "cluster_tls_ca": ("cluster_tls_ca", _START_FLAGS["cluster_tls_ca"]),
     "group": (
         "store_group",
         {"metavar": "NAME", "help": "replica group of this node (needs --controller; docs/cluster.md)"},

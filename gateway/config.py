@@ -19,6 +19,7 @@ from runtime import EVENT_LOOPS, LOG_LEVELS, ConfigError
 FLUSH_POLICIES = ("sync", "async")
 REPLICATION_POLICIES = ("sync", "async")
 MODES = ("local", "cluster")
+MQTT_QUEUE_FULL_POLICIES = ("drop-oldest", "refuse-new")  # docs/limits.md "MQTT"
 ENV_PREFIX = "GATEWAY_"
 
 # Listener names, in start order; all are enabled by default.
@@ -103,10 +104,13 @@ class Settings:
     mqtt_max_topic_levels: int = 128  # more levels ('/'-separated) in a name or filter: 0x90 / 0x8F
     mqtt_max_retained_messages: int = 0  # retained messages kept (0 = no cap); over it: 0x97
     mqtt_max_retained_bytes: int = 0  # bytes of retained payloads kept (0 = no cap); over it: 0x97
-    mqtt_max_queued_messages: int = 0  # offline session backlog (0 = no cap); oldest dropped past it
+    mqtt_max_queued_messages: int = 0  # offline session backlog (0 = no cap); cut at reconnect, per policy
+    mqtt_max_queued_bytes: int = 0  # offline session backlog, payload bytes (0 = no cap)
+    mqtt_queue_full_policy: str = "drop-oldest"  # or "refuse-new": keep the oldest, skip the newest
     amqp_channel_max: int = 2047  # channel_max offered in connection.tune (RabbitMQ's default)
     amqp_frame_max: int = 131072  # frame_max offered in connection.tune (RabbitMQ's default)
     amqp_max_queues_per_vhost: int = 0  # 0 = no cap; a new queue over it: 406 (as RabbitMQ)
+    amqp_max_queues_per_user: int = 0  # queues one user declared, all vhosts (0 = no cap); over it: 406
     cloudevents_dedup_window_s: int = 0  # > 0: CloudEvents ingest skips a source+id stored this recently
     # connection and publish-rate limits (docs/limits.md); 0 = off
     max_connections: int = 100_000  # open connections per listener (gRPC: client ids)
@@ -116,6 +120,8 @@ class Settings:
     publish_rate_msgs: float = 0.0  # messages/s per client connection and, separately, per user
     publish_rate_bytes: int = 0  # body bytes/s, same scopes
     publish_burst: float = 1.0  # seconds of the publish rates a client or user may send at once
+    # bytes waiting in one MQTT/AMQP connection's write buffer above which its deliveries stop (0 = off)
+    max_outbound_bytes_per_connection: int = 4 * MIB
     # CLUSTER mode (docs/cluster.md): `gateway start --mode cluster` proxies and `gateway store` nodes.
     mode: str = "local"  # "cluster": no local data, stores found through the name server(s)
     namesrv: str | None = None  # name server address(es), "host:port;host:port"
@@ -133,6 +139,11 @@ class Settings:
     # the cluster secret (docs/security.md, "Closed cluster"): every connection to a name server or a
     # store node proves it first; a file readable by its owner only, read once at start
     cluster_secret_file: str | None = None
+    # TLS on the cluster's own connections (docs/security.md, "Closed cluster"): proxies and store
+    # nodes speak TLS to name servers and store nodes, verifying them against cluster_tls_ca (a
+    # PEM CA; None: the system store; setting it turns cluster_tls on) and presenting tls_cert
+    cluster_tls: bool = False
+    cluster_tls_ca: str | None = None
     auth: bool = False  # users, tokens and ACL rules on every listener (docs/security.md)
     allow_anonymous: bool = False  # let a non-loopback host run with auth off (secure by default)
 
@@ -143,6 +154,7 @@ class Settings:
             ("replication", REPLICATION_POLICIES),
             ("event_loop", EVENT_LOOPS),
             ("log_level", LOG_LEVELS),
+            ("mqtt_queue_full_policy", MQTT_QUEUE_FULL_POLICIES),
         ):
             if getattr(self, name) not in choices:
                 raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
@@ -165,7 +177,10 @@ class Settings:
             "mqtt_max_retained_messages",
             "mqtt_max_retained_bytes",
             "mqtt_max_queued_messages",
+            "mqtt_max_queued_bytes",
             "amqp_max_queues_per_vhost",
+            "amqp_max_queues_per_user",
+            "max_outbound_bytes_per_connection",
         ):
             _check_int(name, getattr(self, name), 0, None)
         _check_int("amqp_channel_max", self.amqp_channel_max, 1, 65535)
@@ -180,7 +195,7 @@ class Settings:
             object.__setattr__(self, name, float(v))
         if self.publish_burst <= 0:
             raise ConfigError(f"publish_burst must be > 0 seconds, got {self.publish_burst:g}")
-        for name in ("tls_cert", "tls_key", "tls_client_ca", "cluster_secret_file"):
+        for name in ("tls_cert", "tls_key", "tls_client_ca", "cluster_secret_file", "cluster_tls_ca"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ConfigError(f"{name} must be a file path, got {value!r}")

@@ -90,9 +90,19 @@ def cluster_auth(s: Settings) -> ClusterAuth | None:
     return None if s.cluster_secret_file is None else ClusterAuth.from_file(s.cluster_secret_file)
 
 
+def cluster_tls(s: Settings) -> ssl.SSLContext | None:
+    """The client context of CLUSTER mode's own connections (`cluster_tls`, `cluster_tls_ca`,
+    presenting `tls_cert`), or None (in clear); TlsError when a file does not load."""
+    if not (s.cluster_tls or s.cluster_tls_ca):
+        return None
+    from runtime.tls import client_context
+
+    return client_context(s.cluster_tls_ca, s.tls_cert, s.tls_key)
+
+
 def proxy_config(s: Settings, auth: ClusterAuth | None = None) -> ProxyConfig:
     """CLUSTER mode: how this proxy finds its stores and registers itself (`auth`: the cluster
-    secret its connections prove)."""
+    secret its connections prove; TLS as `cluster_tls` says)."""
     from cluster.proxy import ProxyConfig
 
     assert s.namesrv
@@ -104,6 +114,7 @@ def proxy_config(s: Settings, auth: ClusterAuth | None = None) -> ProxyConfig:
         lease_expiry_s=s.lease_expiry_s,
         proxy_name=s.proxy_name,
         auth=auth,
+        tls=cluster_tls(s),
     )
 
 
@@ -157,7 +168,7 @@ class Gateway:
 
             try:
                 cluster_config = proxy_config(s, cluster_auth(s))
-            except ClusterSecretError as e:
+            except (ClusterSecretError, TlsError) as e:
                 raise StartupError(str(e)) from e
             try:
                 self.cluster_store = await open_cluster_store(cluster_config)
@@ -304,6 +315,7 @@ class Gateway:
                 max_inbound_message_size=max(GRPC_MIN_INBOUND, 2 * s.max_body_size),
                 tls=None if s.grpc_plain else self.tls,
                 limiter=self.limiter,
+                max_outbound_bytes=s.max_outbound_bytes_per_connection,
             )
         if name == "mqtt":
             from adapters.mqtt import MqttAdapter, MqttCaps
@@ -321,11 +333,14 @@ class Gateway:
                     max_retained_messages=s.mqtt_max_retained_messages,
                     max_retained_bytes=s.mqtt_max_retained_bytes,
                     max_queued_messages=s.mqtt_max_queued_messages,
+                    max_queued_bytes=s.mqtt_max_queued_bytes,
+                    queue_full_policy=s.mqtt_queue_full_policy,
                 ),
                 ssl=self._tls_context(),
                 tls_port=s.mqtt_tls_port,
                 cert_identity=s.mqtt_cert_identity,
                 limiter=self.limiter,
+                max_outbound_bytes=s.max_outbound_bytes_per_connection,
             )
         if name == "amqp":
             from adapters.amqp import AmqpAdapter
@@ -341,6 +356,8 @@ class Gateway:
                 channel_max=s.amqp_channel_max,
                 frame_max=s.amqp_frame_max,
                 max_queues_per_vhost=s.amqp_max_queues_per_vhost,
+                max_queues_per_user=s.amqp_max_queues_per_user,
+                max_outbound_bytes=s.max_outbound_bytes_per_connection,
             )
         if name == "remoting":
             from adapters.remoting import RemotingAdapter

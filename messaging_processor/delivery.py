@@ -1,6 +1,11 @@
 """The delivery loop that push-style adapters (MQTT subscriptions, AMQP basic.consume, webhooks,
 gRPC push consumers) use: pop with long polling, hand each message to a callback with at most
-`max_inflight` outstanding, then ack / retry / requeue / dead-letter per the callback's answer."""
+`max_inflight` outstanding, then ack / retry / requeue / dead-letter per the callback's answer.
+A `gate` (an asyncio.Event, e.g. "the connection's write buffer is below its bound") is awaited
+before each pop: while it is clear nothing more is taken from the store. `max_inflight_bytes` bounds
+the body bytes of the deliveries in flight as `max_inflight` bounds their number (one is always
+allowed); a pop then asks for about the bytes left, by the mean size seen so far, so it does not
+overshoot by a whole batch of large messages (docs/limits.md "Memory per connection")."""
 
 from __future__ import annotations
 
@@ -59,6 +64,8 @@ class DeliveryLoop:
         long_poll_ms: int = 20_000,
         batch: int = 32,
         on_error: Callable[[ProcessorError], None] | None = None,
+        gate: asyncio.Event | None = None,
+        max_inflight_bytes: int = 0,
     ) -> None:
         if max_inflight < 1:
             raise ValueError("max_inflight must be at least 1")
@@ -72,6 +79,11 @@ class DeliveryLoop:
         self.long_poll_ms = long_poll_ms
         self.batch = batch
         self.on_error = on_error
+        self.gate = gate  # pop only while it is set (None: always)
+        self.max_inflight_bytes = max_inflight_bytes  # 0: not counted
+        self._max_held = max_inflight_bytes or 1 << 62
+        self._held = 0  # body bytes in flight (counted with max_inflight_bytes only)
+        self._mean_size = 0  # of the bodies popped (idem)
         self._max_inflight = max_inflight
         self._inflight = 0
         self._room = asyncio.Event()
@@ -102,7 +114,7 @@ class DeliveryLoop:
         self._update_room()
 
     def _update_room(self) -> None:
-        if self._inflight < self._max_inflight:
+        if self._inflight < self._max_inflight and self._held < self._max_held:
             self._room.set()
         else:
             self._room.clear()
@@ -141,6 +153,16 @@ class DeliveryLoop:
             if room <= 0:
                 self._room.clear()
                 continue
+            gate = self.gate
+            if gate is not None and not gate.is_set():
+                await gate.wait()  # the connection is over its outbound bound: leave them in the store
+                continue
+            if self.max_inflight_bytes:
+                if self._held >= self._max_held:
+                    self._room.clear()
+                    continue
+                if self._mean_size:
+                    room = min(room, max(1, (self._max_held - self._held) // self._mean_size))
             try:
                 deliveries = await self.processor.pop(
                     self.ctx,
@@ -165,6 +187,11 @@ class DeliveryLoop:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
+            if self.max_inflight_bytes and deliveries:
+                size = sum(len(d.message.body) for d in deliveries)
+                self._held += size
+                size = max(1, size // len(deliveries))
+                self._mean_size = (self._mean_size + size) // 2 if self._mean_size else size
             for d in deliveries:
                 self._inflight += 1
                 t = asyncio.get_running_loop().create_task(self._deliver(d))
@@ -196,4 +223,6 @@ class DeliveryLoop:
                 log.info("settling %s (%s) failed: %s", d.message.message_id, outcome.value, e)
         finally:
             self._inflight -= 1
+            if self.max_inflight_bytes:
+                self._held -= len(d.message.body)
             self._update_room()

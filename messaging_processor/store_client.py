@@ -218,8 +218,13 @@ class LocalStoreClient:
         return 1
 
     def stats(self) -> dict[str, object]:
-        """Store counters (appends, flushes, pops, acks, redeliveries, dlq) and recent flush latencies."""
-        return {**self.store.metrics, "flush_latency_ms": list(self.store.flush_latency_ms[-1024:])}
+        """Store counters (appends, flushes, pops, acks, redeliveries, dlq), the disk watermark's
+        state (Store.disk_space) and recent flush latencies."""
+        return {
+            **self.store.metrics,
+            **self.store.disk_space(),
+            "flush_latency_ms": list(self.store.flush_latency_ms[-1024:]),
+        }
 
     async def close(self) -> None:
         await self.store.close()

@@ -362,6 +362,17 @@ class Store:
     def segment_size(self) -> int:
         return self.commitlog.segment_size
 
+    def disk_space(self) -> dict[str, int]:
+        """The disk low-watermark: `disk_alarm` (1 while client appends are refused),
+        `disk_free_bytes` (the data volume's free space: the watermark's last reading, or read now
+        when it is off) and `disk_free_limit_bytes` (0: off)."""
+        fs = self._appender.free_space
+        free = fs.free
+        if free < 0:
+            st = os.statvfs(fs.directory)
+            free = st.f_bavail * st.f_frsize
+        return {"disk_alarm": int(fs.low), "disk_free_bytes": free, "disk_free_limit_bytes": fs.limit}
+
     def search_offset(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         """The first queue offset stored at or after `timestamp_ms`."""
         return self._reader.search_offset(topic, queue_id, timestamp_ms)

@@ -54,6 +54,7 @@ class Broker:
         max_inflight_publishes: int = 20_000,
         mqtt_exchange: str = "amq.topic",
         max_queues_per_vhost: int = 0,
+        max_queues_per_user: int = 0,
     ) -> None:
         self.processor = processor
         self.max_queues_per_vhost = max_queues_per_vhost  # 0: no cap (RabbitMQ's default)
@@ -82,6 +83,7 @@ class Broker:
             self.spawn,
         )
         self.registry.max_queues_per_vhost = max_queues_per_vhost
+        self.registry.max_queues_per_user = max_queues_per_user  # 0: no cap (as RabbitMQ)
         self.lifetimes = self.registry.lifetimes
         # the MQTT exchange of vhost "/" ("" = none): RabbitMQ's MQTT convention (bridge.py)
         self.bridge = ExchangeBridge(

@@ -98,6 +98,10 @@ class Consumer:
             long_poll_ms=b.long_poll_ms,
             batch=min(mi, 256),
             on_error=self._ended,
+            # with a bound: pop only while the connection is writable; a no-ack consumer's deliveries
+            # also count until written (unacked ones are basic.qos's: see docs/limits.md)
+            gate=ch.conn.writable if ch.conn.max_outbound_bytes else None,
+            max_inflight_bytes=ch.conn.max_outbound_bytes if self.no_ack else 0,
         ).start()
 
     def _ended(self, e: ProcessorError) -> None:

@@ -5,7 +5,9 @@ Namespaces: `amqp.exchanges` (durable exchanges), `amqp.queues` (every queue, so
 exclusive ones are removed from the store after a crash), `amqp.bindings` (bindings between a
 durable exchange and a durable queue or exchange). Keys are `<len(vhost)>:<vhost><name>` (a
 binding's name: `<len(source)>:<source><binding key>`), values JSON with arguments as base64 of the
-AMQP field table. An unreadable exchange or queue record is deleted when it is read.
+AMQP field table. A queue record names the user who declared it (`user`, for the per-user queue
+limit); records written before that have none and count for nobody. An unreadable exchange or
+queue record is deleted when it is read.
 """
 
 from __future__ import annotations
@@ -71,6 +73,15 @@ def binding_source(value: bytes, queue: str) -> str | None:
         return None
 
 
+def queue_user(value: bytes) -> str | None:
+    """The user who declared a stored queue (None: not recorded, or an unreadable record)."""
+    try:
+        user = json.loads(value).get("user")
+    except (ValueError, AttributeError):
+        return None
+    return user if isinstance(user, str) else None
+
+
 class Records:
     """Reads and writes of the declaration records."""
 
@@ -115,6 +126,10 @@ class Records:
         """The queues of vhost `vh` (every proxy's: read from the key-value table)."""
         return len(await self.kv.kv_scan(QUEUES_NS, vkey(vh, "")))
 
+    async def user_queue_count(self, user: str) -> int:
+        """The queues `user` declared, in every vhost (every proxy's: read from the key-value table)."""
+        return sum(1 for _, value in await self.kv.kv_scan(QUEUES_NS) if queue_user(value) == user)
+
     async def queue_value(self, vh: str, name: str) -> bytes | None:
         return await self.kv.kv_get(QUEUES_NS, vkey(vh, name))
 
@@ -136,10 +151,13 @@ class Records:
             await self.kv.kv_delete(QUEUES_NS, vkey(vh, name))
             return None
 
-    async def create_queue(self, q: Queue, args: dict[str, Any]) -> bytes | None:
-        """Write a new queue's record unless one exists; the existing record if there is one."""
+    async def create_queue(self, q: Queue, args: dict[str, Any], user: str | None = None) -> bytes | None:
+        """Write a new queue's record (declared by `user`, None: nobody's) unless one exists; the
+        existing record if there is one."""
         rec = q.record()
         rec["args"] = args_b64(args)
+        if user is not None:
+            rec["user"] = user
         return await self.kv.kv_put_if_absent(QUEUES_NS, vkey(q.vhost, q.name), json.dumps(rec).encode())
 
     async def delete_queue(self, vh: str, name: str) -> None:

@@ -59,7 +59,8 @@ class Registry:
         self.lifetimes = QueueLifetimes(self.drop_later)
         self.lock = asyncio.Lock()  # declarations, deletions and bindings, one at a time
         self.closed = False
-        self.max_queues_per_vhost = 0  # queue.declare of a new queue past it: 530 (0: no cap)
+        self.max_queues_per_vhost = 0  # queue.declare of a new queue past it: 406 (0: no cap)
+        self.max_queues_per_user = 0  # the same, for the queues one user declared in every vhost
 
     # ------------------------------------------------------------------ lifecycle
     def vhost(self, name: str) -> VHost:
@@ -404,6 +405,8 @@ class Registry:
                     50,
                     10,
                 )
+            user = conn.ctx.identity.username
+            await self._check_user_queue_limit(user, name)
             q = Queue(
                 vh.name, name, topic, durable=durable, exclusive=exclusive, auto_delete=auto_delete, args=args
             )
@@ -416,7 +419,7 @@ class Registry:
                     10,
                 )
             q.own_topic = not await self.queue_store.topic_exists(topic)
-            raw = await self.records.create_queue(q, args)
+            raw = await self.records.create_queue(q, args, user)
             if raw is not None:  # another proxy created it just now
                 if await self._adopt_queue(vh, name, raw, 50, 10) is None:
                     raise err(ReplyCode.INTERNAL_ERROR, f"cannot declare queue '{name}'", 50, 10)
@@ -434,6 +437,18 @@ class Registry:
             vh.queues[name] = q
             self._activate(q)
             return q
+
+    async def _check_user_queue_limit(self, user: str | None, name: str) -> None:
+        """406 PRECONDITION_FAILED when `user` already declared max_queues_per_user queues (RabbitMQ's
+        `set_user_limits ... max-queues`); a connection without a user name is not limited."""
+        cap = self.max_queues_per_user
+        if cap and user is not None and await self.records.user_queue_count(user) >= cap:
+            raise err(
+                ReplyCode.PRECONDITION_FAILED,
+                f"cannot declare queue '{name}': queue limit for user '{user}' ({cap}) is reached",
+                50,
+                10,
+            )
 
     def _redeclare(
         self,

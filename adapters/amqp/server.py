@@ -53,6 +53,10 @@ class AmqpProtocol(asyncio.Protocol):
                 t.pause_reading,  # type: ignore[attr-defined]
                 t.resume_reading,  # type: ignore[attr-defined]
             )
+        if a.max_outbound_bytes:
+            # pause_writing above the bound: consumers stop popping (docs/limits.md "Memory per connection")
+            t.set_write_buffer_limits(high=a.max_outbound_bytes)  # type: ignore[attr-defined]
+            self.conn.max_outbound_bytes = a.max_outbound_bytes
         self.feed = self.conn.feed
         a.connections.add(self)
 
@@ -96,10 +100,14 @@ class AmqpAdapter:
         mqtt_exchange: str = "amq.topic",
         limiter: Limiter | None = None,
         max_queues_per_vhost: int = 0,
+        max_queues_per_user: int = 0,
+        max_outbound_bytes: int = 0,
     ) -> None:
-        """`limiter`: connection and publish-rate limits (docs/limits.md)."""
+        """`limiter`: connection and publish-rate limits (docs/limits.md). `max_outbound_bytes`: a
+        connection's write buffer above it stops its consumers' pops (0: not bounded)."""
         self.processor = processor
         self.limiter = limiter
+        self.max_outbound_bytes = max_outbound_bytes
         self.host = host
         self.port = port
         self.heartbeat = heartbeat
@@ -111,6 +119,7 @@ class AmqpAdapter:
             consumer_timeout_ms=consumer_timeout_ms,
             mqtt_exchange=mqtt_exchange,
             max_queues_per_vhost=max_queues_per_vhost,
+            max_queues_per_user=max_queues_per_user,
         )
         self.connections: set[AmqpProtocol] = set()
         self.net = TcpListeners(host, port, ssl=ssl, tls_port=tls_port, tls_name="amqps")

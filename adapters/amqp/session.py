@@ -143,6 +143,9 @@ class Connection:
         self.blocked_notify = False
         self.writable = asyncio.Event()
         self.writable.set()
+        # --max-outbound-bytes-per-connection (server.py sets it): consumers' delivery loops pop only while
+        # `writable` (docs/limits.md "Memory per connection"); 0: not bounded
+        self.max_outbound_bytes = 0
         self.last_rx = self.loop.time()
         self.last_tx = self.last_rx
         self._wbuf: list[bytes] = []

@@ -42,9 +42,11 @@ KIND_TO_CODE: dict[ErrorKind, int] = {
     ErrorKind.MESSAGE_NOT_FOUND: Code.MESSAGE_NOT_FOUND,
     ErrorKind.TRANSACTION_NOT_FOUND: Code.INVALID_TRANSACTION_ID,
     ErrorKind.TOO_MANY_REQUESTS: Code.TOO_MANY_REQUESTS,
-    # The store refuses writes (disk full): a retryable server-side condition, as the Java broker's
-    # "service not available" maps to a 5xx code that clients retry.
-    ErrorKind.STORE_FULL: Code.INTERNAL_SERVER_ERROR,
+    # The store refuses writes (disk below --disk-free-limit): "not now, retry later", the v2 code of
+    # backpressure (the Apache proxy's for a broker's SYSTEM_BUSY flow control). The Apache proxy has
+    # no mapping for the broker's disk-full SERVICE_NOT_AVAILABLE (14) and falls back to
+    # INTERNAL_SERVER_ERROR, which the official clients retry at once: hammering a full store.
+    ErrorKind.STORE_FULL: Code.TOO_MANY_REQUESTS,
     ErrorKind.UNAVAILABLE: Code.INTERNAL_SERVER_ERROR,
     ErrorKind.UNSUPPORTED: Code.UNSUPPORTED,
     ErrorKind.INTERNAL: Code.INTERNAL_SERVER_ERROR,

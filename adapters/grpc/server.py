@@ -12,6 +12,7 @@ import grpc
 
 from adapters.grpc.generated import service_pb2 as s
 from adapters.grpc.limits import GrpcLimits
+from adapters.grpc.outbound import OutboundBudgets
 from adapters.grpc.service import RECEIVE_RAW, MessagingService
 from adapters.limits import Limiter
 from messaging_processor import MessagingProcessor
@@ -97,9 +98,11 @@ class GrpcAdapter:
         max_inbound_message_size: int = 130 * MIB,
         tls: ServerTls | None = None,
         limiter: Limiter | None = None,
+        max_outbound_bytes: int = 0,
     ) -> None:
         """`tls`: the port serves TLS only (clients enable TLS, e.g. `tls_enable=True`). `limiter`:
-        connection and publish-rate limits (docs/limits.md; adapters/grpc/limits.py)."""
+        connection and publish-rate limits (docs/limits.md; adapters/grpc/limits.py).
+        `max_outbound_bytes`: message bytes a client id's ReceiveMessage calls may hold (0: no bound)."""
         self.processor = processor
         self.tls = tls
         self.host = host
@@ -107,6 +110,8 @@ class GrpcAdapter:
         self.advertise_host = advertise_host
         self.max_inbound_message_size = max_inbound_message_size
         self.service = MessagingService(processor)
+        if max_outbound_bytes:
+            self.service.outbound = OutboundBudgets(max_outbound_bytes)
         self.limits = GrpcLimits(limiter, self.service) if limiter is not None else None
         self._server: grpc.aio.Server | None = None
         self._bound_port = 0

@@ -38,6 +38,7 @@ from adapters.grpc.delivery_bytes import delivery_response
 from adapters.grpc.generated import definition_pb2 as d
 from adapters.grpc.generated import service_pb2 as s
 from adapters.grpc.generated import service_pb2_grpc
+from adapters.grpc.outbound import OutboundBudgets
 from adapters.grpc.sessions import (
     DEFAULT_REQUEST_TIMEOUT_MS,
     LONG_POLLING_TIMEOUT_MS,
@@ -156,6 +157,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         self.store_host = ""
         self._brokers: dict[tuple[str, int], d.Broker] = {}
         self._tasks: set[asyncio.Task] = set()
+        self.outbound: OutboundBudgets | None = None  # --max-outbound-bytes-per-connection, per client id
         # Security on: (presented identity, client id) -> verified identity, and (client id, user) ->
         # the verified identity whose principal (and its ACL decision cache) later signatures reuse.
         self._verified: dict[tuple[Identity, str], Identity] = {}
@@ -507,17 +509,23 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             yield _timestamp_response()
             return
         sent = 0
+        ob = self.outbound
         try:
             yield _OK_RESPONSE
             host = self.store_host
             for dl in deliveries:
                 yield delivery_response(dl, host)
                 sent += 1  # grpc asks for the next item only once this one is written
+                if ob is not None:
+                    ob.sent(ctx.client_id, len(dl.message.body))
             yield _timestamp_response()
         except BaseException:
             if sent < len(deliveries):  # the receiver went away: hand the rest out again soon
                 self._spawn(self._release(ctx, deliveries[sent:]))
             raise
+        finally:
+            if ob is not None and sent < len(deliveries):
+                ob.sent(ctx.client_id, sum(len(dl.message.body) for dl in deliveries[sent:]))
 
     async def _receive(self, ctx: ClientContext, request: s.ReceiveMessageRequest, context) -> list[Delivery]:
         fe = request.filter_expression
@@ -533,15 +541,35 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         batch = request.batch_size
         batch = RECEIVE_BATCH_SIZE if batch <= 0 else min(batch, self.processor.limits.max_batch)
         poll = self._poll_ms(request, ctx.client_id, context.time_remaining())
-        return await self.processor.pop(
-            ctx,
-            request.group.name,
-            request.message_queue.topic.name,
-            filter=flt,
-            max_messages=batch,
-            invisible_time_ms=invisible,
-            long_poll_ms=poll,
-        )
+        ob = self.outbound
+        if ob is None:
+            return await self.processor.pop(
+                ctx,
+                request.group.name,
+                request.message_queue.topic.name,
+                filter=flt,
+                max_messages=batch,
+                invisible_time_ms=invisible,
+                long_poll_ms=poll,
+            )
+        # the client's other calls hold its bound (or are popping): wait within the long poll
+        t0 = time.monotonic()
+        if not await ob.acquire(ctx.client_id, poll / 1000):
+            return []
+        deliveries: list[Delivery] = []
+        try:
+            deliveries = await self.processor.pop(
+                ctx,
+                request.group.name,
+                request.message_queue.topic.name,
+                filter=flt,
+                max_messages=ob.batch(ctx.client_id, batch),
+                invisible_time_ms=invisible,
+                long_poll_ms=max(0, poll - int((time.monotonic() - t0) * 1000)),
+            )
+        finally:
+            ob.took(ctx.client_id, deliveries)
+        return deliveries
 
     async def _release(self, ctx: ClientContext, deliveries: list[Delivery]) -> None:
         for dl in deliveries:

@@ -56,7 +56,7 @@ class Broker:
         self.publisher = Publisher(processor, self.fanout, self.retained, caps)
         self.shares = Shares(processor, ctx)
         self.subscriptions = Subscriptions(processor, self.fanout, self.retained, self.shares)
-        self.registry = SessionRegistry(processor, self.subscriptions, self.publisher.publish)
+        self.registry = SessionRegistry(processor, self.subscriptions, self.publisher.publish, caps)
 
     @property
     def sessions(self) -> dict[str, Session]:

@@ -15,7 +15,9 @@ class MqttCaps:
     max_topic_levels: int = 128  # '/'-separated levels of a topic name or filter (EMQX's default)
     max_retained_messages: int = 0  # retained messages kept (0: no cap)
     max_retained_bytes: int = 0  # bytes of retained payloads kept (0: no cap)
-    max_queued_messages: int = 0  # offline session backlog per session (0: no cap; drop-oldest)
+    max_queued_messages: int = 0  # offline session backlog per session (0: no cap; offline_queue.py)
+    max_queued_bytes: int = 0  # the same in payload bytes (0: no cap)
+    queue_full_policy: str = "drop-oldest"  # or "refuse-new" (keep the oldest)
 
     def client_id_ok(self, client_id: str) -> bool:
         n = len(client_id)

@@ -12,7 +12,9 @@ Persistent sessions (persistence.py) do not use the shared loops: each has its o
 and, while connected, one DeliveryLoop per store topic its subscriptions cover (`sync`); a message
 is acked in the store when the client has it (PUBACK, or PUBREC for QoS 2) and given back at once
 when the connection drops first, so it comes again on the next connection, after a restart too.
-The same scan re-syncs attached persistent sessions that have root-wildcard subscriptions.
+The same scan re-syncs attached persistent sessions that have root-wildcard subscriptions. Before
+a reattached session's loops start, its offline backlog is brought within the queue caps
+(`cap_queue`, offline_queue.py).
 
 Shared subscriptions have their own loops (shared.py).
 
@@ -53,9 +55,11 @@ from .mapping import (
     v5_properties,
     with_sub_ids,
 )
+from .offline_queue import cap_backlog, skipped
 from .session import CONNECTED
 
 if TYPE_CHECKING:
+    from .caps import MqttCaps
     from .persistence import SessionState
     from .session import Session
     from .subscription import Sub
@@ -152,6 +156,7 @@ class Fanout:
         self.ctx = ctx  # the proxy's own (PROXY_IDENTITY)
         self.group = group
         self.scan_interval = scan_interval
+        self.max_outbound_bytes = 0  # --max-outbound-bytes-per-connection (MqttAdapter sets it)
         self.trie: TopicTrie[Sub] = TopicTrie()
         self.loops: dict[str, TopicLoop] = {}  # store topic -> its TopicLoop
         self.topic_refs: dict[str, int] = {}  # clean subscriptions per literal first level
@@ -196,6 +201,8 @@ class Fanout:
         props: Any = False
         body = msg.body
         for s, sub in best.items():
+            if not s.writable.is_set():
+                continue  # over its outbound bound: a clean session's delivery is dropped (docs/limits.md)
             if s.version == MQTT_5 and props is False:
                 props = v5_properties(sp, now or None)
             pp = with_sub_ids(props or None, ids.get(s)) if ids is not None else props or None
@@ -329,6 +336,8 @@ class Fanout:
         loop = asyncio.get_running_loop()
 
         def wants(m: Message) -> bool:
+            if st.skip and skipped(st.skip, m):
+                return False  # beyond the offline queue cap (refuse-new)
             return _best_persistent(st, m)[0] is not None
 
         async def handler(d: Any) -> Outcome:
@@ -371,8 +380,34 @@ class Fanout:
             max_inflight=max(1, min(s.send_quota, 64)),
             long_poll_ms=20_000,
             on_error=ended,
+            gate=s.writable,  # over the outbound bound: the backlog waits in the store
+            max_inflight_bytes=self.max_outbound_bytes,  # held until the client has them
         )
         return lp.start()
+
+    async def cap_queue(self, st: SessionState, caps: MqttCaps) -> None:
+        """Before a reattached session's loops start (before its CONNACK): bring its offline
+        backlog within the caps (offline_queue.py)."""
+        if not caps.max_queued_messages and not caps.max_queued_bytes or not st.subs:
+            return
+        names = (
+            [t.name for t in await self.processor.list_topics() if not t.name.startswith("%")]
+            if st.wild
+            else []
+        )
+        try:
+            await cap_backlog(
+                self.processor,
+                self.ctx,
+                st,
+                sorted(st.topics(names)),
+                lambda m: _best_persistent(st, m)[0] is not None,
+                caps.max_queued_messages,
+                caps.max_queued_bytes,
+                caps.queue_full_policy,
+            )
+        except ProcessorError as e:  # the session still resumes, with its whole backlog
+            log.warning("mqtt %s: offline queue cap not applied: %s", st.client_id, e)
 
     async def cover(self, st: SessionState, sub: Sub) -> None:
         """Position the session's group at the end of each store topic a new subscription covers

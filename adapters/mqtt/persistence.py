@@ -14,7 +14,8 @@ Messages for the session are not copied anywhere: the session has its own consum
 name per session incarnation) and pops every store topic its subscriptions cover; whatever arrives
 while it is offline simply waits in the store, past the group's committed offsets.
 
-Loading, expiring and ending sessions is registry.py's; the delivery loops are fanout.py's.
+Loading, expiring and ending sessions is registry.py's; the delivery loops are fanout.py's; the cap
+on that backlog (`--mqtt-max-queued-messages` / `-bytes`) is offline_queue.py's.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from messaging_processor import DeliveryLoop, MessagingProcessor
 
+    from .offline_queue import SkipWindows
     from .session import Session
     from .subscription import Sub
 
@@ -76,6 +78,7 @@ class SessionState:
         self.attached: Session | None = None
         self.feeds: dict[str, DeliveryLoop] = {}  # store topic -> loop (while attached)
         self.wild = 0  # subscriptions whose first level is a wildcard (cover every store topic)
+        self.skip: SkipWindows = {}  # refuse-new: offsets beyond the offline queue cap (offline_queue.py)
         self.expiry_timer: asyncio.TimerHandle | None = None
         self.will_timer: asyncio.TimerHandle | None = None
         self.pending_will: Any = None  # (ctx, will) waiting for its Will Delay Interval

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from messaging_processor import ClientContext, Message, MessagingProcessor
 
 from . import access
+from .caps import DEFAULT_CAPS, MqttCaps
 from .codec import MQTT_5, PropertyId, ReasonCode, encode_pubrel
 from .mapping import to_message
 from .persistence import (
@@ -52,10 +53,12 @@ class SessionRegistry:
         processor: MessagingProcessor,
         subscriptions: Subscriptions,
         publish: Callable[[ClientContext, Message, bool], Awaitable[int]],
+        caps: MqttCaps = DEFAULT_CAPS,
     ) -> None:
         self.processor = processor
         self.subscriptions = subscriptions
         self.publish = publish  # for wills
+        self.caps = caps  # the offline queue caps apply when a session is resumed
         self.sessions: dict[str, Session] = {}  # connected sessions by client id
         self.states: dict[str, SessionState] = {}  # persistent sessions by client id
         self._tasks: set[asyncio.Task] = set()
@@ -141,7 +144,8 @@ class SessionRegistry:
     async def attach(self, s: Session, clean_start: bool, expiry: int) -> bool:
         """Bind connection `s` to its client id (taking over a connected one) and, if it has or
         wants one, to its persistent session (this proxy's copy, or the saved record when another
-        proxy of the cluster had it since). True if an existing session was resumed."""
+        proxy of the cluster had it since), whose offline backlog is then capped (offline_queue.py).
+        True if an existing session was resumed."""
         cid = s.client_id
         self.register(s)
         st = self.states.get(cid)
@@ -184,6 +188,8 @@ class SessionRegistry:
         access.regrant(self.processor, s.ctx.identity, st.subs.values())  # this connection's user
         s.awaiting_rel = st.awaiting_rel
         s.nl_count = sum(1 for x in st.subs.values() if x.nl)
+        if present:  # before the CONNACK: no delivery loop runs yet (a SUBSCRIBE waits for it too)
+            await self.subscriptions.fanout.cap_queue(st, self.caps)
         await save(self.processor, st)
         return present
 

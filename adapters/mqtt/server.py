@@ -54,11 +54,22 @@ class MqttProtocol(asyncio.Protocol):
                 transport.pause_reading,  # type: ignore[attr-defined]
                 transport.resume_reading,  # type: ignore[attr-defined]
             )
+        if self.adapter.max_outbound_bytes:
+            # pause_writing above the bound (docs/limits.md "Memory per connection")
+            transport.set_write_buffer_limits(high=self.adapter.max_outbound_bytes)  # type: ignore[attr-defined]
         self.feed = self.session.feed
         self.adapter.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
         self.feed(data)
+
+    def pause_writing(self) -> None:
+        if self.session is not None and self.adapter.max_outbound_bytes:
+            self.session.writable.clear()
+
+    def resume_writing(self) -> None:
+        if self.session is not None:
+            self.session.writable.set()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.adapter.connections.discard(self)
@@ -66,6 +77,7 @@ class MqttProtocol(asyncio.Protocol):
             self.counted = False
             self.adapter.limiter.closed("mqtt")  # type: ignore[union-attr]
         if self.session is not None:
+            self.session.writable.set()  # releases deliveries waiting for room (they see it closed)
             self.session.connection_lost()
             if self.session.limits is not None:
                 self.session.limits.closed(self.session)
@@ -90,10 +102,14 @@ class MqttAdapter:
         cert_identity: bool = False,
         limiter: Limiter | None = None,
         caps: MqttCaps = DEFAULT_CAPS,
+        max_outbound_bytes: int = 0,
     ) -> None:
         """`cert_identity`: a verified client certificate's CN is the user (its CONNECT's user name and
-        password are then ignored). `limiter`: connection and publish-rate limits (docs/limits.md)."""
+        password are then ignored). `limiter`: connection and publish-rate limits (docs/limits.md).
+        `max_outbound_bytes`: a connection whose write buffer is above it gets no more deliveries until
+        it drains (0: not bounded)."""
         self.processor = processor
+        self.max_outbound_bytes = max_outbound_bytes
         self.limiter = limiter
         self.cert_identity = cert_identity
         self.host = host
@@ -105,6 +121,7 @@ class MqttAdapter:
             max_keep_alive=max_keep_alive,
             caps=caps,
         )
+        self.broker.fanout.max_outbound_bytes = max_outbound_bytes
         self.connections: set[MqttProtocol] = set()
         self.net = TcpListeners(host, port, ssl=ssl, tls_port=tls_port, tls_name="mqtts")
 

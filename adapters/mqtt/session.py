@@ -37,6 +37,7 @@ from .codec import (
     Decoder,
     Disconnect,
     MQTTCodecError,
+    OutboundAliases,
     PropertyId,
     Puback,
     Pubcomp,
@@ -116,6 +117,7 @@ class Session:
         self.inflight: dict[int, list[Any]] = {}  # outbound id -> [qos, done future, pubrec seen]
         self.queue: deque[tuple] = deque()  # outbound QoS > 0 beyond the client's receive maximum
         self.send_quota = 65535  # the client's Receive Maximum (5.0)
+        self.aliases_out: OutboundAliases | None = None  # topic aliases we send (client's maximum > 0)
         self._next_pid = 1
         self._backlog: list[Any] | None = None
         self._replies: deque[_Reply] = deque()
@@ -125,6 +127,10 @@ class Session:
         self.closed_event = asyncio.Event()
         self.limits: SessionLimits | None = None  # connection and publish-rate limits (limits.py)
         self.throttle: ReadThrottle | None = None  # set at CONNECT when publish rates are limited
+        # clear while the transport's write buffer is over --max-outbound-bytes-per-connection (server.py):
+        # delivery loops do not pop, clean-session fan-out skips this session (docs/limits.md)
+        self.writable = asyncio.Event()
+        self.writable.set()
 
     # ------------------------------------------------------------------ output
     def _write(self, data: bytes) -> None:
@@ -291,6 +297,8 @@ class Session:
                 return
             self.send_quota = cp.get(PropertyId.RECEIVE_MAXIMUM, 65535)
             self.max_out = cp.get(PropertyId.MAXIMUM_PACKET_SIZE, 0)
+            if cp.get(PropertyId.TOPIC_ALIAS_MAXIMUM, 0):
+                self.aliases_out = OutboundAliases(cp[PropertyId.TOPIC_ALIAS_MAXIMUM])
             self.expiry = cp.get(PropertyId.SESSION_EXPIRY_INTERVAL, 0)
             self.decoder.topic_alias_maximum = TOPIC_ALIAS_MAXIMUM
             props[PropertyId.TOPIC_ALIAS_MAXIMUM] = TOPIC_ALIAS_MAXIMUM
@@ -491,7 +499,10 @@ class Session:
         if v != MQTT_5:
             props = None
         if not qos:
-            data = encode_publish(path, body, 0, None, retain, False, v, props)
+            if self.aliases_out is None:
+                data = encode_publish(path, body, 0, None, retain, False, v, props)
+            else:
+                data = self._encode_aliased(path, body, 0, None, retain, props)
             if not self.max_out or len(data) <= self.max_out:
                 self._write(data)
             if done is not None and not done.done():
@@ -501,13 +512,30 @@ class Session:
             self.queue.append((path, body, qos, retain, props, done, time.monotonic()))
             return
         pid = self._alloc_pid()
-        data = encode_publish(path, body, qos, pid, retain, False, v, props)
+        if self.aliases_out is None:
+            data = encode_publish(path, body, qos, pid, retain, False, v, props)
+        else:
+            data = self._encode_aliased(path, body, qos, pid, retain, props)
         if self.max_out and len(data) > self.max_out:  # too big for this client: discarded (5.0 3.1.2.25)
             if done is not None and not done.done():
                 done.set_result(True)
             return
         self.inflight[pid] = [qos, done, False]
         self._write(data)
+
+    def _encode_aliased(
+        self, path: str, body: bytes, qos: int, pid: int | None, retain: bool, props: dict | None
+    ) -> bytes:
+        """A 5.0 PUBLISH with a topic alias (codec/aliases.py): the topic only on an alias's first
+        use. A new alias whose PUBLISH is too big for the client (and so not sent) is given back."""
+        aliases = self.aliases_out
+        assert aliases is not None
+        alias, known = aliases.assign(path)
+        pp = {**props, PropertyId.TOPIC_ALIAS: alias} if props else {PropertyId.TOPIC_ALIAS: alias}
+        data = encode_publish("" if known else path, body, qos, pid, retain, False, MQTT_5, pp)
+        if not known and self.max_out and len(data) > self.max_out:
+            aliases.forget(path)
+        return data
 
     def _alloc_pid(self) -> int:
         pid = self._next_pid

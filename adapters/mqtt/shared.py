@@ -135,7 +135,7 @@ class ShareGroup:
             connected = True
             if not access.delivers(self.processor, m.sub, s.ctx.identity, path, version):
                 continue
-            if len(s.inflight) < s.send_quota:
+            if len(s.inflight) < s.send_quota and s.writable.is_set():
                 self._next = (self._next + i + 1) % n
                 return m, True
             if fallback is None:
@@ -150,6 +150,8 @@ class ShareGroup:
             # no member may read it: dropped for this share (as Mosquitto drops a denied delivery)
             return Outcome.ACK if connected else Outcome.REQUEUE
         s = m.session
+        if not s.writable.is_set():  # every member is over its outbound bound: wait for this one
+            await s.writable.wait()
         sp = msg.properties
         now = int(time.time() * 1000)
         if expired(sp, now):

@@ -132,7 +132,26 @@ def render(
         for q in FLUSH_QUANTILES:
             w.sample(name, quantile(latencies, q), ("quantile",), (format_value(q),))
     w.sample(name + "_count", int(stats.get("flushes", 0)))  # type: ignore[arg-type]
+    _render_disk(w, stats)
     return w.text()
+
+
+def _render_disk(w: _Writer, stats: Mapping[str, object]) -> None:
+    """The disk alarm (--disk-free-limit, docs/limits.md "Disk"). In CLUSTER mode the store stats are
+    summed over the live store nodes: the alarm is 1 when any node refuses appends, the bytes are
+    totals. Nothing is written when the store does not report them."""
+    alarm, free, limit = (stats.get(k) for k in ("disk_alarm", "disk_free_bytes", "disk_free_limit_bytes"))
+    if isinstance(alarm, int | float):
+        name = "gateway_disk_alarm"
+        w.family(name, "gauge", "1 while publishes are refused: free disk space below --disk-free-limit.")
+        w.sample(name, 1 if alarm > 0 else 0)
+    for name, value, help_text in (
+        ("gateway_disk_free_bytes", free, "Free space of the data volume (at the last reading)."),
+        ("gateway_disk_free_limit_bytes", limit, "The effective --disk-free-limit in bytes (0: off)."),
+    ):
+        if isinstance(value, int | float):
+            w.family(name, "gauge", help_text)
+            w.sample(name, int(value))
 
 
 def _render_limits(w: _Writer, limiter: Limiter) -> None:

@@ -27,10 +27,12 @@ generic field-by-field framework. See bench/mqtt_codec_bench.py for the figures.
 
 Modules: constants (versions, PacketType, ReasonCode, ConnackReturnCode), errors (MQTTCodecError,
 ErrorAction), packets (dataclasses), properties (PropertyId, validation tables), wire (primitives,
-UTF-8 policy), decoder (Decoder, decode_packet), encoder (encode and fast encoders), topics (topic
+UTF-8 policy), decoder (Decoder, decode_packet), encoder (encode and fast encoders), aliases
+(`OutboundAliases`, server-to-client topic aliases), topics (topic
 validation, `topic_matches`, `parse_shared`, `TopicTrie`).
 """
 
+from .aliases import OutboundAliases
 from .constants import (
     MAX_PACKET_SIZE,
     MQTT_3_1,
@@ -95,6 +97,7 @@ __all__ = [
     "PacketType",
     "ReasonCode",
     "connack_code",
+    "OutboundAliases",
     "Decoder",
     "decode_packet",
     "DISCONNECT_V3",
