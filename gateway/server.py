@@ -371,6 +371,7 @@ class Gateway:
                 max_frame_size=max(16 * MIB, s.max_body_size + MIB),
                 ssl=self._tls_context(),
                 tls_required=s.tls_required,
+                limiter=self.limiter,
             )
         raise StartupError(f"the {name} listener is not available yet")
 

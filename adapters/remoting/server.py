@@ -10,8 +10,10 @@ import logging
 import ssl as ssl_mod
 from collections.abc import Awaitable
 
+from adapters.limits import ClientMeter, Limiter
 from adapters.listener import TcpListeners
 from adapters.remoting import message_codec as wm
+from adapters.remoting.limits import RemotingLimits
 from adapters.remoting.mapping import to_wire
 from adapters.remoting.message_codec import encode_message, offset_msg_id
 from adapters.remoting.service import RemotingService
@@ -31,7 +33,7 @@ class ClientConnection:
     ClientContext, and the requests the broker sends it (consumer ids changed, transaction checks).
     The frames themselves are remoting.server's `FrameConnection`."""
 
-    __slots__ = ("frame", "service", "client_id", "_ctx", "_access_key", "_verified")
+    __slots__ = ("frame", "service", "client_id", "_ctx", "_access_key", "_verified", "counted", "meter")
 
     def __init__(self, frame: FrameConnection, service: RemotingService) -> None:
         self.frame = frame
@@ -40,6 +42,8 @@ class ClientConnection:
         self._ctx: ClientContext | None = None
         self._access_key = ""
         self._verified: dict[str, ClientContext] = {}  # AccessKey -> context of its verified principal
+        self.counted = False  # counted against the connection limits (adapters/remoting/limits.py)
+        self.meter: ClientMeter | None = None  # its publish-rate meter, made at its first send
 
     @property
     def remote(self) -> str:
@@ -159,9 +163,10 @@ class RemotingAdapter:
         hold_interval: float = 0.1,
         ssl: ssl_mod.SSLContext | None = None,
         tls_required: bool = False,
+        limiter: Limiter | None = None,
     ) -> None:
         """`ssl`: TLS on the same port in permissive mode (a client's ClientHello is detected);
-        plain clients are refused when `tls_required`."""
+        plain clients are refused when `tls_required`. `limiter`: connection and publish limits."""
         self.processor = processor
         self.host = host
         self.port = port
@@ -176,6 +181,7 @@ class RemotingAdapter:
             client_expiry_s=client_expiry_s,
             hold_interval=hold_interval,
         )
+        self.limits = self.service.limits = RemotingLimits(limiter) if limiter is not None else None
         self.frames = FrameServer(
             self, name="remoting", log=log, max_frame_size=max_frame_size, accepting=False
         )
@@ -184,9 +190,16 @@ class RemotingAdapter:
 
     # ------------------------------------------------------------------ FrameHandler
     def opened(self, conn: FrameConnection) -> None:
-        conn.state = ClientConnection(conn, self.service)
+        state = conn.state = ClientConnection(conn, self.service)
+        if self.limits is not None:
+            peer = conn.transport.get_extra_info("peername") if conn.transport is not None else None
+            state.counted = self.limits.accept(peer, conn.remote)
+            if not state.counted:
+                conn.close()
 
     def closed(self, conn: FrameConnection) -> None:
+        if conn.state.counted and self.limits is not None:
+            self.limits.closed()
         self.service.clients.connection_closed(conn.state)
 
     def dispatch(self, conn: FrameConnection, cmd: RemotingCommand) -> Awaitable[RemotingCommand | None]:

@@ -25,6 +25,7 @@ from messaging_processor import ClientContext, Identity, MessagingProcessor, Pro
 from remoting import Ext, HeaderError, RemotingCommand, RequestCode, ResponseCode, request_name
 
 if TYPE_CHECKING:
+    from adapters.remoting.limits import RemotingLimits
     from adapters.remoting.server import ClientConnection
 
 log = logging.getLogger("adapters.remoting")
@@ -93,6 +94,7 @@ class RemotingService:
         self.clients = ClientTable(processor, client_expiry_s)
         self.hold = PullHold(processor, hold_interval)
         self.batcher = SendBatcher(processor)
+        self.limits: RemotingLimits | None = None  # connection and publish limits (set by the adapter)
         self.handlers: dict[int, Handler] = dict(HANDLERS)
         self._queue_counts: dict[str, tuple[int, float]] = {}
         self.group_policies: dict[str, tuple[tuple[int, RetryPolicy], float]] = {}  # retry.py

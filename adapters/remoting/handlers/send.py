@@ -84,11 +84,13 @@ async def send_message(svc: RemotingService, req: Request) -> RemotingCommand | 
                 raise RemotingError(
                     ResponseCode.MESSAGE_ILLEGAL, "batch messages cannot be delayed or transactional"
                 )
+        _within_rate(svc, req, len(msgs), sum(len(m.body) for m in msgs))
         receipts = await _send(svc, req, msgs)
     else:
         msg = to_store(
             topic, body, decode_properties(h.str("properties", "")), flag=h.int("flag", 0), **common
         )
+        _within_rate(svc, req, 1, len(msg.body))
         receipts = [await _send_one(svc, req, msg)]
     if cmd.is_oneway:
         return None
@@ -104,6 +106,19 @@ async def send_message(svc: RemotingService, req: Request) -> RemotingCommand | 
     if first.transaction_id:
         ext["transactionId"] = first.message_id
     return req.ok(ext)
+
+
+def _within_rate(svc: RemotingService, req: Request, msgs: int, nbytes: int) -> None:
+    """Charge a send to its connection's and user's publish rates; RemotingError(SYSTEM_BUSY) when
+    over them (adapters/remoting/limits.py). Free when publish rates are off."""
+    limits = svc.limits
+    if limits is None or not limits.limiter.settings.publish_limited:
+        return
+    conn = req.conn
+    if conn.meter is None:
+        conn.meter = limits.meter(req.ctx.identity.username or None)
+    if conn.meter is not None and (busy := limits.over_rate(conn.meter, msgs, nbytes)) is not None:
+        raise RemotingError(*busy)
 
 
 async def _send_one(svc: RemotingService, req: Request, msg: Message) -> SendReceipt:
