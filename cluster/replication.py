@@ -162,6 +162,15 @@ class Primary:
         )
 
 
+async def connect_primary(
+    primary: str, auth: ClusterAuth | None, tls: ssl.SSLContext | None
+) -> RemotingClient:
+    """A replica's connection to its primary's store protocol (`host:port`), proving the cluster
+    secret and speaking TLS when configured (log and state replication each keep one)."""
+    host, port = parse_host_port(primary, 10911)
+    return await RemotingClient.connect(host, port, timeout=5.0, auth=auth, ssl=tls)
+
+
 class Follower:
     """A replica's side: pulls the primary's log into `store` until stopped."""
 
@@ -204,8 +213,7 @@ class Follower:
         while True:
             client = None
             try:
-                host, port = parse_host_port(self.primary, 10911)
-                client = await RemotingClient.connect(host, port, timeout=5.0, auth=self.auth, ssl=self.tls)
+                client = await connect_primary(self.primary, self.auth, self.tls)
                 await self._align(client)
                 self.connected.set()
                 await self._pull(client)

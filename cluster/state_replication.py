@@ -37,11 +37,13 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 
-from remoting import RemotingCommand, ResponseCode, parse_host_port
+from remoting import RemotingCommand, ResponseCode
 from remoting.client import RemotingClient, RemotingClientError
 from remoting.cluster_auth import ClusterAuth
 from store import Store
 from store.state_replica import catalog_digest
+
+from .replication import connect_primary
 
 log = logging.getLogger("cluster.state_replication")
 
@@ -254,8 +256,7 @@ class StateFollower:
         while True:
             client = None
             try:
-                host, port = parse_host_port(self.primary, 10911)
-                client = await RemotingClient.connect(host, port, timeout=5.0, auth=self.auth, ssl=self.tls)
+                client = await connect_primary(self.primary, self.auth, self.tls)
                 while True:
                     await self._pull(client)
             except (OSError, RemotingClientError, TimeoutError, ValueError, KeyError) as e:
