@@ -111,6 +111,8 @@ def bind_tcp(host: str, port: int, backlog: int = 2048) -> socket.socket:
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind(addr)
         sock.listen(backlog)
         sock.setblocking(False)

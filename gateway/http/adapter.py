@@ -18,6 +18,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from adapters.limits import Limiter
+from adapters.listener import bind_tcp
 
 from .connection_limits import limited
 
@@ -38,24 +39,6 @@ class _EmbeddedServer(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         self.up.set()
-
-
-def bind_tcp(host: str, port: int, backlog: int = 2048) -> socket.socket:
-    """A listening, non-blocking TCP socket on (host, port); raises OSError (busy port, bad address)."""
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    family, kind, proto, _, addr = infos[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if family == socket.AF_INET6:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        sock.bind(addr)
-        sock.listen(backlog)
-        sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
 
 
 def format_address(sockname: tuple) -> str:
