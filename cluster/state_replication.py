@@ -259,7 +259,7 @@ class StateFollower:
                 client = await connect_primary(self.primary, self.auth, self.tls)
                 while True:
                     await self._pull(client)
-            except (OSError, RemotingClientError, TimeoutError, ValueError, KeyError) as e:
+            except (OSError, RemotingClientError, TimeoutError, ValueError, KeyError, struct.error) as e:
                 log.warning("replica %s: state replication from %s: %s", self.name, self.primary, e)
             finally:
                 self.synced.clear()
