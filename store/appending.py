@@ -18,12 +18,13 @@ from time import time_ns
 from . import codec
 from .catalog import Catalog
 from .commitlog import CommitLog, StoreFullError
+from .compaction import compaction_key, key_queue
 from .config import HALF_TOPIC, SCHEDULE_TOPIC, StoreConfig
 from .consumequeue import ENTRY
 from .diskspace import FreeSpaceWatermark, watermark_bytes
 from .errors import MessageTooLarge, StoreError
 from .index import ID32, KIND_ID, MessageIndex
-from .message import PATH_HASH_BIT, PATH_PROPERTY, AppendResult, Message, MessageType, tag_hash
+from .message import PATH_HASH_BIT, PATH_PROPERTY, AppendResult, Message, MessageType, entry_hash, tag_hash
 from .popping import LongPolling
 from .retention import SegmentStats
 from .scheduling import hold
@@ -142,7 +143,10 @@ class Appender:
                     msgs = list(msgs)
                 msgs[i] = hold(msg, self.catalog)
         fut = self.loop.create_future()
-        out = self.place(msgs, now, fut, real)
+        if real is None and len(msgs) > 1 and _one_queue(msgs, self.catalog.compacted):
+            out = self.place_batch(msgs, now, fut)
+        else:
+            out = self.place(msgs, now, fut, real)
         await fut
         return out
 
@@ -164,6 +168,7 @@ class Appender:
         (delayed, half). A failure raises once the records placed before it are handed over."""
         tq = self.catalog.topic_queues
         queues = self.catalog.queues
+        compacted = self.catalog.compacted
         rr = self.rr
         next_id = self.ids.next
         encode = codec.encode
@@ -185,6 +190,8 @@ class Appender:
                 if qid < 0:
                     if msg.message_group:
                         qid = zlib.crc32(msg.message_group.encode()) % len(qs)
+                    elif compacted and topic in compacted and (key := compaction_key(msg)) is not None:
+                        qid = key_queue(key, len(qs))  # a key's records stay in one queue
                     else:
                         qid = rr.get(topic, 0)
                         rr[topic] = (qid + 1) % len(qs)
@@ -244,6 +251,108 @@ class Appender:
                 self.writer.put(recs)
         return out
 
+    def place_batch(self, msgs: Sequence[Message], now: int, fut: asyncio.Future) -> list[AppendResult]:
+        """Store messages of one topic and queue as batch records (codec.py): one commit log record
+        per up to `BATCH_MAX_BYTES` of them instead of one each. Every message keeps its queue
+        offset, consume queue entry and index entries (pointing at its record inside the batch), so
+        reads, pops and acks stay per message. The queue is the messages' `queue_id`, else their
+        message group's, else the next in round robin for the whole batch."""
+        first = msgs[0]
+        topic = first.topic
+        qs = self.catalog.topic_queues.get(topic) or self.catalog.queues(topic)
+        qid = first.queue_id
+        if qid < 0:
+            if first.message_group:
+                qid = zlib.crc32(first.message_group.encode()) % len(qs)
+            else:
+                qid = self.rr.get(topic, 0)
+                self.rr[topic] = (qid + 1) % len(qs)
+        elif qid >= len(qs):
+            raise ValueError(f"topic {topic} has no queue {qid}")
+        cq = qs[qid]
+        next_id = self.ids.next
+        encode = codec.encode
+        cl = self.commitlog
+        seg_size = self.seg_size
+        limit = min(BATCH_MAX_BYTES, seg_size - codec.MIN_RECORD)
+        head_size = codec.BATCH_HEADER_SIZE
+        out: list[AppendResult] = []
+        recs: list[Record] = []
+        try:
+            i, n = 0, len(msgs)
+            while i < n:
+                # encode the next run of records that fits one batch record
+                qoff0 = qoff = cq.next_offset
+                parts: list[bytes] = []
+                mids: list[str] = []
+                total = head_size
+                while i < n:
+                    msg = msgs[i]
+                    mid = msg.message_id or next_id()
+                    rec = encode(msg, qid, qoff, now, mid, msg.born_timestamp or now)
+                    if total + len(rec) > limit:
+                        if parts:
+                            break
+                        raise MessageTooLarge(f"a record of {len(rec)} bytes does not fit a batch record")
+                    parts.append(rec)
+                    mids.append(mid)
+                    total += len(rec)
+                    qoff += 1
+                    i += 1
+                clo = cl.write_pos
+                if clo % seg_size + total <= seg_size:
+                    cl.write_pos = clo + total
+                    filler = b""
+                else:
+                    clo, filler = cl.reserve(total)
+                    filler = filler or b""
+                inner = b"".join(parts)
+                data = filler + codec.encode_batch_head(inner, len(parts)) + inner
+                cq.next_offset = qoff
+                entries: list[bytes] = []
+                idx: list[bytes] = []
+                ids: list[tuple[str, tuple[str, ...], int]] = []
+                hashes: set[int] = set()
+                pos = clo + head_size
+                base = len(out)
+                for k, rec in enumerate(parts):
+                    msg = msgs[base + k]
+                    th = entry_hash(msg)
+                    hashes.add(th)
+                    size = len(rec)
+                    entries.append(ENTRY.pack(pos, size, th, now))
+                    mid = mids[k]
+                    idx.append(MessageIndex.encode(mid, msg.keys, pos))
+                    ids.append((mid, msg.keys, pos))
+                    out.append(_new_tuple(AppendResult, (mid, topic, qid, qoff0 + k, pos, size, now)))
+                    pos += size
+                last = out[-1]
+                whole = _new_tuple(
+                    AppendResult, (last.message_id, topic, qid, last.queue_offset, clo, total, now)
+                )
+                recs.append(
+                    _new_tuple(
+                        Record,
+                        (
+                            clo - len(filler),
+                            data,
+                            cq,
+                            b"".join(entries),
+                            b"".join(idx),
+                            fut if i == n else self.done,
+                            whole,
+                            ids,
+                            hashes,
+                        ),
+                    )
+                )
+                self.metrics["appends"] += len(parts) - 1  # (on_durable counts one per record)
+                self.metrics["batch_records"] = self.metrics.get("batch_records", 0) + 1
+        finally:
+            if recs:
+                self.writer.put(recs)
+        return out
+
     def on_readable(self, recs: list[Record]) -> None:
         """Loop: a batch is written to the page cache: make it readable and index it. Under the
         `sync` policy this comes before its fsync (as in RocketMQ: consumers read what is written;
@@ -263,11 +372,20 @@ class Appender:
             index_mem += r.idx
             mid = res.message_id
             keys = r.keys
+            topic = cq.topic
+            if keys.__class__ is list:  # a batch record (place_batch): each of its messages
+                for mid, keys, clo in keys:  # noqa: B020 - the batch's own, in turn
+                    if keys or mid in ids:
+                        index_add(mid, keys, clo)
+                    else:
+                        ids[mid] = clo
+                if waiters and topic in waiters:
+                    touched.setdefault(topic, set()).update(r.tag_hash)
+                continue
             if keys or mid in ids:
                 index_add(mid, keys, res.commitlog_offset)
             else:
                 ids[mid] = res.commitlog_offset
-            topic = cq.topic
             if topic[0] == "%":
                 special = True
             if waiters and topic in waiters:
@@ -330,6 +448,21 @@ class Appender:
             fut = r.fut
             if not fut.done():
                 fut.set_exception(exc)
+
+
+BATCH_MAX_BYTES = 4 * 1024 * 1024  # a batch record holds at most this much (more: several records)
+
+
+def _one_queue(msgs: Sequence[Message], compacted: set[str]) -> bool:
+    """Whether the messages can share batch records: one topic (not a system one) and one queue
+    choice (the same `queue_id` and message group), not a compacted one (its records go to their
+    key's queue). (Held messages, delayed or transactional, never get here: `append_many` sends those
+    one record each.)"""
+    first = msgs[0]
+    topic, qid, group = first.topic, first.queue_id, first.message_group
+    if topic[0] == "%" or topic in compacted:
+        return False
+    return all(m.topic == topic and m.queue_id == qid and m.message_group == group for m in msgs)
 
 
 def _unset(res: AppendResult) -> None:

@@ -17,6 +17,8 @@ class Catalog:
         self.topic_configs: dict[str, TopicConfig] = meta.load_topics()
         self.group_configs: dict[str, GroupConfig] = meta.load_groups()
         self.cqs: dict[tuple[str, int], ConsumeQueue] = {}
+        # the compacted topics (the append path routes their records by key: compaction.py)
+        self.compacted: set[str] = {n for n, t in self.topic_configs.items() if t.compacted}
         # a topic's queues, by queue id (the append path reads it directly: keep the same dict)
         self.topic_queues: dict[str, list[ConsumeQueue]] = {}
 
@@ -26,9 +28,10 @@ class Catalog:
         queues: int | None = None,
         retention_ms: int | None = None,
         retention_bytes: int | None = None,
+        compacted: bool = False,
     ) -> TopicConfig:
         check_name("topic", name)
-        t = TopicConfig(name, queues or self.config.default_queues, retention_ms, retention_bytes)
+        t = TopicConfig(name, queues or self.config.default_queues, retention_ms, retention_bytes, compacted)
         if not 1 <= t.queues <= 1024:
             raise ValueError("a topic has 1 to 1024 queues")
         old = self.topic_configs.get(name)
@@ -37,13 +40,21 @@ class Catalog:
         self.topic_configs[name] = t
         self.meta.save_topic(t)
         self.topic_queues.pop(name, None)
+        self._note_compacted(t)
         return t
+
+    def _note_compacted(self, t: TopicConfig) -> None:
+        if t.compacted:
+            self.compacted.add(t.name)
+        else:
+            self.compacted.discard(t.name)
 
     def set_topic(self, t: TopicConfig) -> None:
         """Take settings as they are (a replica taking its primary's: no queue is removed there)."""
         self.topic_configs[t.name] = t
         self.meta.save_topic(t)
         self.topic_queues.pop(t.name, None)
+        self._note_compacted(t)
 
     def delete_topic(self, name: str) -> None:
         if name not in self.topic_configs:
@@ -51,6 +62,7 @@ class Catalog:
         del self.topic_configs[name]
         self.meta.delete_topic(name)
         self.topic_queues.pop(name, None)
+        self.compacted.discard(name)
 
     def topics(self) -> list[TopicConfig]:
         return [t for n, t in sorted(self.topic_configs.items())]

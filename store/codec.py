@@ -11,6 +11,14 @@ Layout (little endian), see docs/store.md:
 `keys` are joined by U+001F; properties are one compact JSON object of strings (flag 0x0001;
 records written before it hold (u16 key length, key, u32 value length, value) pairs, still read).
 A blank record (magic BLANK) fills the end of a segment that the next record does not fit in.
+
+A batch record (magic BATCH) holds several message records of one queue, back to back, each a whole
+record as above (its own size and CRC, consecutive queue offsets), behind an 12-byte header:
+
+    u32 total_size | u32 crc32(of bytes 8..total_size) | u8 magic | u8 0 | u16 count
+
+Consume queue and index entries point at the inner records, so a reader needs nothing new: only
+the code that walks the log record by record (`iter_batch`) looks inside.
 """
 
 from __future__ import annotations
@@ -24,6 +32,9 @@ from .message import Message, MessageType
 
 MAGIC_MESSAGE = 0xA5
 MAGIC_BLANK = 0xB1
+MAGIC_BATCH = 0xA7
+BATCH_HEAD = struct.Struct("<IIBBH")
+BATCH_HEADER_SIZE = BATCH_HEAD.size  # 12
 PREFIX = struct.Struct("<II")
 HEAD = struct.Struct("<BBHiqqqqHHHHHHII")
 HEADER_SIZE = PREFIX.size + HEAD.size
@@ -130,6 +141,29 @@ def encode_blank(size: int) -> bytes:
     return PREFIX.pack(size, zlib.crc32(payload)) + payload
 
 
+def encode_batch_head(inner: bytes, count: int) -> bytes:
+    """The header of a batch record whose inner records, concatenated, are `inner`."""
+    head = bytes((MAGIC_BATCH, 0)) + _H.pack(count)
+    return PREFIX.pack(len(inner) + BATCH_HEADER_SIZE, zlib.crc32(inner, zlib.crc32(head))) + head
+
+
+def iter_batch(buf: bytes | memoryview, pos: int, size: int) -> list[tuple[int, int]]:
+    """(position, size) of each inner record of the (checked) batch record at `pos`; CorruptRecord
+    when an inner record does not hold or they do not fill the batch exactly."""
+    out: list[tuple[int, int]] = []
+    p, end = pos + BATCH_HEADER_SIZE, pos + size
+    while p < end:
+        n, magic = check(buf, p, end)
+        if magic != MAGIC_MESSAGE:
+            raise CorruptRecord("a batch holds a record that is not a message")
+        out.append((p, n))
+        p += n
+    (count,) = _H.unpack_from(buf, pos + 10)
+    if len(out) != count:
+        raise CorruptRecord(f"batch says {count} records, holds {len(out)}")
+    return out
+
+
 def record_size_at(buf: bytes | memoryview, pos: int) -> int:
     return _I.unpack_from(buf, pos)[0]
 
@@ -145,6 +179,10 @@ def check(buf: bytes | memoryview, pos: int, limit: int) -> tuple[int, int]:
         raise CorruptRecord("crc mismatch")
     magic = buf[pos + 8]
     if magic == MAGIC_BLANK:
+        return size, magic
+    if magic == MAGIC_BATCH:
+        if size < BATCH_HEADER_SIZE + HEADER_SIZE:
+            raise CorruptRecord(f"batch of {size} bytes")
         return size, magic
     if magic != MAGIC_MESSAGE or size < HEADER_SIZE:
         raise CorruptRecord(f"bad magic {magic}")

@@ -22,6 +22,10 @@ from dataclasses import dataclass
 from . import codec
 from .message import Message
 
+# Offsets from here address records a compacted topic's compaction kept (store/compaction.py); `read`
+# hands them to `compacted_read`.
+COMPACT_BASE = 1 << 62
+
 log = logging.getLogger("store")
 
 ZERO_CHUNK = bytes(1 << 20)
@@ -52,6 +56,7 @@ class CommitLog:
     preallocation, deletion and recovery in other threads (the segment list is locked)."""
 
     def __init__(self, directory: str, segment_size: int, min_free_bytes: int = 0) -> None:
+        self.compacted_read = _no_compacted_records
         if segment_size < 4096:
             raise ValueError("segment_size must be at least 4096 bytes")
         self.dir = directory
@@ -226,6 +231,8 @@ class CommitLog:
         pread; consumers read mostly what was just written, from the page cache)."""
         seg = self._last_read
         if seg is None or not seg.base <= offset < seg.base + self.segment_size:
+            if offset >= COMPACT_BASE:
+                return self.compacted_read(offset, size)
             seg = self._last_read = self.segment_for(offset)
         if seg is None or offset + size > seg.base + self.segment_size:
             raise KeyError(f"commit log offset {offset} is not stored")
@@ -244,6 +251,8 @@ class CommitLog:
         try:
             return codec.decode_checked(self.read(clo, size), clo)
         except (KeyError, codec.CorruptRecord) as e:
+            if not size:
+                return None  # a record compaction removed
             log.error("unreadable message at commit log offset %d: %s", clo, e)
             return None
 
@@ -271,6 +280,13 @@ class CommitLog:
                             return
                         if magic == codec.MAGIC_MESSAGE:
                             yield seg.base + pos, buf, pos, size
+                        elif magic == codec.MAGIC_BATCH:
+                            try:
+                                inner = codec.iter_batch(buf, pos, size)
+                            except codec.CorruptRecord:
+                                return
+                            for ipos, isize in inner:
+                                yield seg.base + ipos, buf, ipos, isize
                         pos += size
                         self.scan_end = seg.base + pos
                         if magic == codec.MAGIC_BLANK:
@@ -353,3 +369,7 @@ def _fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _no_compacted_records(offset: int, size: int) -> bytes:
+    raise KeyError(f"commit log offset {offset} is not stored")

@@ -34,6 +34,7 @@ class TopicConfig:
     queues: int = 8
     retention_ms: int | None = None  # None: the store default
     retention_bytes: int | None = None  # None: no size limit
+    compacted: bool = False  # the latest record per key wins (compaction.py)
 
 
 @dataclass(slots=True)
@@ -68,6 +69,10 @@ class StoreConfig:
     transaction_timeout_ms: int = 6000
     transaction_check_interval_ms: int = 5000
     transaction_max_checks: int = 15
+    # compacted topics (compaction.py): how long a tombstone (an empty body) is kept once it is
+    # the latest record of its key, and how often compaction runs over closed segments
+    tombstone_retention_ms: int = 24 * 3600 * 1000
+    compaction_interval_ms: int = 30_000
 
     def __post_init__(self) -> None:
         if self.flush not in ("sync", "async"):

@@ -11,6 +11,7 @@ the event loop.
 from __future__ import annotations
 
 import bisect
+import itertools
 import os
 import struct
 from collections.abc import Iterator
@@ -44,6 +45,10 @@ class ConsumeQueue:
         self.mem = bytearray()  # entries after those, up to max_offset
         self.min_offset = self.base
         self.pending = bytearray()  # entries rebuilt by recovery, not yet written
+        # a compacted topic's queue (compaction.py): offsets below `compacted_upto` are served from
+        # its current generation (`CompactedRange`) instead of this file
+        self.compacted = None
+        self.compacted_upto = 0
 
     # ----- recovery ----------------------------------------------------------------------------
     def truncate_to_commitlog(self, clo: int) -> None:
@@ -65,6 +70,8 @@ class ConsumeQueue:
 
     def set_min_by_commitlog(self, min_clo: int) -> None:
         """Entries pointing below `min_clo` are gone with their segment: advance `min_offset`."""
+        if self.compacted is not None:
+            return  # below its compacted end it reads its generation; retention keeps the rest
         self.min_offset = self.first_at(min_clo, self.min_offset)
 
     def first_at(self, clo: int, lo: int) -> int:
@@ -73,7 +80,7 @@ class ConsumeQueue:
         hi = self.max_offset
         while lo < hi:
             mid = (lo + hi) // 2
-            if self.entry(mid)[0] >= clo:
+            if self._own_entry(mid)[0] >= clo:
                 hi = mid
             else:
                 lo = mid + 1
@@ -152,6 +159,12 @@ class ConsumeQueue:
 
     # ----- reading -----------------------------------------------------------------------------
     def entry(self, offset: int) -> tuple[int, int, int, int]:
+        if offset < self.compacted_upto:
+            return self.compacted.entry(offset)
+        return self._own_entry(offset)
+
+    def _own_entry(self, offset: int) -> tuple[int, int, int, int]:
+        """The entry of this queue's own file or memory (compacted or not)."""
         i = offset - self.file_offset
         if i < 0:
             return ENTRY.unpack(os.pread(self.fd, ENTRY_SIZE, (offset - self.base) * ENTRY_SIZE))
@@ -169,6 +182,10 @@ class ConsumeQueue:
         end = min(start + count, self.max_offset)
         if end <= start:
             return iter(())
+        if start < self.compacted_upto:
+            mid = min(end, self.compacted_upto)
+            head = self.compacted.entries(start, mid)
+            return iter(head) if mid == end else itertools.chain(head, self.entries(mid, end - mid))
         fo = self.file_offset
         if end <= fo:
             data = os.pread(self.fd, (end - start) * ENTRY_SIZE, (start - self.base) * ENTRY_SIZE)

@@ -115,6 +115,12 @@ def parse_chunk(data: bytes, start: int, segment_size: int) -> list[tuple[int, i
         if magic == codec.MAGIC_BLANK:
             if size != left:
                 raise CorruptChunk(f"padding record at {at} does not end its segment")
+        elif magic == codec.MAGIC_BATCH:
+            try:
+                inner = codec.iter_batch(data, pos, size)
+            except codec.CorruptRecord as e:
+                raise CorruptChunk(f"batch record at {at}: {e}") from None
+            out.extend((start + ipos, ipos, isize) for ipos, isize in inner)
         else:
             out.append((at, pos, size))
         pos += size

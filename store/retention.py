@@ -85,6 +85,9 @@ class Retention:
         self.transactions = transactions
         self.checkpoints = checkpoints
         self.run_io = run_io
+        # compaction.py: the lowest commit log offset of a compacted topic's record not yet copied
+        # into its generation (None: none); nothing from its segment on is deleted
+        self.uncompacted_floor: Callable[[], int | None] = lambda: None
 
     async def apply(self, now: int | None = None) -> int:
         """Delete whole old segments past every contained topic's age/size limit; returns how many."""
@@ -108,6 +111,8 @@ class Retention:
             ok = True
             for topic, (_nbytes, ts) in stats[b].items():
                 tc = topic_configs.get(topic)
+                if tc is not None and tc.compacted:
+                    continue  # its records outlive the segment in their generation (the floor below)
                 keep_ms = tc.retention_ms if tc and tc.retention_ms is not None else self.config.retention_ms
                 if now - ts <= keep_ms and (b, topic) not in expired_by_size:
                     ok = False
@@ -120,6 +125,9 @@ class Retention:
         # never delete undelivered delayed messages (those not moved: due now, being delivered, or
         # the move failed) nor unresolved half messages (they live seconds: no need to move them)
         held = self.delays.held() + self.transactions.held()
+        floor = self.uncompacted_floor()
+        if floor is not None:
+            held.append(floor)
         if held and delete_before is not None:
             low = min(held)
             delete_before = min(delete_before, low - low % seg_size)

@@ -19,6 +19,7 @@ from .appending import Appender
 from .catalog import Catalog
 from .checkpoint import Checkpointer
 from .commitlog import CommitLog, StoreFullError
+from .compaction import CompactionStats, Compactor
 from .config import GroupConfig, Metadata, RetryPolicy, StoreConfig, TopicConfig
 from .consumequeue import ConsumeQueue
 from .consumer import ConsumerProgress
@@ -66,6 +67,7 @@ class Store:
     _retention: Retention
     _replica: LogReplica
     state: StateReplica  # consumer progress, key-value data and catalog of replica groups
+    _compactor: Compactor
 
     def __init__(self, config: StoreConfig) -> None:
         self.config = config
@@ -141,9 +143,12 @@ class Store:
         appender.on_half = transactions.track
         self.append, self.append_many = appender.append, appender.append_many
         self.pop, self.ack = self._pops.pop, self._pops.ack
+        self._compactor = compactor = Compactor(config, catalog, cl, run_io, cl.read_message)
+        compactor.attach()
         self._retention = Retention(
             config, catalog, cl, index, segments, delays, transactions, checkpoints, run_io
         )
+        self._retention.uncompacted_floor = compactor.uncompacted_floor
         self.state = StateReplica(run_io, catalog, progress, self.kv, checkpoints)
         self._replica = LogReplica(
             loop,
@@ -167,6 +172,7 @@ class Store:
         self._tasks = [
             loop.create_task(self._periodic(config.checkpoint_interval_ms, checkpoints.checkpoint)),
             loop.create_task(self._periodic(config.consumer_log_flush_ms, checkpoints.flush_progress)),
+            loop.create_task(self._periodic(config.compaction_interval_ms, self._compactor.run)),
         ]
         if not self.sync:
             self._tasks.append(loop.create_task(self._periodic(config.flush_interval_ms, self._fsync_async)))
@@ -247,6 +253,8 @@ class Store:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._polls.wake_all()
+        async with self._compactor.lock:  # a compaction under way ends first
+            pass
         await self._checkpoints.checkpoint(consumer_snapshot=True)
         await self._run_io(self._close_files)
         self._writer.close()
@@ -261,6 +269,7 @@ class Store:
         self.commitlog.close()
         for cq in self.cqs.values():
             cq.close()
+        self._compactor.close()
         self.index.close()
         self.progress.close()
 
@@ -280,8 +289,11 @@ class Store:
         queues: int | None = None,
         retention_ms: int | None = None,
         retention_bytes: int | None = None,
+        compacted: bool = False,
     ) -> TopicConfig:
-        return self._catalog.create_topic(name, queues, retention_ms, retention_bytes)
+        """Create a topic or change its settings (queues are never removed). `compacted`: the
+        latest record per key wins (compaction.py)."""
+        return self._catalog.create_topic(name, queues, retention_ms, retention_bytes, compacted)
 
     def delete_topic(self, name: str) -> None:
         self._catalog.delete_topic(name)
@@ -425,6 +437,23 @@ class Store:
     @transaction_checker.setter
     def transaction_checker(self, fn: Callable[[Message], Awaitable[None] | None] | None) -> None:
         self._transactions.checker = fn
+
+    # =========================================================================== compacted topics
+    async def compact(self, now: int | None = None) -> CompactionStats:
+        """Compact every compacted topic now over the closed commit log segments (it also runs every
+        `compaction_interval_ms`): older records of a key, and tombstones older than
+        `tombstone_retention_ms`, are removed."""
+        return await self._compactor.run(now)
+
+    def latest(self, topic: str, key: str, tombstones: bool = False) -> Message | None:
+        """The latest record of `key` in compacted topic `topic`; None when there is none or it is a
+        tombstone (an empty body), unless `tombstones`."""
+        return self._compactor.latest(topic, key, tombstones)
+
+    def latest_items(self, topic: str, tombstones: bool = False) -> list[Message]:
+        """The latest record of every key of compacted topic `topic`, by key (tombstones only with
+        `tombstones`)."""
+        return self._compactor.latest_items(topic, tombstones)
 
     async def apply_retention(self, now: int | None = None) -> int:
         """Delete whole old segments past every contained topic's age/size limit; returns how many."""
