@@ -202,7 +202,10 @@ class Membership:
                 if t["name"] not in mine and not t["name"].startswith("%"):
                     await node.value(
                         "create_topic",
-                        {k: t[k] for k in ("name", "queues", "retention_ms", "retention_bytes")},
+                        {
+                            k: t.get(k)
+                            for k in ("name", "queues", "retention_ms", "retention_bytes", "compacted")
+                        },
                     )
             my_groups = {g["name"] for g in await node.value("list_groups")}
             for g in await others[0].value("list_groups"):

@@ -23,6 +23,7 @@ from remoting.cluster_auth import ClusterAuth
 from store import (
     ALL,
     AppendResult,
+    CompactionStats,
     Filter,
     GroupConfig,
     Message,
@@ -30,6 +31,7 @@ from store import (
     RetryPolicy,
     TopicConfig,
     TransactionNotFound,
+    compaction_key,
 )
 
 from . import store_wire as w
@@ -182,12 +184,14 @@ class ClusterStoreClient:
         queues: int | None = None,
         retention_ms: int | None = None,
         retention_bytes: int | None = None,
+        compacted: bool = False,
     ) -> TopicConfig:
         args = {
             "name": name,
             "queues": queues,
             "retention_ms": retention_ms,
             "retention_bytes": retention_bytes,
+            "compacted": compacted,
         }
         self.ids.forget(name)
         return self._topic((await self._all("create_topic", args))[0])
@@ -310,6 +314,43 @@ class ClusterStoreClient:
                 continue
             out += [await self.ids.globalize(node, m) for m in w.decode_messages(r.body)]
         return out
+
+    async def latest(self, topic: str, key: str, tombstones: bool = False) -> Message | None:
+        """The newest (by store time) of each node's latest record of `key`."""
+        best: Message | None = None
+        for node in self.members.need_readable():
+            try:
+                r = await node.call("latest", {"topic": topic, "key": key})
+            except NodeUnavailable:
+                continue
+            for m in w.decode_messages(r.body):
+                if best is None or m.store_timestamp >= best.store_timestamp:
+                    best = await self.ids.globalize(node, m)
+        if best is None or (not best.body and not tombstones):
+            return None
+        return best
+
+    async def latest_items(self, topic: str, tombstones: bool = False) -> list[Message]:
+        """Per key, the newest (by store time) of the nodes' latest records."""
+        out: dict[str, Message] = {}
+        for node in self.members.need_readable():
+            try:
+                r = await node.call("latest_items", {"topic": topic})
+            except NodeUnavailable:
+                continue
+            for m in w.decode_messages(r.body):
+                key = compaction_key(m) or m.message_id
+                have = out.get(key)
+                if have is None or m.store_timestamp >= have.store_timestamp:
+                    out[key] = await self.ids.globalize(node, m)
+        return [m for _k, m in sorted(out.items()) if tombstones or m.body]
+
+    async def compact(self) -> CompactionStats:
+        total = CompactionStats()
+        for d in await self._all("compact", {}):
+            for f in dataclasses.fields(total):
+                setattr(total, f.name, getattr(total, f.name) + d[f.name])
+        return total
 
     async def get_message(self, commitlog_offset: int) -> Message:
         node, local = self.ids.node_of_clo(commitlog_offset)

@@ -82,6 +82,9 @@ OPS: dict[str, int] = {
             "stats",
             "ping",
             "kv_put_if_absent",
+            "latest",
+            "latest_items",
+            "compact",
         )
     )
 }
@@ -89,7 +92,7 @@ OP_NAMES = {code: name for name, code in OPS.items()}
 CANCEL = 9198  # oneway: extField `opaque` = a pending request of this connection to abandon
 TXN_CHECK = 9199  # store node -> proxy, oneway: body = one encoded message (a half message)
 # Operations whose reply body is encoded messages instead of JSON.
-MESSAGE_REPLIES = frozenset({"pop", "read", "get_by_id", "get_message"})
+MESSAGE_REPLIES = frozenset({"pop", "read", "get_by_id", "get_message", "latest", "latest_items"})
 # Operations that append to the commit log (a primary then wakes its replicas' pulls).
 WRITES = frozenset({"append", "forward_to_dlq", "end_transaction", "nack"})
 # Operations a replica serves (they change nothing); every other one needs the primary.
@@ -113,6 +116,8 @@ READS = frozenset(
         "kv_scan",
         "stats",
         "ping",
+        "latest",
+        "latest_items",
     }
 )
 READ_CODES = frozenset(OPS[n] for n in READS) | {CANCEL}
@@ -327,7 +332,10 @@ SERVE: dict[str, Op] = {
     "end_transaction": lambda c, a, b: _then(c.end_transaction(a["tid"], a["commit"]), result_json),
     "get_topic": lambda c, a, b: _then(c.get_topic(a["name"]), topic_json),
     "create_topic": lambda c, a, b: _then(
-        c.create_topic(a["name"], a["queues"], a["retention_ms"], a["retention_bytes"]), topic_json
+        c.create_topic(
+            a["name"], a["queues"], a["retention_ms"], a["retention_bytes"], a.get("compacted", False)
+        ),
+        topic_json,
     ),
     "delete_topic": lambda c, a, b: c.delete_topic(a["name"]),
     "list_topics": lambda c, a, b: _then(c.list_topics(), lambda ts: [topic_json(t) for t in ts]),
@@ -349,6 +357,9 @@ SERVE: dict[str, Op] = {
     "inflight_count": lambda c, a, b: c.inflight_count(a["group"], a["topic"]),
     "get_by_id": lambda c, a, b: c.get_by_id(a["id"]),
     "get_message": lambda c, a, b: _then(c.get_message(a["offset"]), lambda m: [m]),
+    "latest": lambda c, a, b: _then(c.latest(a["topic"], a["key"], True), lambda m: [] if m is None else [m]),
+    "latest_items": lambda c, a, b: c.latest_items(a["topic"], True),
+    "compact": lambda c, a, b: _then(c.compact(), asdict),
     "kv_put": lambda c, a, b: c.kv_put(a["ns"], a["key"], b),
     "kv_put_many": _kv_put_many,
     "kv_put_if_absent": _kv_put_if_absent,

@@ -157,10 +157,17 @@ def dumps(obj: Any) -> str:
 # ----------------------------------------------------------------------------- renderers
 def render_topics(topics: list[dict]) -> str:
     rows = [
-        (t["name"], t["queues"], t.get("messages"), t.get("retention_ms"), t.get("retention_bytes"))
+        (
+            t["name"],
+            t["queues"],
+            t.get("messages"),
+            t.get("retention_ms"),
+            t.get("retention_bytes"),
+            "yes" if t.get("compacted") else "",
+        )
         for t in topics
     ]
-    return table(rows, ("NAME", "QUEUES", "MESSAGES", "RETENTION_MS", "RETENTION_BYTES"))
+    return table(rows, ("NAME", "QUEUES", "MESSAGES", "RETENTION_MS", "RETENTION_BYTES", "COMPACTED"))
 
 
 def render_topic(t: dict) -> str:

@@ -94,6 +94,10 @@ _START_FLAGS: dict[str, dict[str, Any]] = {
         "help": "largest AMQP message body (default 16 MiB, as RabbitMQ 4)",
     },
     "mqtt_max_keep_alive": {"type": int, "metavar": "S", "help": "longest MQTT keep-alive allowed (0 = any)"},
+    "tombstone_retention": {
+        "metavar": "DURATION",
+        "help": "compacted topics: keep a deleted key's tombstone this long (24h; 30m, 90s, 500ms)",
+    },
     "disk_free_limit": {
         "metavar": "SIZES",
         "help": "refuse publishes below this free disk: a size, a %% of the volume, or both (the smaller)",
@@ -198,6 +202,7 @@ _STORE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "max_body_size": ("max_body_size", _START_FLAGS["max_body_size"]),
     "segment_size_mib": ("segment_size_mib", _START_FLAGS["segment_size_mib"]),
     "disk_free_limit": ("disk_free_limit", _START_FLAGS["disk_free_limit"]),
+    "tombstone_retention": ("tombstone_retention", _START_FLAGS["tombstone_retention"]),
     "transaction_timeout_ms": ("transaction_timeout_ms", _START_FLAGS["transaction_timeout_ms"]),
     "transaction_check_interval_ms": (
         "transaction_check_interval_ms",
@@ -319,6 +324,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queues", type=int, metavar="N", help="number of queues (default: gateway default)")
     p.add_argument("--retention-ms", type=int, metavar="MS", help="keep messages this long")
     p.add_argument("--retention-bytes", type=int, metavar="BYTES", help="keep at most this much")
+    p.add_argument(
+        "--compacted",
+        action="store_true",
+        default=None,
+        help="a compacted topic: the latest record per message key wins, an empty body deletes its key",
+    )
     topic.add_parser("list", parents=[common, creds], help="list topics")
     p = topic.add_parser("get", parents=[common, creds], help="a topic's queues, offsets and group backlogs")
     p.add_argument("name")
@@ -549,6 +560,7 @@ def _admin(args: argparse.Namespace) -> int:
                 queues=args.queues,
                 retention_ms=args.retention_ms,
                 retention_bytes=args.retention_bytes,
+                compacted=args.compacted,
             )
             text = ac.render_topics([out])
         elif cmd == ("topic", "list"):

@@ -99,6 +99,9 @@ class Settings:
     # disk low-watermark (docs/limits.md "Disk"): publishes are refused while the data volume has less
     # free space than the largest of a comma list of sizes and percentages of the volume; "0" = off
     disk_free_limit: str = "1GiB,5%"
+    # compacted topics: how long a tombstone (empty body) that is the latest record of its key is kept
+    # before compaction removes the key ("24h", "30m", "90s", "500ms" or milliseconds)
+    tombstone_retention: str = "24h"
     mqtt_max_client_id_length: int = 65535  # longer client ids: CONNACK 0x85 (5.0) / 2 (3.1.1)
     mqtt_max_topic_length: int = 65535  # longer topic names or filters (bytes): 0x90 / 0x8F
     mqtt_max_topic_levels: int = 128  # more levels ('/'-separated) in a name or filter: 0x90 / 0x8F
@@ -170,6 +173,7 @@ class Settings:
             _check_int(name, getattr(self, name), 0, 65535)
         _check_int("mqtt_max_keep_alive", self.mqtt_max_keep_alive, 0, 65535)
         parse_disk_free_limit(self.disk_free_limit)
+        parse_duration_ms("tombstone_retention", self.tombstone_retention)
         for name in ("mqtt_max_client_id_length", "mqtt_max_topic_length"):
             _check_int(name, getattr(self, name), 1, 65535)
         _check_int("mqtt_max_topic_levels", self.mqtt_max_topic_levels, 1, 65535)
@@ -281,6 +285,20 @@ _SIZE_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 10
 _SIZE_UNITS.update({"k": 1024, "kib": 1024, "m": MIB, "mib": MIB, "g": 1024 * MIB, "gib": 1024 * MIB})
 _SIZE_UNITS.update({"t": 1024**4, "tib": 1024**4})
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$")
+
+
+_DURATION_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_duration_ms(name: str, text: str) -> int:
+    """A duration setting ("24h", "30m", "90s", "500ms", "2d" or plain milliseconds) in milliseconds."""
+    t = text.strip().lower()
+    for unit in ("ms", "s", "m", "h", "d"):
+        if t.endswith(unit) and t[: -len(unit)].strip().isdigit():
+            return int(t[: -len(unit)]) * _DURATION_UNITS[unit]
+    if t.isdigit():
+        return int(t)
+    raise ConfigError(f"{name} must be a duration like '24h', '30m', '90s' or '500ms', got {text!r}")
 
 
 def parse_disk_free_limit(text: str) -> tuple[int, float]:

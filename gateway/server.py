@@ -65,7 +65,7 @@ def store_config(s: Settings) -> StoreConfig:
     """The embedded store's settings (LOCAL mode, and a `gateway store` node)."""
     from store import StoreConfig
 
-    from .config import parse_disk_free_limit
+    from .config import parse_disk_free_limit, parse_duration_ms
 
     free_bytes, free_ratio = parse_disk_free_limit(s.disk_free_limit)
 
@@ -80,6 +80,7 @@ def store_config(s: Settings) -> StoreConfig:
         transaction_check_interval_ms=s.transaction_check_interval_ms,
         disk_free_limit_bytes=free_bytes,
         disk_free_limit_ratio=free_ratio,
+        tombstone_retention_ms=parse_duration_ms("tombstone_retention", s.tombstone_retention),
     )
 
 

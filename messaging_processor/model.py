@@ -119,6 +119,7 @@ class TopicInfo:
     retention_bytes: int | None = None
     messages: int = 0  # stored and not yet deleted by retention, over all queues
     queues_per_store: int = 0  # what create_topic takes; equal to `queues` in LOCAL mode
+    compacted: bool = False  # the latest record per key wins (store/compaction.py)
 
 
 @dataclass(slots=True)

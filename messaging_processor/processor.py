@@ -16,6 +16,7 @@ from time import time_ns
 from store import (
     ALL,
     AppendResult,
+    CompactionStats,
     Filter,
     Message,
     MessageType,
@@ -485,16 +486,19 @@ class MessagingProcessor:
         queues: int | None = None,
         retention_ms: int | None = None,
         retention_bytes: int | None = None,
+        compacted: bool = False,
     ) -> TopicInfo:
         check_topic(name, self.limits, for_send=True)
         with StoreCall(None, "", ""):
-            t = await self.store.create_topic(name, queues, retention_ms, retention_bytes)
+            t = await self.store.create_topic(name, queues, retention_ms, retention_bytes, compacted)
         self._known_topics.add(name)
         return self._topic_info(t)
 
     def _topic_info(self, t: TopicConfig, messages: int = 0) -> TopicInfo:
         per_store = t.queues // max(self.store.store_count(), 1)
-        return TopicInfo(t.name, t.queues, t.retention_ms, t.retention_bytes, messages, per_store)
+        return TopicInfo(
+            t.name, t.queues, t.retention_ms, t.retention_bytes, messages, per_store, t.compacted
+        )
 
     async def delete_topic(self, name: str) -> None:
         self._known_topics.discard(name)
@@ -605,6 +609,22 @@ class MessagingProcessor:
             await self.authorize(ctx.identity, Action.SUBSCRIBE, Resource("topic", topic))
         with StoreCall(None, "", ""):
             return await self.store.read_raw(topic, queue_id, start, end, max_records, max_bytes)
+
+    # ------------------------------------------------------------------ compacted topics
+    async def latest(self, topic: str, key: str) -> Message | None:
+        """The latest value of `key` in compacted topic `topic` (None: none, or deleted)."""
+        with StoreCall(None, "", ""):
+            return await self.store.latest(topic, key)
+
+    async def latest_items(self, topic: str) -> list[Message]:
+        """The latest value of every key of compacted topic `topic` (deleted keys left out), by key."""
+        with StoreCall(None, "", ""):
+            return await self.store.latest_items(topic)
+
+    async def compact(self) -> CompactionStats:
+        """Compact every compacted topic now (it also runs in the background)."""
+        with StoreCall(None, "", ""):
+            return await self.store.compact()
 
     async def queue_offsets(self, topic: str, queue_id: int) -> tuple[int, int]:
         """(min, max) offsets of a queue: [min, max) are readable."""

@@ -10,6 +10,7 @@ from typing import Protocol
 from store import (
     ALL,
     AppendResult,
+    CompactionStats,
     Filter,
     GroupConfig,
     Message,
@@ -40,7 +41,12 @@ class StoreClient(Protocol):
 
     async def get_topic(self, name: str) -> TopicConfig | None: ...
     async def create_topic(
-        self, name: str, queues: int | None, retention_ms: int | None, retention_bytes: int | None
+        self,
+        name: str,
+        queues: int | None,
+        retention_ms: int | None,
+        retention_bytes: int | None,
+        compacted: bool = False,
     ) -> TopicConfig: ...
     async def delete_topic(self, name: str) -> None: ...
     async def list_topics(self) -> list[TopicConfig]: ...
@@ -65,6 +71,9 @@ class StoreClient(Protocol):
     async def inflight_count(self, group: str, topic: str) -> int: ...
     async def get_by_id(self, message_id: str) -> list[Message]: ...
     async def get_message(self, commitlog_offset: int) -> Message: ...
+    async def latest(self, topic: str, key: str, tombstones: bool = False) -> Message | None: ...
+    async def latest_items(self, topic: str, tombstones: bool = False) -> list[Message]: ...
+    async def compact(self) -> CompactionStats: ...
     async def kv_put(self, ns: str, key: str, value: bytes) -> None: ...
     async def kv_put_many(self, ns: str, items: dict[str, bytes | None]) -> None: ...
     async def kv_put_if_absent(self, ns: str, key: str, value: bytes) -> bytes | None: ...
@@ -127,8 +136,9 @@ class LocalStoreClient:
         queues: int | None = None,
         retention_ms: int | None = None,
         retention_bytes: int | None = None,
+        compacted: bool = False,
     ) -> TopicConfig:
-        return self.store.create_topic(name, queues, retention_ms, retention_bytes)
+        return self.store.create_topic(name, queues, retention_ms, retention_bytes, compacted)
 
     async def delete_topic(self, name: str) -> None:
         self.store.delete_topic(name)
@@ -192,6 +202,15 @@ class LocalStoreClient:
 
     async def get_by_id(self, message_id: str) -> list[Message]:
         return self.store.get_by_id(message_id)
+
+    async def latest(self, topic: str, key: str, tombstones: bool = False) -> Message | None:
+        return self.store.latest(topic, key, tombstones)
+
+    async def latest_items(self, topic: str, tombstones: bool = False) -> list[Message]:
+        return self.store.latest_items(topic, tombstones)
+
+    async def compact(self) -> CompactionStats:
+        return await self.store.compact()
 
     async def get_message(self, commitlog_offset: int) -> Message:
         return self.store.get_message(commitlog_offset)

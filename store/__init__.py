@@ -2,6 +2,7 @@
 delay timers, transactions and retention. Protocol-free; see docs/store.md."""
 
 from .commitlog import StoreFullError
+from .compaction import CompactionStats, compaction_key
 from .config import GroupConfig, RetryPolicy, StoreConfig, TopicConfig
 from .errors import (
     GroupNotFound,
@@ -16,6 +17,8 @@ from .message import AppendResult, Message, MessageType, PoppedMessage
 from .store import Store
 
 __all__ = [
+    "CompactionStats",
+    "compaction_key",
     "ALL",
     "AppendResult",
     "Filter",

@@ -35,7 +35,7 @@ import shutil
 import struct
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
 from . import codec
@@ -147,12 +147,14 @@ class Compactor:
         commitlog: CommitLog,
         run_io: Callable[..., asyncio.Future],
         read_message: Callable[[int, int], Message | None],
+        checkpoint: Callable[[], Awaitable[object]],
     ) -> None:
         self.config = config
         self.catalog = catalog
         self.commitlog = commitlog
         self.run_io = run_io
         self.read_message = read_message
+        self.checkpoint = checkpoint
         self.root = os.path.join(config.data_dir, "compacted")
         self.slots: dict[int, CompactedRange] = {}
         self._next_slot = 0
@@ -232,6 +234,7 @@ class Compactor:
         stats = CompactionStats()
         t0 = time.perf_counter()
         async with self.lock:
+            await self.checkpoint()  # queue entries of durable records into their files
             now = now_ms() if now is None else now
             for tc in list(self.catalog.topic_configs.values()):
                 if not tc.compacted:

@@ -143,7 +143,9 @@ class Store:
         appender.on_half = transactions.track
         self.append, self.append_many = appender.append, appender.append_many
         self.pop, self.ack = self._pops.pop, self._pops.ack
-        self._compactor = compactor = Compactor(config, catalog, cl, run_io, cl.read_message)
+        self._compactor = compactor = Compactor(
+            config, catalog, cl, run_io, cl.read_message, checkpoints.checkpoint
+        )
         compactor.attach()
         self._retention = Retention(
             config, catalog, cl, index, segments, delays, transactions, checkpoints, run_io

@@ -39,6 +39,11 @@ class TopicIn(BaseModel):
     )
     retention_ms: int | None = Field(None, ge=1, description="default: the store's retention")
     retention_bytes: int | None = Field(None, ge=1, description="default: no size limit")
+    compacted: bool | None = Field(
+        None,
+        description="the latest record per message key wins; an empty body deletes its key "
+        "(docs/store.md). Set at creation; default false",
+    )
 
 
 class Topic(BaseModel):
@@ -49,6 +54,7 @@ class Topic(BaseModel):
     )
     retention_ms: int | None = None
     retention_bytes: int | None = None
+    compacted: bool = False
     messages: int = Field(0, description="stored messages not yet removed by retention, all queues")
 
 
@@ -112,6 +118,7 @@ async def _existing_topic(p: MessagingProcessor, name: str) -> Topic | None:
         queues_per_store=t.queues_per_store,
         retention_ms=t.retention_ms,
         retention_bytes=t.retention_bytes,
+        compacted=t.compacted,
         messages=t.messages,
     )
 
@@ -168,8 +175,11 @@ async def create_topic(body: TopicIn, p: Processor, response: Response) -> Topic
         queues = queues or old.queues_per_store
         retention_ms = retention_ms if retention_ms is not None else old.retention_ms
         retention_bytes = retention_bytes if retention_bytes is not None else old.retention_bytes
+        if body.compacted is not None and body.compacted != old.compacted:
+            raise HTTPException(409, f"topic {body.name} exists; compaction is set when a topic is created")
         response.status_code = 200
-    t = await p.create_topic(body.name, queues, retention_ms, retention_bytes)
+    compacted = old.compacted if old is not None else bool(body.compacted)
+    t = await p.create_topic(body.name, queues, retention_ms, retention_bytes, compacted)
     response.headers["Location"] = f"/admin/topics/{quote(t.name, safe='')}"
     return Topic(
         name=t.name,
@@ -177,6 +187,7 @@ async def create_topic(body: TopicIn, p: Processor, response: Response) -> Topic
         queues_per_store=t.queues_per_store,
         retention_ms=t.retention_ms,
         retention_bytes=t.retention_bytes,
+        compacted=t.compacted,
         messages=old.messages if old is not None else 0,
     )
 
@@ -196,6 +207,7 @@ async def get_topic(name: str, p: Processor) -> TopicDetail:
         queues_per_store=t.queues_per_store,
         retention_ms=t.retention_ms,
         retention_bytes=t.retention_bytes,
+        compacted=t.compacted,
         messages=t.messages,
         queue_offsets=offsets,
         groups=groups,
@@ -206,6 +218,30 @@ async def get_topic(name: str, p: Processor) -> TopicDetail:
 async def delete_topic(name: str, p: Processor) -> Response:
     await p.delete_topic(name)
     return Response(status_code=204)
+
+
+class Compaction(BaseModel):
+    queues: int = Field(description="queues compacted")
+    records_in: int
+    records_kept: int
+    bytes_in: int
+    bytes_kept: int
+    seconds: float
+
+
+@router.post("/compaction", response_model=Compaction, responses=_ERRORS)
+async def compact(p: Processor) -> Compaction:
+    """Compact every compacted topic now over the closed commit log segments (it also runs in the
+    background every 30 s): older records of a key, and tombstones past `tombstone_retention`, go."""
+    st = await p.compact()
+    return Compaction(
+        queues=st.queues,
+        records_in=st.records_in,
+        records_kept=st.records_kept,
+        bytes_in=st.bytes_in,
+        bytes_kept=st.bytes_kept,
+        seconds=st.seconds,
+    )
 
 
 # ----------------------------------------------------------------------------- groups

@@ -350,3 +350,22 @@ async def test_pop_of_a_topic_no_node_has_fails_at_once_even_when_long_polling(e
     with pytest.raises(TopicNotFound):
         await env.client.pop("g", "missing", 1, 1000, wait_ms=5000)
     assert time.monotonic() - t0 < 1.0
+
+
+async def test_compacted_topic_latest_values_across_nodes(env):
+    c = env.client
+    t = await c.create_topic("shadows", 2, None, None, compacted=True)
+    assert t.compacted
+    assert all(n.store.topic("shadows").compacted for n in env.nodes.values())
+    for version in range(3):
+        for k in range(6):  # over both nodes (sends spread over the queues of every node)
+            await c.append(Message("shadows", b"%d@%d" % (k, version), keys=(f"k{k}",)))
+    await c.append(Message("shadows", b"", keys=("k5",)))  # a tombstone: newer than k5's values
+    latest = await c.latest("shadows", "k2")
+    assert latest is not None and latest.body == b"2@2"
+    assert await c.latest("shadows", "k5") is None
+    assert (await c.latest("shadows", "k5", tombstones=True)).body == b""
+    items = await c.latest_items("shadows")
+    assert [(m.keys[0], m.body) for m in items] == [(f"k{k}", b"%d@2" % k) for k in range(5)]
+    stats = await c.compact()
+    assert stats.records_in == 0  # nothing in a closed segment yet: nothing compacted

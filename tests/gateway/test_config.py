@@ -235,6 +235,7 @@ NON_DEFAULT = {
     "amqp_max_body_size": 1000,
     "mqtt_max_keep_alive": 120,
     "disk_free_limit": "500MiB,2%",
+    "tombstone_retention": "90s",
     "mqtt_max_client_id_length": 23,
     "mqtt_max_topic_length": 100,
     "mqtt_max_topic_levels": 5,

@@ -72,9 +72,14 @@ def test_start_serve_admin_cli_and_sigterm(tmp_path):
         assert re.search(r"^orders\s+3\s+0\b", r.stdout, re.M), r.stdout
         r = cli("topic", "create", "events", "--url", url, "--json")
         assert r.returncode == 0 and json.loads(r.stdout)["queues"] == 8
+        r = cli("topic", "create", "shadows", "--compacted", "--url", url, "--json")
+        assert r.returncode == 0 and json.loads(r.stdout)["compacted"] is True, r.stderr
         r = cli("topic", "list", "--url", url, "--json")
         assert r.returncode == 0
-        assert sorted(t["name"] for t in json.loads(r.stdout)) == ["events", "orders"]
+        listed = {t["name"]: t["compacted"] for t in json.loads(r.stdout)}
+        assert listed == {"events": False, "orders": False, "shadows": True}
+        r = cli("topic", "delete", "shadows", "--url", url)
+        assert r.returncode == 0, r.stderr
         r = cli("topic", "list", url=url)
         assert r.returncode == 0
         assert r.stdout.splitlines()[0].split()[:3] == ["NAME", "QUEUES", "MESSAGES"]
