@@ -330,7 +330,8 @@ class Compactor:
                     data = src.read()
                 if base is None:
                     base = next_offset = offset
-                out_map.write(bytes(ENTRY_SIZE) * (offset - next_offset))  # removed ones: size 0
+                # removed ones: size 0, at the position of the next kept one (entries stay in order)
+                out_map.write(ENTRY.pack(pos, 0, 0, 0) * (offset - next_offset))
                 out_map.write(ENTRY.pack(pos, len(data), th, ts))
                 out_log.write(data)
                 pos += len(data)
@@ -339,7 +340,7 @@ class Compactor:
                 stats.bytes_kept += len(data)
             if base is None:
                 base = next_offset = plan.upto
-            out_map.write(bytes(ENTRY_SIZE) * (plan.upto - next_offset))
+            out_map.write(ENTRY.pack(pos, 0, 0, 0) * (plan.upto - next_offset))
         current = {"gen": gen, "base": base, "upto": plan.upto, "tombstone_ts": tombstone_ts}
         _write_current(plan.directory, current)
         if old is not None:

@@ -68,7 +68,7 @@ def _plan(
     import numpy as np
 
     n = len(clos)
-    if n > 1 and bool((clos[1:] > clos[:-1]).all()):
+    if n > 1 and bool((clos[1:] >= clos[:-1]).all()):  # (equal: a record compaction removed, size 0)
         gaps = clos[1:] - (clos[:-1] + sizes[:-1])
         join = (gaps >= 0) & (gaps <= MAX_GAP) & (clos[1:] // seg_size == clos[:-1] // seg_size)
         cost = sizes.copy()

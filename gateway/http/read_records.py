@@ -331,13 +331,14 @@ def decode_records(
         if zlib.crc32(mv[s + 8 : s + z]) != crcs[i]:
             ok[i] = False
     if not ok.all():
-        bad = np.flatnonzero(~ok)
-        log.error(
-            "skipping %d unreadable record(s) of queue %d (first at offset %d)",
-            len(bad),
-            queue_id,
-            int(offsets[bad[0]]),
-        )
+        bad = np.flatnonzero(~ok & (sizes > 0))  # (size 0: a record compaction removed, not an error)
+        if len(bad):
+            log.error(
+                "skipping %d unreadable record(s) of queue %d (first at offset %d)",
+                len(bad),
+                queue_id,
+                int(offsets[bad[0]]),
+            )
         hdr, starts = hdr[ok], starts[ok]
     buf = pa.py_buffer(raw)
     pos = starts.astype(np.int64) + hs
