@@ -22,6 +22,23 @@ What it measures, in one run:
    4 concurrent consumer tasks. Each task loops `pop(max_messages=32)` then acks every message, until
    the backlog is empty or `--pop-seconds` pass. `pop_ack_per_s` is the better of the two.
 
+4. Batch records: 100-byte messages appended (sync flush) by 8 producers, each awaiting its call:
+   one message per call (`append`: one record each) against batches of 16 and 64 per call
+   (`append_many` of one queue stores one batch record). Messages/s and process CPU per message
+   (all threads, `time.process_time`) over `--seconds`: `batch{1,16,64}_append_msgs_per_s`,
+   `batch{1,16,64}_cpu_us_per_msg`, `batch{16,64}_vs_single_ratio` (messages/s over the
+   one-per-call run's, same producers). The single-message store's best case, 64 producers (the
+   group commit then shares each fsync among 64 appends), is reported beside it:
+   `batch1_64p_append_msgs_per_s`, `batch1_64p_cpu_us_per_msg`, `batch64_vs_single_64p_ratio`.
+
+5. Compaction: a compacted topic of `--compact-keys` keys x 50 versions of 100 B is compacted once
+   (`compaction_mb_s`: MB of records read per second of the pass at the store's default pace,
+   `compaction_duty` 0.5; `compaction_records_in`, `compaction_records_kept`); then single appends
+   (16 producers, sync) to another topic run for `--seconds` alone and again while three more such
+   topics are compacted: `compaction_append_ratio` = appends/s during that pass / alone.
+
+`--only batch,compaction` (any of seq, append, pop, batch, compaction) runs just those parts.
+
 Output: a human-readable table, or with `--json` exactly one JSON object on stdout (progress goes to
 stderr). `--quick` shrinks everything for smoke runs. uvloop is used when importable.
 
@@ -72,6 +89,8 @@ class Settings:
     pop_seconds: float
     pool_max: int
     json: bool
+    only: set[str]
+    compact_keys: int
 
 
 @dataclass(slots=True)
@@ -243,17 +262,150 @@ async def bench_pop_ack(cfg: Settings) -> dict[int, tuple[int, float]]:
     return out
 
 
+# ============================================================================ batch records
+BATCH_SIZES: tuple[int, ...] = (1, 16, 64)
+
+
+async def bench_batch(cfg: Settings, batch: int, producers: int = 8) -> tuple[float, float]:
+    """(messages/s, CPU µs per message) of 100-byte appends, `batch` per call (1: `append`)."""
+    data_dir = tempfile.mkdtemp(prefix=f"batch-{batch}-", dir=cfg.parent)
+    body = os.urandom(100)
+    try:
+        store = await Store.open(StoreConfig(data_dir=data_dir, flush="sync", segment_size=cfg.segment_size))
+        try:
+            store.create_topic(TOPIC, queues=8)
+            clock = time.perf_counter
+            count = [0]
+
+            async def producer(deadline: float) -> None:
+                if batch == 1:
+                    while clock() < deadline:
+                        await store.append(Message(TOPIC, body))
+                        count[0] += 1
+                else:
+                    while clock() < deadline:
+                        await store.append_many([Message(TOPIC, body) for _ in range(batch)])
+                        count[0] += batch
+
+            await asyncio.gather(*(producer(clock() + cfg.warmup) for _ in range(producers)))
+            gc.collect()
+            count[0] = 0
+            cpu0, t0 = time.process_time(), clock()
+            await asyncio.gather(*(producer(t0 + cfg.seconds) for _ in range(producers)))
+            elapsed, cpu = clock() - t0, time.process_time() - cpu0
+        finally:
+            await store.close()
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+    n = max(count[0], 1)
+    return n / elapsed, cpu / n * 1e6
+
+
+# ============================================================================ compaction
+async def fill_compacted(store: Store, topic: str, keys: int, versions: int) -> None:
+    store.create_topic(topic, queues=4, compacted=True)
+    body = os.urandom(100)
+    for v in range(versions):
+        await store.append_many([Message(topic, body + b"%d" % v, keys=(f"k{k}",)) for k in range(keys)])
+
+
+async def close_segment(store: Store) -> None:
+    seg = store.segment_size
+    first = store.commitlog.write_pos // seg
+    big = os.urandom(min(seg // 4, 4 * MiB - 1024))
+    while store.commitlog.write_pos // seg == first:
+        await store.append(Message("filler", big))
+
+
+async def bench_compaction(cfg: Settings) -> dict[str, float]:
+    data_dir = tempfile.mkdtemp(prefix="compaction-", dir=cfg.parent)
+    out: dict[str, float] = {}
+    try:
+        store = await Store.open(
+            StoreConfig(
+                data_dir=data_dir, flush="sync", segment_size=cfg.segment_size, compaction_interval_ms=10**9
+            )
+        )
+        try:
+            await fill_compacted(store, "table1", cfg.compact_keys, 50)
+            await close_segment(store)
+            st = await store.compact()
+            out["compaction_mb_s"] = st.bytes_in / MB / st.seconds
+            out["compaction_records_in"] = st.records_in
+            out["compaction_records_kept"] = st.records_kept
+            out["compaction_seconds"] = st.seconds
+            log(
+                f"  compaction: {st.records_in} records ({st.bytes_in / MB:.1f} MB) -> {st.records_kept} in "
+                f"{st.seconds:.2f} s = {out['compaction_mb_s']:.1f} MB/s"
+            )
+            for t in ("table2", "table3", "table4"):  # work for the pass that appends run beside
+                await fill_compacted(store, t, cfg.compact_keys, 50)
+            await close_segment(store)
+            clock = time.perf_counter
+            body = os.urandom(100)
+
+            async def appends(until: Callable[[], bool]) -> float:
+                n = [0]
+
+                async def producer() -> None:
+                    while not until():
+                        await store.append(Message(TOPIC, body))
+                        n[0] += 1
+
+                t0 = clock()
+                await asyncio.gather(*(producer() for _ in range(16)))
+                return n[0] / (clock() - t0)
+
+            t_end = clock() + cfg.seconds
+            alone = await appends(lambda: clock() >= t_end)
+            task = asyncio.create_task(store.compact())
+            during = await appends(task.done)
+            st = task.result()
+            out["compaction_append_alone_per_s"] = alone
+            out["compaction_append_during_per_s"] = during
+            out["compaction_append_ratio"] = during / alone
+            out["compaction_during_seconds"] = st.seconds
+            log(
+                f"  appends alone {alone:,.0f}/s, during a {st.seconds:.2f} s compaction pass {during:,.0f}/s"
+            )
+        finally:
+            await store.close()
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+    return out
+
+
 # ============================================================================ driver
 async def run(cfg: Settings) -> dict[str, Any]:
     res: dict[str, Any] = {}
+    if "batch" in cfg.only:
+        for b in BATCH_SIZES:
+            per_s, cpu = await bench_batch(cfg, b)
+            res[f"batch{b}_append_msgs_per_s"] = per_s
+            res[f"batch{b}_cpu_us_per_msg"] = cpu
+            log(f"batch {b}: {per_s:,.0f} msgs/s, {cpu:.2f} µs CPU per message")
+        per_s, cpu = await bench_batch(cfg, 1, 64)
+        res["batch1_64p_append_msgs_per_s"] = per_s
+        res["batch1_64p_cpu_us_per_msg"] = cpu
+        log(f"batch 1, 64 producers: {per_s:,.0f} msgs/s, {cpu:.2f} µs CPU per message")
+        for b in BATCH_SIZES[1:]:
+            res[f"batch{b}_vs_single_ratio"] = (
+                res[f"batch{b}_append_msgs_per_s"] / res["batch1_append_msgs_per_s"]
+            )
+        res["batch64_vs_single_64p_ratio"] = res["batch64_append_msgs_per_s"] / per_s
+    if "compaction" in cfg.only:
+        res.update(await bench_compaction(cfg))
+    if not cfg.only & {"seq", "append", "pop"}:
+        return res
     seq = []
-    for i in range(cfg.seq_repeats):
+    for i in range(cfg.seq_repeats if "seq" in cfg.only else 0):
         v = seq_write_mb_s(cfg.parent, cfg.seq_bytes)
         seq.append(v)
         log(f"seq write {cfg.seq_bytes // MiB} MiB + fdatasync, run {i + 1}: {v:,.1f} MB/s")
-    res["seq_write_mb_s"] = statistics.median(seq)
+    if seq:
+        res["seq_write_mb_s"] = statistics.median(seq)
 
-    for flush in FLUSHES:
+    for flush in FLUSHES if "append" in cfg.only else ():
         for label, size in SIZES:
             for producers in PRODUCERS:
                 key = f"append_{label}_{flush}_{producers}p"
@@ -269,12 +421,14 @@ async def run(cfg: Settings) -> dict[str, Any]:
                 )
 
     fractions = []
-    for producers in PRODUCERS:
+    for producers in PRODUCERS if {"seq", "append"} <= cfg.only else ():
         f = res[f"append_4k_sync_{producers}p_mb_s"] / res["seq_write_mb_s"]
         res[f"disk_fraction_4k_sync_{producers}p"] = f
         fractions.append(f)
-    res["disk_fraction_4k_sync"] = max(fractions)
-
+    if fractions:
+        res["disk_fraction_4k_sync"] = max(fractions)
+    if "pop" not in cfg.only:
+        return res
     log(f"pop+ack: pre-filling {cfg.fill} messages")
     pops = await bench_pop_ack(cfg)
     for consumers, (n, secs) in pops.items():
@@ -285,6 +439,10 @@ async def run(cfg: Settings) -> dict[str, Any]:
 
 
 def table(res: dict[str, Any], cfg: Settings, loop_name: str, total: float) -> str:
+    if not {"seq", "append", "pop"} <= cfg.only:  # a partial run: its figures as they are
+        return "\n".join(
+            f"{k}: {v:,.3f}" if isinstance(v, float) else f"{k}: {v}" for k, v in sorted(res.items())
+        )
     lines = [
         f"store benchmark  (loop: {loop_name}, {cfg.seconds:g} s per config, segment "
         f"{cfg.segment_size // MiB} MiB, dir {cfg.parent})",
@@ -312,6 +470,8 @@ def table(res: dict[str, Any], cfg: Settings, loop_name: str, total: float) -> s
         )
         + f"; best {res['pop_ack_per_s']:,.0f}/s"
     )
+    extra = [k for k in sorted(res) if k.startswith(("batch", "compaction"))]
+    lines += [""] + [f"{k}: {res[k]:,.3f}" for k in extra]
     lines.append(f"total runtime {total:.1f} s")
     return "\n".join(lines)
 
@@ -345,6 +505,12 @@ def parse_args(argv: list[str] | None) -> Settings:
         default=2_000_000,
         help="max pre-built messages per append config (default 2000000)",
     )
+    p.add_argument(
+        "--only", help="comma list of parts to run: seq, append, pop, batch, compaction (default all)"
+    )
+    p.add_argument(
+        "--compact-keys", type=int, help="keys of the compaction benchmark (default 20000, quick 2000)"
+    )
     a = p.parse_args(argv)
     q = a.quick
 
@@ -362,6 +528,8 @@ def parse_args(argv: list[str] | None) -> Settings:
         pop_seconds=pick(a.pop_seconds, 30.0, 5.0),
         pool_max=a.pool_max,
         json=a.json,
+        only=set(a.only.split(",")) if a.only else {"seq", "append", "pop", "batch", "compaction"},
+        compact_keys=pick(a.compact_keys, 20_000, 2_000),
     )
 
 

@@ -8,11 +8,15 @@ retention; on failure, fail them."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
+import operator
 import os
 import socket
+import struct
 import zlib
 from collections.abc import Callable, Iterator, Sequence
+from itertools import chain, repeat
 from time import time_ns
 
 from . import codec
@@ -20,7 +24,7 @@ from .catalog import Catalog
 from .commitlog import CommitLog, StoreFullError
 from .compaction import compaction_key, key_queue
 from .config import HALF_TOPIC, SCHEDULE_TOPIC, StoreConfig
-from .consumequeue import ENTRY
+from .consumequeue import ENTRY, ConsumeQueue
 from .diskspace import FreeSpaceWatermark, watermark_bytes
 from .errors import MessageTooLarge, StoreError
 from .index import ID32, KIND_ID, MessageIndex
@@ -251,7 +255,7 @@ class Appender:
                 self.writer.put(recs)
         return out
 
-    def place_batch(self, msgs: Sequence[Message], now: int, fut: asyncio.Future) -> list[AppendResult]:
+    def place_batch(self, msgs: Sequence[Message], now: int, fut: asyncio.Future) -> Sequence[AppendResult]:
         """Store messages of one topic and queue as batch records (codec.py): one commit log record
         per up to `BATCH_MAX_BYTES` of them instead of one each. Every message keeps its queue
         offset, consume queue entry and index entries (pointing at its record inside the batch), so
@@ -272,6 +276,16 @@ class Appender:
         cq = qs[qid]
         next_id = self.ids.next
         encode = codec.encode
+        head = codec.HEAD.pack
+        prefix = codec.PREFIX.pack
+        magic = codec.MAGIC_MESSAGE
+        crc32 = _crc32
+        entry = ENTRY.pack
+        id32 = ID32.pack
+        index_entry = MessageIndex.encode
+        th_of = entry_hash
+        tb = topic.encode()
+        lt = len(tb)
         cl = self.commitlog
         seg_size = self.seg_size
         limit = min(BATCH_MAX_BYTES, seg_size - codec.MIN_RECORD)
@@ -280,52 +294,103 @@ class Appender:
         recs: list[Record] = []
         try:
             i, n = 0, len(msgs)
+            plain = not any(
+                map(any, map(_OPTIONAL_FIELDS, msgs))
+            )  # (C iterators: no Python frame per message)
+            if plain:
+                runs: list = []
+                while i < n:
+                    i = self._place_plain_run(msgs, i, cq, qid, now, fut, runs, recs)
+                return runs[0] if len(runs) == 1 else list(chain.from_iterable(runs))
             while i < n:
-                # encode the next run of records that fits one batch record
-                qoff0 = qoff = cq.next_offset
+                # The next run of messages that fits one batch record, placed where the record
+                # should land (the log's end: moved below in the rare case it starts a segment).
+                first_i = i
+                start = cl.write_pos
+                pos = start + head_size
+                qoff = cq.next_offset
                 parts: list[bytes] = []
-                mids: list[str] = []
+                entries: list[bytes] = []
+                idx: list[bytes] = []
+                mids: list[str] = []  # messages indexed by id only (the common case) ...
+                poss: list[int] = []  # ... and where they are
+                keyed: list[tuple[str, tuple[str, ...], int]] = []  # the others
+                hashes: set[int] = set()
                 total = head_size
                 while i < n:
                     msg = msgs[i]
                     mid = msg.message_id or next_id()
-                    rec = encode(msg, qid, qoff, now, mid, msg.born_timestamp or now)
-                    if total + len(rec) > limit:
+                    mb = mid.encode()
+                    keys = msg.keys
+                    if msg.tag or keys or msg.properties or msg.born_host or msg.message_group:
+                        rec = encode(msg, qid, qoff, now, mid, msg.born_timestamp or now)
+                        th = th_of(msg)
+                    else:  # the common case, codec.encode inlined: no optional field
+                        body = msg.body
+                        payload = (
+                            head(
+                                magic,
+                                msg.msg_type,
+                                0,
+                                qid,
+                                qoff,
+                                now,
+                                msg.born_timestamp or now,
+                                msg.deliver_at,
+                                lt,
+                                0,
+                                0,
+                                0,
+                                len(mb),
+                                0,
+                                0,
+                                len(body),
+                            )
+                            + tb
+                            + mb
+                            + body
+                        )
+                        rec = prefix(len(payload) + 8, crc32(payload)) + payload
+                        th = 0
+                    size = len(rec)
+                    if total + size > limit:
                         if parts:
                             break
-                        raise MessageTooLarge(f"a record of {len(rec)} bytes does not fit a batch record")
+                        raise MessageTooLarge(f"a record of {size} bytes does not fit a batch record")
                     parts.append(rec)
-                    mids.append(mid)
-                    total += len(rec)
+                    entries.append(entry(pos, size, th, now))
+                    if keys or len(mb) != 32:
+                        idx.append(index_entry(mid, keys, pos))
+                        keyed.append((mid, keys, pos))
+                    else:
+                        idx.append(id32(KIND_ID, 32, mb, pos))
+                        mids.append(mid)
+                        poss.append(pos)
+                    hashes.add(th)
+                    out.append(_new_tuple(AppendResult, (mid, topic, qid, qoff, pos, size, now)))
+                    pos += size
+                    total += size
                     qoff += 1
                     i += 1
-                clo = cl.write_pos
-                if clo % seg_size + total <= seg_size:
-                    cl.write_pos = clo + total
-                    filler = b""
-                else:
-                    clo, filler = cl.reserve(total)
-                    filler = filler or b""
+                if start % seg_size + total <= seg_size:
+                    cl.write_pos = start + total
+                    clo, filler = start, b""
+                else:  # it starts the next segment: every position moves there
+                    clo, pad = cl.reserve(total)
+                    filler = pad or b""
+                    shift = clo - start
+                    entries, idx, mids, poss, keyed = [], [], [], [], []
+                    for k in range(len(out) - len(parts), len(out)):
+                        r = out[k]
+                        msg = msgs[first_i + k - (len(out) - len(parts))]
+                        at = r.commitlog_offset + shift
+                        out[k] = r._replace(commitlog_offset=at)
+                        entries.append(entry(at, r.size, th_of(msg), now))
+                        idx.append(index_entry(r.message_id, msg.keys, at))
+                        keyed.append((r.message_id, msg.keys, at))
                 inner = b"".join(parts)
                 data = filler + codec.encode_batch_head(inner, len(parts)) + inner
                 cq.next_offset = qoff
-                entries: list[bytes] = []
-                idx: list[bytes] = []
-                ids: list[tuple[str, tuple[str, ...], int]] = []
-                hashes: set[int] = set()
-                pos = clo + head_size
-                base = len(out)
-                for k, rec in enumerate(parts):
-                    msg = msgs[base + k]
-                    th = entry_hash(msg)
-                    hashes.add(th)
-                    size = len(rec)
-                    entries.append(ENTRY.pack(pos, size, th, now))
-                    mid = mids[k]
-                    idx.append(MessageIndex.encode(mid, msg.keys, pos))
-                    ids.append((mid, msg.keys, pos))
-                    out.append(_new_tuple(AppendResult, (mid, topic, qid, qoff0 + k, pos, size, now)))
-                    pos += size
                 last = out[-1]
                 whole = _new_tuple(
                     AppendResult, (last.message_id, topic, qid, last.queue_offset, clo, total, now)
@@ -341,7 +406,7 @@ class Appender:
                             b"".join(idx),
                             fut if i == n else self.done,
                             whole,
-                            ids,
+                            [mids, poss, keyed],  # (a list: on_readable knows a batch by it)
                             hashes,
                         ),
                     )
@@ -352,6 +417,126 @@ class Appender:
             if recs:
                 self.writer.put(recs)
         return out
+
+    def _place_plain_run(
+        self,
+        msgs: Sequence[Message],
+        i: int,
+        cq: ConsumeQueue,
+        qid: int,
+        now: int,
+        fut: asyncio.Future,
+        out: list[_BatchResults],
+        recs: list[Record],
+    ) -> int:
+        """`place_batch` for messages with no optional field (no tag, keys, properties, born host
+        or group; the common case): the records are encoded in one lean loop, and their queue and
+        index entries packed at once from C iterators. Places one batch record from `msgs[i]` on;
+        returns the index of the first message left."""
+        topic = cq.topic
+        tb = topic.encode()
+        lt = len(tb)
+        next_id = self.ids.next
+        head = codec.HEAD.pack
+        prefix = codec.PREFIX.pack
+        magic = codec.MAGIC_MESSAGE
+        crc32 = _crc32
+        cl = self.commitlog
+        seg_size = self.seg_size
+        limit = min(BATCH_MAX_BYTES, seg_size - codec.MIN_RECORD)
+        head_size = codec.BATCH_HEADER_SIZE
+        n = len(msgs)
+        qoff0 = qoff = cq.next_offset
+        parts: list[bytes] = []
+        mids: list[str] = []
+        mbs: list[bytes] = []
+        poss: list[int] = []  # position of each record after the batch header
+        rel = head_size
+        while i < n:
+            msg = msgs[i]
+            mid = msg.message_id or next_id()
+            mb = mid.encode()
+            body = msg.body
+            payload = (
+                head(
+                    magic,
+                    msg.msg_type,
+                    0,
+                    qid,
+                    qoff,
+                    now,
+                    msg.born_timestamp or now,
+                    msg.deliver_at,
+                    lt,
+                    0,
+                    0,
+                    0,
+                    len(mb),
+                    0,
+                    0,
+                    len(body),
+                )
+                + tb
+                + mb
+                + body
+            )
+            size = len(payload) + 8
+            if rel + size > limit:
+                if parts:
+                    break
+                raise MessageTooLarge(f"a record of {size} bytes does not fit a batch record")
+            parts.append(prefix(size, crc32(payload)) + payload)
+            mids.append(mid)
+            mbs.append(mb)
+            poss.append(rel)
+            rel += size
+            qoff += 1
+            i += 1
+        count = len(parts)
+        start = cl.write_pos
+        if start % seg_size + rel <= seg_size:
+            cl.write_pos = start + rel
+            clo, filler = start, b""
+        else:  # it starts the next segment
+            clo, pad = cl.reserve(rel)
+            filler = pad or b""
+        if set(map(len, mbs)) != {32}:  # (client ids of another length: the general entry)
+            idx = b"".join(MessageIndex.encode(m, (), clo + p) for m, p in zip(mids, poss, strict=True))
+            keyed = [(m, (), clo + p) for m, p in zip(mids, poss, strict=True)]
+            mids, at = [], []
+        else:
+            keyed = []
+            at = list(map(clo.__add__, poss))
+            idx = _packer(ID32, count).pack(*chain.from_iterable(zip(repeat(KIND_ID), repeat(32), mbs, at)))
+        sizes = list(map(operator.sub, poss[1:] + [rel], poss))
+        entries = _packer(ENTRY, count).pack(
+            *chain.from_iterable(zip(map(clo.__add__, poss), sizes, repeat(0), repeat(now)))
+        )
+        inner = b"".join(parts)
+        data = filler + codec.encode_batch_head(inner, count) + inner
+        cq.next_offset = qoff
+        results = _BatchResults(mids or [k[0] for k in keyed], topic, qid, qoff0, clo, poss, sizes, now)
+        out.append(results)  # (place_batch flattens them unless there is only this one)
+        whole = _new_tuple(AppendResult, (results.ids[-1], topic, qid, qoff - 1, clo, rel, now))
+        recs.append(
+            _new_tuple(
+                Record,
+                (
+                    clo - len(filler),
+                    data,
+                    cq,
+                    entries,
+                    idx,
+                    fut if i == n else self.done,
+                    whole,
+                    [mids, at, keyed],
+                    {0},
+                ),
+            )
+        )
+        self.metrics["appends"] += count - 1  # (on_durable counts one per record)
+        self.metrics["batch_records"] = self.metrics.get("batch_records", 0) + 1
+        return i
 
     def on_readable(self, recs: list[Record]) -> None:
         """Loop: a batch is written to the page cache: make it readable and index it. Under the
@@ -374,11 +559,13 @@ class Appender:
             keys = r.keys
             topic = cq.topic
             if keys.__class__ is list:  # a batch record (place_batch): each of its messages
-                for mid, keys, clo in keys:  # noqa: B020 - the batch's own, in turn
-                    if keys or mid in ids:
-                        index_add(mid, keys, clo)
-                    else:
-                        ids[mid] = clo
+                mids, poss, keyed = keys
+                if ids.keys().isdisjoint(mids):
+                    ids.update(zip(mids, poss, strict=True))
+                else:
+                    keyed = keyed + [(m, (), p) for m, p in zip(mids, poss, strict=True)]
+                for mid, keys, clo in keyed:  # noqa: B020 - the batch's own, in turn
+                    index_add(mid, keys, clo)
                 if waiters and topic in waiters:
                     touched.setdefault(topic, set()).update(r.tag_hash)
                 continue
@@ -451,6 +638,52 @@ class Appender:
 
 
 BATCH_MAX_BYTES = 4 * 1024 * 1024  # a batch record holds at most this much (more: several records)
+
+
+_OPTIONAL_FIELDS = operator.attrgetter("tag", "keys", "properties", "born_host", "message_group")
+
+
+@functools.cache
+def _packer(one: struct.Struct, count: int) -> struct.Struct:
+    """A struct of `count` times `one`'s fields (queue or index entries of a batch, packed at once)."""
+    return struct.Struct("<" + one.format.lstrip("<") * count)
+
+
+class _BatchResults:
+    """The results of a batch record's messages, made on demand (most callers use few of them)."""
+
+    __slots__ = ("ids", "topic", "qid", "qoff", "clo", "poss", "sizes", "now")
+
+    def __init__(
+        self,
+        ids: list[str],
+        topic: str,
+        qid: int,
+        qoff: int,
+        clo: int,
+        poss: list[int],
+        sizes: list[int],
+        now: int,
+    ) -> None:
+        self.ids, self.topic, self.qid, self.qoff, self.clo = ids, topic, qid, qoff, clo
+        self.poss, self.sizes, self.now = poss, sizes, now
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __iter__(self) -> Iterator[AppendResult]:
+        topic, qid, qoff, clo, now = self.topic, self.qid, self.qoff, self.clo, self.now
+        for k, (mid, p, size) in enumerate(zip(self.ids, self.poss, self.sizes, strict=True)):
+            yield _new_tuple(AppendResult, (mid, topic, qid, qoff + k, clo + p, size, now))
+
+    def __getitem__(self, k: int | slice) -> AppendResult | list[AppendResult]:
+        if isinstance(k, slice):
+            return list(self)[k]
+        k = range(len(self.ids))[k]  # (negative indices, IndexError)
+        p = self.poss[k]
+        return AppendResult(
+            self.ids[k], self.topic, self.qid, self.qoff + k, self.clo + p, self.sizes[k], self.now
+        )
 
 
 def _one_queue(msgs: Sequence[Message], compacted: set[str]) -> bool:

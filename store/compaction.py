@@ -286,11 +286,14 @@ class Compactor:
         candidates: list[tuple[int, _Source, int, int, str | None]] = []
         latest: dict[str, int] = {}
         old = plan.old
+        pace = _Pace(self.config.compaction_duty)
         for offset, pos, size, th, ts in plan.old_live:
+            pace.tick()
             src = _Source(old.log_fd, pos, size)
             candidates.append((offset, src, th, ts, _key_of(src.read())))
         cl = self.commitlog
         for k, (clo, size, th, ts) in enumerate(ENTRY.iter_unpack(plan.new_entries)):
+            pace.tick()
             seg = cl.segment_for(clo)
             src = _Source(seg.fd if seg is not None else -1, clo - (seg.base if seg else 0), size)
             try:
@@ -316,6 +319,7 @@ class Compactor:
             _SyncedFile(os.path.join(plan.directory, f"gen-{gen}.map")) as out_map,
         ):
             for offset, src, th, ts, key in candidates:
+                pace.tick()
                 stats.records_in += 1
                 stats.bytes_in += src.size
                 if key is not None:
@@ -422,6 +426,29 @@ def _key_of(record: bytes) -> str | None:
 def _is_tombstone(record: bytes) -> bool:
     """Whether a (checked) record's body is empty: its last length field (see codec.py)."""
     return struct.unpack_from("<I", record, codec.HEADER_SIZE - 4)[0] == 0
+
+
+class _Pace:
+    """Keeps compaction, which runs Python code on the IO thread (and so holds the GIL the event
+    loop needs), to a fraction `duty` of the time: after each few milliseconds of work it sleeps
+    long enough (the GIL is free meanwhile) that appends and deliveries keep most of the core."""
+
+    __slots__ = ("duty", "n", "since")
+    WORK_S = 0.004
+
+    def __init__(self, duty: float) -> None:
+        self.duty = min(max(duty, 0.05), 1.0)
+        self.n = 0
+        self.since = time.perf_counter()
+
+    def tick(self) -> None:
+        self.n += 1
+        if self.n & 63 or self.duty >= 1.0:
+            return
+        busy = time.perf_counter() - self.since
+        if busy >= self.WORK_S:
+            time.sleep(busy * (1 / self.duty - 1))
+            self.since = time.perf_counter()
 
 
 class _Source:

@@ -73,6 +73,7 @@ class StoreConfig:
     # the latest record of its key, and how often compaction runs over closed segments
     tombstone_retention_ms: int = 24 * 3600 * 1000
     compaction_interval_ms: int = 30_000
+    compaction_duty: float = 0.5  # at most this fraction of the time spent compacting (the rest asleep)
 
     def __post_init__(self) -> None:
         if self.flush not in ("sync", "async"):
