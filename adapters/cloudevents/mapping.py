@@ -9,9 +9,12 @@ decoded, JSON `data` serialized compactly, text `data` as UTF-8), and every cont
     ce._data    how structured mode carried data: text | binary, or json when datacontenttype is
                 not a JSON type (absent: binary mode, or JSON data of a JSON type or of none)
 
-so that the event leaves exactly as it came (same attribute strings, same extension types, same data
-representation). A message without `ce.id` entered through another protocol and is presented with
-synthesized attributes:
+The `partitionkey` extension (CloudEvents partitioning) is also the message's key (RocketMQ KEYS,
+and what a compacted topic keeps the latest event of). So the event leaves exactly as it came (same
+attribute strings, same extension types, same data representation).
+
+A message without `ce.id` entered through another protocol and is presented with synthesized
+attributes:
 
     id               the message id
     source           /gateway/mqtt/<store topic>   (MQTT: has mqtt.topic)
@@ -35,6 +38,7 @@ PREFIX = "ce."
 P_ID = "ce.id"
 P_TYPES = "ce._types"
 P_DATA = "ce._data"
+P_PARTITION_KEY = "ce.partitionkey"  # the CloudEvents partitioning extension
 _FORMS = frozenset({"json", "text", "binary"})
 
 MQTT_TOPIC = "mqtt.topic"
@@ -74,7 +78,10 @@ def to_message(topic: str, ev: Event) -> Message:
     form = ev.data_form
     if form is not None and (form != "json" or not is_json_type(ev.datacontenttype)):
         props[P_DATA] = form  # JSON data of a JSON media type (or none) needs no mark
-    return Message(topic, ev.data or b"", "", (), props)  # positional: cheaper than keywords
+    pk = props.get(P_PARTITION_KEY)
+    # the partitioning extension's key is the message key (RocketMQ KEYS; a compacted topic keeps
+    # the latest event per key)
+    return Message(topic, ev.data or b"", "", (pk,) if pk else (), props)  # positional: cheaper
 
 
 # attribute name -> property name, so that the hot path does not build the same strings again

@@ -115,6 +115,7 @@ async def test_topic_create_list_get_delete(gw):
         "queues_per_store": 3,
         "retention_ms": 60000,
         "retention_bytes": None,
+        "compacted": False,
         "messages": 0,
     }
     r = await c.post("/admin/topics", json={"name": "plain"})

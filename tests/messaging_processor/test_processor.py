@@ -96,7 +96,9 @@ async def test_invalid_messages_are_refused_and_nothing_is_stored(proc, msg, kin
 async def test_send_pop_ack_and_redelivery(proc):
     await proc.create_topic("T", 2)
     receipts = await proc.send(CTX, [Message("T", b"a", tag="x"), Message("T", b"b", tag="y")])
-    assert {r.queue_id for r in receipts} == {0, 1}
+    # one send of one topic is one batch: one queue, consecutive offsets (store/appending.py)
+    assert len({r.queue_id for r in receipts}) == 1
+    assert receipts[1].queue_offset == receipts[0].queue_offset + 1
     got = await proc.pop(CTX, "g", "T", filter=Filter.from_expression("x"), max_messages=10)
     assert [d.message.body for d in got] == [b"a"]
     assert got[0].delivery_attempt == 1

@@ -326,3 +326,12 @@ def test_sdk_binary_events_decode():
     msg = sdk_to_binary(sdk)
     (ev,) = codec.decode([(k.lower(), v) for k, v in msg.headers.items()], msg.body)
     assert ev.attributes["subject"] == "ä b" and json.loads(ev.data) == {"x": 1}
+
+
+def test_the_partitionkey_extension_is_the_message_key():
+    (ev,) = codec.decode(BATCH, json.dumps([{**MIN, "partitionkey": "device-7"}]).encode())
+    msg = to_message("T", ev)
+    assert msg.keys == ("device-7",)
+    assert msg.properties["ce.partitionkey"] == "device-7"  # and the event leaves as it came
+    (plain,) = codec.decode(BATCH, json.dumps([MIN]).encode())
+    assert to_message("T", plain).keys == ()
