@@ -1,7 +1,7 @@
 """`gateway analytics ...` subcommands (registered by gateway/cli.py).
 
     gateway analytics telemetry --topic T [--window 1m] [--out DIR] [--once|--continuous]
-        [--gateway URL] [--anomaly-topic T2] [--threshold Z] ...
+        [--gateway URL] [--anomaly-topic T2] [--threshold Z] [--state-topic T3] ...
 
 pyspark is imported only when a subcommand runs."""
 
@@ -99,6 +99,18 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="at most N messages per micro-batch",
     )
     t.add_argument(
+        "--state-topic",
+        metavar="T3",
+        default=None,
+        help="compacted topic of the per-device anomaly state, restored from by a new checkpoint "
+        "(default GROUP-state, else TOPIC-state; created when missing)",
+    )
+    t.add_argument(
+        "--no-state-topic",
+        action="store_true",
+        help="keep the anomaly state only in Spark's checkpoint (a new checkpoint starts from zero)",
+    )
+    t.add_argument(
         "--master", default=None, help="Spark master (default local[*]; spark-submit decides its own)"
     )
     t.add_argument(
@@ -140,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
         group=args.group,
         starting_offsets=args.starting_offsets,
         max_messages_per_trigger=args.max_messages_per_trigger,
+        state_topic=args.state_topic,
+        keep_state=not args.no_state_topic,
         quiet=args.quiet,
     )
     return main(job, args.master, dict(args.conf))

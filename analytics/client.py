@@ -179,14 +179,27 @@ class ReadClient:
             off = nxt
 
     # ------------------------------------------------------------------ publishing (telemetry job)
-    def ensure_topic(self, topic: str) -> None:
-        """Create `topic` with the gateway's defaults unless it exists (admin API)."""
+    def topic(self, topic: str) -> dict[str, Any] | None:
+        """The topic's settings from the admin API (`compacted`, `queues`, ...), None when missing."""
         try:
-            self._json("GET", f"/admin/topics/{self._q(topic)}")
+            return self._json("GET", f"/admin/topics/{self._q(topic)}")
         except GatewayError as e:
             if e.status != 404:
                 raise
-            self._json("POST", "/admin/topics", body={"name": topic})
+            return None
+
+    def ensure_topic(self, topic: str, compacted: bool = False, queues: int | None = None) -> dict[str, Any]:
+        """Create `topic` unless it exists (admin API), with the gateway's defaults or `queues`
+        queues (per store), compacted when `compacted`; its settings."""
+        found = self.topic(topic)
+        if found is not None:
+            return found
+        body: dict[str, Any] = {"name": topic}
+        if compacted:
+            body["compacted"] = True
+        if queues is not None:
+            body["queues"] = queues
+        return self._json("POST", "/admin/topics", body=body)
 
     def publish_events(self, topic: str, events: list[dict[str, Any]]) -> None:
         """Store structured CloudEvents on `topic` (batched mode, up to 1024 per request)."""

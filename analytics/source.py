@@ -8,7 +8,8 @@ Each input partition is an offset range `[start, end)` of one queue, read by the
 or more HTTP range requests answered as Arrow record batches. Ranges are replayable: the same range
 gives the same rows while the gateway retains them, which is what lets a streaming query restart
 from its checkpoint with no loss and no duplicates. Streaming offsets are JSON objects
-`{"<queue id>": <next offset>, ...}`.
+`{"<queue id>": <next offset>, ...}`. A batch read with `option("compacted", "latest")` reads a
+compacted topic as a table: the latest record per key (analytics/compaction.py).
 
 Readers hold only their parsed options (plain data: they are pickled to executors); HTTP clients
 are created where they are used.
@@ -88,6 +89,13 @@ def _positive(text: str, name: str) -> int:
     return v
 
 
+def _compacted(text: str) -> bool:
+    v = text.strip().lower()
+    if v in ("latest", "none"):
+        return v == "latest"
+    raise ValueError(f"option compacted must be latest or none, not {text!r}")
+
+
 @dataclass(frozen=True)
 class SourceOptions:
     """The source's options, parsed (see docs/analytics.md for each)."""
@@ -103,6 +111,7 @@ class SourceOptions:
     fetch_rows: int = 500_000
     fail_on_data_loss: bool = True
     commit_offsets: bool = True  # with a group: commit its offsets when a micro-batch commits
+    compacted: bool = False  # batch: the latest record per key only (option compacted=latest)
     timeout_s: float = 60.0
     # Authorization header for a gateway with auth on: options token, or user + password, else the
     # driver's GATEWAY_TOKEN / GATEWAY_USER + GATEWAY_PASSWORD (resolved on the driver: executors
@@ -125,6 +134,7 @@ class SourceOptions:
         "fetchsize",
         "failondataloss",
         "commitoffsets",
+        "compacted",
         "timeout",
         "user",
         "password",
@@ -160,6 +170,7 @@ class SourceOptions:
             fetch_rows=_positive(o.get("fetchsize", "500000"), "fetchSize"),
             fail_on_data_loss=_bool(o.get("failondataloss", "true"), "failOnDataLoss"),
             commit_offsets=_bool(o.get("commitoffsets", "true"), "commitOffsets"),
+            compacted=_compacted(o.get("compacted", "none")),
             timeout_s=float(o.get("timeout", "60")),
             auth=authorization(o.get("user") or None, o.get("password"), o.get("token") or None),
         )
@@ -320,8 +331,13 @@ def read_partition(o: SourceOptions, p: QueueRange) -> Iterator[pa.RecordBatch]:
         fetch_rows=o.fetch_rows,
         fail_on_data_loss=o.fail_on_data_loss,
     )
-    for batch in batches:
-        yield batch if batch.schema.equals(target) else batch.cast(target)
+    cast = (batch if batch.schema.equals(target) else batch.cast(target) for batch in batches)
+    if o.compacted:  # records of one key share a queue: a queue's latest per key is the topic's
+        from .compaction import latest_per_key
+
+        yield from latest_per_key(cast)
+    else:
+        yield from cast
 
 
 def _check_schema(schema: StructType) -> None:
@@ -331,7 +347,9 @@ def _check_schema(schema: StructType) -> None:
 
 
 class GatewayBatchReader(DataSourceReader):
-    """Batch reads: startingOffsets (default earliest) to endingOffsets (default latest)."""
+    """Batch reads: startingOffsets (default earliest) to endingOffsets (default latest). With
+    `compacted=latest`, one partition per queue (its latest record per key is computed in one
+    place)."""
 
     def __init__(self, options: SourceOptions) -> None:
         self.o = options
@@ -344,7 +362,8 @@ class GatewayBatchReader(DataSourceReader):
         )
         end = resolve_offsets(self.o.ending or "latest", c, self.o.topic, queues, self.o.group, LATEST)
         end = {q: max(e, start[q]) for q, e in end.items()}
-        return split_ranges(start, end, self.o.max_rows_per_partition)
+        per_partition = max((e - start[q] for q, e in end.items()), default=1) or 1
+        return split_ranges(start, end, per_partition if self.o.compacted else self.o.max_rows_per_partition)
 
     def read(self, partition: QueueRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         yield from read_partition(self.o, partition)
@@ -454,4 +473,7 @@ class GatewayDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> GatewayStreamReader:
         _check_schema(schema)
-        return GatewayStreamReader(SourceOptions.parse(self.options))
+        options = SourceOptions.parse(self.options)
+        if options.compacted:
+            raise ValueError('option("compacted", "latest") is for batch reads (spark.read)')
+        return GatewayStreamReader(options)

@@ -20,7 +20,11 @@ Two streaming queries read the topic, each with its own checkpoint under `--chec
   10) readings. Flagged readings are written to Parquet `<out>/anomalies/batch=<id>` (a replayed
   micro-batch overwrites its own directory) and, with `--anomaly-topic`, published back to the
   gateway as CloudEvents (id `<topic>/<queue>/<offset>`, so a replay is recognisable), which MQTT
-  subscribers of that topic receive.
+  subscribers of that topic receive. The state of each device a micro-batch changed (with the next
+  offset per queue it includes) is also published to a compacted topic (`--state-topic`, default
+  `<group or topic>-state`; key = device id): a job started with an empty checkpoint loads it
+  (latest per device, `compacted=latest`) instead of starting from zero, and skips the readings the
+  loaded state already includes.
 
 `--once` processes what is stored now (Trigger.AvailableNow) and exits; `--continuous` runs
 micro-batches every `--trigger-interval` until Ctrl-C / SIGTERM. With `--group`, the anomaly query
@@ -30,12 +34,14 @@ commits the group's offsets after each micro-batch, and a new checkpoint starts 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
 import re
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -81,12 +87,19 @@ class TelemetryJob:
     group: str | None = None
     starting_offsets: str | None = None
     max_messages_per_trigger: int | None = None
+    state_topic: str | None = None  # None: `<group or topic>-state`
+    keep_state: bool = True  # publish the anomaly state to state_topic and restore it from there
     quiet: bool = False
-    stats: dict[str, int] = field(default_factory=lambda: {"anomalies": 0, "published": 0})
+    stats: dict[str, int] = field(default_factory=lambda: {"anomalies": 0, "published": 0, "states": 0})
 
     @property
     def checkpoint_dir(self) -> str:
         return self.checkpoint or f"{self.out.rstrip('/')}/_checkpoints"
+
+    @property
+    def state_topic_name(self) -> str:
+        """The compacted topic holding the per-device anomaly state."""
+        return self.state_topic or f"{self.group or self.topic}-state"
 
     # ------------------------------------------------------------------ inputs
     def _source(self, spark: SparkSession, commit: bool) -> DataFrame:
@@ -164,11 +177,14 @@ class TelemetryJob:
         """Start the running z-score query (applyInPandasWithState, foreachBatch sink)."""
         from pyspark.sql.streaming.state import GroupStateTimeout
 
+        initial = self.restored_state(spark)
+        if initial:
+            self._say(f"[anomalies] state of {len(initial)} device(s) restored from {self.state_topic_name}")
         r = self.readings(self._source(spark, commit=True))
         scored = r.groupBy("device_id").applyInPandasWithState(
-            _scorer(self.threshold, self.min_samples),
-            ANOMALY_SCHEMA,
-            "n long, mean double, m2 double",
+            _scorer(self.topic, self.threshold, self.min_samples, initial),
+            SCORED_SCHEMA,
+            STATE_SCHEMA,
             "append",
             GroupStateTimeout.NoTimeout,
         )
@@ -179,15 +195,49 @@ class TelemetryJob:
         )
         return self._trigger(w).start()
 
+    def restored_state(self, spark: SparkSession) -> dict[str, DeviceState]:
+        """The per-device state to start from: the state topic's latest per device when the anomaly
+        checkpoint has no committed micro-batch (a new or deleted checkpoint), else nothing (Spark's
+        state store has it)."""
+        if not self.keep_state or _has_commits(spark, f"{self.checkpoint_dir}/anomalies"):
+            return {}
+        from .client import ReadClient
+
+        if ReadClient(self.gateway).topic(self.state_topic_name) is None:
+            return {}
+        bodies = (
+            spark.read.format("gateway")
+            .option("url", self.gateway)
+            .option("topic", self.state_topic_name)
+            .option("compacted", "latest")
+            .load()
+            .select("body")
+            .collect()
+        )
+        return parse_states(self.topic, (bytes(r.body) for r in bodies))
+
     def _trigger(self, w: Any) -> Any:
         return w.trigger(availableNow=True) if self.once else w.trigger(processingTime=self.trigger_interval)
 
     def _anomaly_batch(self, df: DataFrame, batch_id: int) -> None:
-        """foreachBatch sink of the anomaly query: Parquet, then the CloudEvents (if configured)."""
-        rows = df.collect()  # flagged readings only: few
-        if not rows:
-            return
-        df.sparkSession.createDataFrame(rows, ANOMALY_SCHEMA).write.mode("overwrite").parquet(
+        """foreachBatch sink of the anomaly query: the flagged readings, then the state of each
+        device the micro-batch changed to the state topic."""
+        rows = df.collect()  # flagged readings and one state row per changed device: few
+        states = [r.state for r in rows if r.state is not None]
+        rows = [r for r in rows if r.state is None]
+        if rows:
+            self._flagged(df.sparkSession, rows, batch_id)
+        if states and self.keep_state:
+            from .client import ReadClient
+
+            ReadClient(self.gateway).publish_events(
+                self.state_topic_name, [self.state_event(json.loads(s)) for s in states]
+            )
+            self.stats["states"] += len(states)
+
+    def _flagged(self, spark: SparkSession, rows: list[Any], batch_id: int) -> None:
+        """Flagged readings of a micro-batch: Parquet, then the CloudEvents (if configured)."""
+        spark.createDataFrame([tuple(r)[:-1] for r in rows], ANOMALY_SCHEMA).write.mode("overwrite").parquet(
             f"{self.out.rstrip('/')}/anomalies/batch={batch_id}"
         )
         self.stats["anomalies"] += len(rows)
@@ -230,6 +280,21 @@ class TelemetryJob:
             },
         }
 
+    def state_event(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The CloudEvent carrying one device's state to the state topic: the CloudEvents
+        partitioning extension `partitionkey` is the device id (the compaction key)."""
+        device = state["device_id"]
+        return {
+            "specversion": "1.0",
+            "id": f"{self.topic}/{device}/{state['n']}",
+            "source": f"/gateway/analytics/telemetry/{self.topic}",
+            "type": "gateway.analytics.telemetry.state",
+            "subject": f"{self.state_topic_name}/{device}",
+            "partitionkey": device,
+            "datacontenttype": "application/json",
+            "data": state,
+        }
+
     # ------------------------------------------------------------------ running
     def _say(self, text: str) -> None:
         if not self.quiet:
@@ -238,10 +303,20 @@ class TelemetryJob:
     def run(self, spark: SparkSession, stop: threading.Event | None = None) -> int:
         """Run both queries (until done with --once, else until `stop` is set); 0 when they
         ended cleanly, 1 when one failed."""
-        if self.anomaly_topic:
-            from .client import ReadClient
+        from .client import ReadClient
 
+        if self.anomaly_topic:
             ReadClient(self.gateway).ensure_topic(self.anomaly_topic)
+        if self.keep_state:
+            # one queue: CloudEvents carry no store key, so the gateway does not place a device's
+            # records in one queue by key; with one queue its latest record is well defined
+            t = ReadClient(self.gateway).ensure_topic(self.state_topic_name, compacted=True, queues=1)
+            if not t.get("compacted"):
+                print(
+                    f"gateway analytics: state topic {self.state_topic_name} is not compacted: it keeps "
+                    "every state record (create it with --compacted)",
+                    file=sys.stderr,
+                )
         mode = "once (availableNow)" if self.once else f"continuous, every {self.trigger_interval}"
         self._say(
             f"telemetry job on {self.gateway} topic {self.topic}: window {self.window}, watermark "
@@ -291,22 +366,86 @@ ANOMALY_SCHEMA = (
     "device_id string, path string, event_time timestamp, value double, z double, mean double, "
     "stddev double, n long, queue int, offset long, message_id string"
 )
+# What the scorer emits: flagged readings (state null) and, per device it changed, one row with the
+# state as JSON (its other columns: the device's last reading of the micro-batch).
+SCORED_SCHEMA = ANOMALY_SCHEMA + ", state string"
+# Spark's state per device: Welford's n, mean, M2, and {"<queue>": next offset} of the readings included.
+STATE_SCHEMA = "n long, mean double, m2 double, offsets string"
+DeviceState = tuple[int, float, float, str]  # a STATE_SCHEMA row
 
 
-def _scorer(threshold: float, min_samples: int) -> Any:
+def parse_states(topic: str, bodies: Iterable[bytes]) -> dict[str, DeviceState]:
+    """Device id -> state from state-topic bodies (JSON of `_state_json`) of the job on `topic`; when
+    a device has several (a topic not compacted yet, or one read across queues) the one with most
+    readings wins. Bodies of other topics' jobs or that do not parse are ignored."""
+    out: dict[str, DeviceState] = {}
+    for body in bodies:
+        try:
+            s = json.loads(body)
+            if s.get("topic") != topic:
+                continue
+            state = (int(s["n"]), float(s["mean"]), float(s["m2"]), json.dumps(s.get("offsets") or {}))
+            device = str(s["device_id"])
+        except (ValueError, TypeError, KeyError, AttributeError):
+            continue
+        if device not in out or state[0] > out[device][0]:
+            out[device] = state
+    return out
+
+
+def _state_json(topic: str, device: str, n: int, mean: float, m2: float, offsets: dict[int, int]) -> str:
+    """The body of a state-topic record (and the `state` column of the scorer's state rows)."""
+    return json.dumps(
+        {
+            "device_id": device,
+            "topic": topic,
+            "n": n,
+            "mean": mean,
+            "m2": m2,
+            "offsets": {str(q): o for q, o in sorted(offsets.items())},
+        }
+    )
+
+
+def _has_commits(spark: SparkSession, checkpoint: str) -> bool:
+    """Whether the streaming checkpoint at `checkpoint` has a committed micro-batch (on any file
+    system Spark's Hadoop configuration reaches; the local file system without a JVM gateway)."""
+    try:
+        jvm = spark._jvm  # type: ignore[attr-defined]
+        path = jvm.org.apache.hadoop.fs.Path(f"{checkpoint}/commits")
+        fs = path.getFileSystem(spark._jsc.hadoopConfiguration())  # type: ignore[attr-defined]
+        if not fs.exists(path):
+            return False
+        return any(not st.getPath().getName().startswith(".") for st in fs.listStatus(path))
+    except AttributeError:  # Spark Connect: no JVM here
+        commits = os.path.join(checkpoint.removeprefix("file:"), "commits")
+        return os.path.isdir(commits) and any(not n.startswith(".") for n in os.listdir(commits))
+
+
+def _scorer(topic: str, threshold: float, min_samples: int, initial: dict[str, DeviceState]) -> Any:
     """The applyInPandasWithState function: running z-score per device (plain values only, so that
-    it pickles to executors)."""
+    it pickles to executors). A device without Spark state starts from `initial` (restored from the
+    state topic) and skips readings at offsets that state already includes."""
 
     def score(key: tuple[str], pdfs: Iterator[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
         import pandas as pd
 
-        n, mean, m2 = state.get if state.exists else (0, 0.0, 0.0)
+        device = key[0]
+        n, mean, m2, offsets = state.get if state.exists else initial.get(device, (0, 0.0, 0.0, "{}"))
         frames = [p for p in pdfs if len(p)]
         if not frames:
             return
+        included = {int(q): int(o) for q, o in json.loads(offsets).items()}
+        nxt = dict(included)
         pdf = pd.concat(frames).sort_values(["event_time", "queue", "offset"], kind="stable")
         out = []
+        last = None
         for row in pdf.itertuples(index=False):
+            q, off = int(row.queue), int(row.offset)
+            if off < included.get(q, 0):
+                continue  # already in the restored state
+            last = row
+            nxt[q] = max(nxt.get(q, 0), off + 1)
             x = float(row.value)
             if n >= min_samples and n > 1:
                 std = math.sqrt(m2 / (n - 1))
@@ -326,13 +465,32 @@ def _scorer(threshold: float, min_samples: int) -> Any:
                                 row.queue,
                                 row.offset,
                                 row.message_id,
+                                None,
                             )
                         )
             n += 1
             d = x - mean
             mean += d / n
             m2 += d * (x - mean)
-        state.update((n, mean, m2))
+        state.update((n, mean, m2, json.dumps({str(q): o for q, o in sorted(nxt.items())})))
+        if last is not None:
+            std = math.sqrt(m2 / (n - 1)) if n > 1 else 0.0
+            out.append(
+                (
+                    device,
+                    last.path,
+                    last.event_time,
+                    float(last.value),
+                    0.0,
+                    mean,
+                    std,
+                    n,
+                    last.queue,
+                    last.offset,
+                    last.message_id,
+                    _state_json(topic, device, n, mean, m2, nxt),
+                )
+            )
         cols = [
             "device_id",
             "path",
@@ -345,6 +503,7 @@ def _scorer(threshold: float, min_samples: int) -> Any:
             "queue",
             "offset",
             "message_id",
+            "state",
         ]
         yield pd.DataFrame(out, columns=cols)
 
@@ -397,4 +556,4 @@ def main(job: TelemetryJob, master: str | None = None, conf: dict[str, str] | No
             spark.stop()
 
 
-__all__ = ["ANOMALY_SCHEMA", "TelemetryJob", "interval", "main"]
+__all__ = ["ANOMALY_SCHEMA", "STATE_SCHEMA", "TelemetryJob", "interval", "main", "parse_states"]

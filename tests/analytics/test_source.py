@@ -12,6 +12,7 @@ import pytest
 
 from analytics.functions import device_id, parse_json_body
 from analytics.source import SourceOptions, cap_offsets, commit_last_batch, resolve_offsets, split_ranges
+from messaging_processor import ClientContext, Message
 from tests.analytics.support import Reading, T, publish_cloudevents, publish_mqtt
 
 T0 = 1_700_000_040  # a minute boundary
@@ -122,6 +123,35 @@ def test_offset_options_and_path_filter(spark, gateway, fleet):
     assert source(spark, gateway, "fleet", maxRowsPerPartition="7").rdd.getNumPartitions() > 4
     with pytest.raises(Exception, match="unknown option"):
         source(spark, gateway, "fleet", startingOffset="earliest").count()
+
+
+def test_compacted_read_returns_one_row_per_key(spark, gateway):
+    """A compacted topic read with compacted=latest is a table: the latest value of each key, keys
+    whose latest record is a tombstone (empty body) left out, whatever compaction has done yet."""
+    made = httpx.post(
+        f"{gateway.url}/admin/topics", json={"name": "table1", "queues": 2, "compacted": True}, timeout=T
+    )
+    assert made.status_code == 201 and made.json()["compacted"] is True, made.text
+    latest: dict[str, bytes] = {}
+    msgs = []
+    for version in range(4):  # keys k0..k5, 4 versions each; one key one queue, as the store places them
+        for k in range(6):
+            body = b"" if (k, version) in {(3, 3), (4, 1)} else f"k{k}-v{version}".encode()
+            msgs.append(Message("table1", body, keys=(f"k{k}",), queue_id=k % 2))
+            latest[f"k{k}"] = body
+    msgs.append(Message("table1", b"m-v0", properties={"mqtt.topic": "table1/m"}, queue_id=0))
+    msgs.append(Message("table1", b"m-v1", properties={"mqtt.topic": "table1/m"}, queue_id=0))
+    msgs.append(Message("table1", b"no key", queue_id=1))
+    latest["table1/m"] = b"m-v1"
+    for m in msgs:  # one by one: several batches and (fetchSize 5) several range requests per queue
+        gateway.call(gateway.processor.send(ClientContext("http"), [m]))
+    assert latest["k3"] == b"" and latest["k4"] == b"k4-v3"  # k3 deleted; k4 deleted, then set again
+
+    rows = source(spark, gateway, "table1", compacted="latest", fetchSize="5").collect()
+    got = {(r["keys"][0] if r["keys"] else r.properties["mqtt.topic"]): bytes(r.body) for r in rows}
+    assert len(rows) == len(got)  # one row per key
+    assert got == {k: v for k, v in latest.items() if v}
+    assert source(spark, gateway, "table1").count() == len(msgs)  # without the option: every record
 
 
 def test_offset_helpers():

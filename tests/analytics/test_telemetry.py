@@ -1,7 +1,8 @@
 """`gateway analytics telemetry` (analytics/telemetry.py) end to end: devices publish telemetry over
 MQTT and HTTP CloudEvents, the job runs with availableNow (`--once`) through the gateway CLI, its
 window aggregates and anomalies are compared with a reference computed here, anomaly events reach an
-MQTT subscriber, and a restart from the checkpoint processes only the messages published since."""
+MQTT subscriber, and a restart from the checkpoint processes only the messages published since; a
+restart with a deleted checkpoint resumes the anomaly state from the compacted state topic."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import math
 import random
 import re
+import shutil
 import statistics
 from collections import defaultdict
 
@@ -192,3 +194,59 @@ def test_cli_flags():
         build_parser().parse_args(["analytics", "telemetry", "--topic", "t", "--window", "soon"])
     job = TelemetryJob(topic="t", gateway="http://gw", out="/o")
     assert job.checkpoint_dir == "/o/_checkpoints"
+    assert job.state_topic_name == "t-state" and job.keep_state
+    assert TelemetryJob(topic="t", gateway="g", out="/o", group="g1").state_topic_name == "g1-state"
+    args = build_parser().parse_args(["analytics", "telemetry", "--topic", "t", "--state-topic", "s"])
+    assert (args.state_topic, args.no_state_topic) == ("s", False)
+    off = build_parser().parse_args(["analytics", "telemetry", "--topic", "t", "--no-state-topic"])
+    assert off.no_state_topic and off.state_topic is None
+
+
+def test_anomaly_state_resumes_from_the_state_topic_with_a_new_checkpoint(spark, gateway, tmp_path):
+    """The job keeps its per-device state in a compacted topic too: run it, delete its checkpoint,
+    run it again over everything (startingOffsets earliest): the counts and means continue from the
+    state topic, and readings the restored state already holds are not counted (or flagged) again."""
+    gateway.call(gateway.processor.create_topic("tele2", 4))
+    rnd = random.Random(11)
+    made = {d: [reading(d, s, rnd) for s in range(60)] for d in ("d1", "h1")}
+    steps = {d: [Reading("tele2" + r.path[4:], r.ts, r.value) for r in rs] for d, rs in made.items()}
+    assert expected_anomalies(steps) == {("d1", T0 + 150, 35.0), ("h1", T0 + 125, 5.0)}  # as meant
+
+    def run(phase: range, out: str) -> TelemetryJob:
+        publish_mqtt(gateway.mqtt_port, [steps["d1"][s] for s in phase], client_id="tele2-pub")
+        publish_cloudevents(gateway.url, "tele2", [steps["h1"][s] for s in phase], prefix=f"t2-{phase.start}")
+        job = TelemetryJob(
+            topic="tele2", gateway=gateway.url, out=out, checkpoint=str(tmp_path / "cp"), once=True,
+            threshold=THRESHOLD, min_samples=MIN_SAMPLES, quiet=True,
+        )  # fmt: skip
+        assert job.run(spark) == 0
+        return job
+
+    def flagged(out: str) -> set[tuple[str, float, float, int]]:
+        rows = spark.read.parquet(f"{out}/anomalies").collect()
+        return {(r.device_id, r.event_time.timestamp(), r.value, r.n) for r in rows}
+
+    def states() -> list[tuple[str, int]]:
+        df = spark.read.format("gateway").option("url", gateway.url).option("topic", "tele2-state")
+        bodies = [json.loads(bytes(r.body)) for r in df.option("compacted", "latest").load().collect()]
+        return sorted((b["device_id"], b["n"]) for b in bodies)
+
+    first = run(range(0, 30), str(tmp_path / "out1"))
+    assert first.state_topic_name == "tele2-state" and first.stats["states"] == 2
+    assert httpx.get(f"{gateway.url}/admin/topics/tele2-state", timeout=T).json()["compacted"] is True
+    assert flagged(str(tmp_path / "out1")) == {("h1", T0 + 125, 5.0, 25)}
+    assert states() == [("d1", 30), ("h1", 30)]
+
+    shutil.rmtree(tmp_path / "cp")
+    second = run(range(30, 60), str(tmp_path / "out2"))
+    # d1's spike is the 31st reading: scored against the 30 before it (restored), not against none;
+    # h1's spike (step 25) is in the restored state and not flagged again
+    got = flagged(str(tmp_path / "out2"))
+    assert {a[:3] for a in got} == {("d1", T0 + 150, 35.0)} and {a[3] for a in got} == {30}
+    d1 = spark.read.parquet(f"{tmp_path}/out2/anomalies").collect()[0]
+    before = [r.value for r in steps["d1"][:30]]
+    assert d1.mean == pytest.approx(statistics.fmean(before), abs=1e-9)
+    assert d1.stddev == pytest.approx(statistics.stdev(before), abs=1e-9)
+    assert second.stats["states"] == 2 and states() == [("d1", 60), ("h1", 60)]
+    raw = spark.read.format("gateway").option("url", gateway.url).option("topic", "tele2-state").load()
+    assert raw.count() == 4  # not compacted yet: both runs' records, yet one row per device above
