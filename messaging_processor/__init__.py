@@ -28,6 +28,7 @@ from .model import (
 )
 from .processor import CERTIFICATE_MECHANISM, Authorizer, MessagingProcessor, allow_all
 from .registry import ClientRegistry
+from .shadows import Shadow, ShadowError, ShadowService
 from .store_client import LocalStoreClient, StoreClient
 from .validation import Limits
 
@@ -62,6 +63,9 @@ __all__ = [
     "RetryPolicy",
     "Route",
     "SendReceipt",
+    "Shadow",
+    "ShadowError",
+    "ShadowService",
     "StoreClient",
     "TopicInfo",
     "allow_all",

@@ -3,6 +3,9 @@ path (CRC32 modulo the store topic's queue count, so one path's messages keep th
 retained value written before the answer, a store refusal mapped to an MQTT reason code.
 
 Consecutive plain QoS 0/1 PUBLISHes of one read go out as one send (`publish_many`, the hot path).
+A PUBLISH to `T/K/shadow/update` or `T/K/shadow/get` of a compacted topic T is a device shadow
+request (messaging_processor/shadows.py): served, not stored as such, before the PUBACK.
+
 While a root-wildcard subscription exists, a publish to a store topic without a fan-out loop starts
 one first (reading from the topic's start), so the subscription sees the new topic at once."""
 
@@ -13,6 +16,7 @@ import zlib
 from typing import TYPE_CHECKING
 
 from messaging_processor import ClientContext, ErrorKind, Message, MessagingProcessor, ProcessorError
+from messaging_processor.shadows import InvalidShadowRequest, ShadowError, ShadowService
 
 from .caps import DEFAULT_CAPS, MqttCaps
 from .codec import ReasonCode
@@ -33,6 +37,9 @@ _ERROR_REASON = {
     ErrorKind.STORE_FULL: ReasonCode.QUOTA_EXCEEDED,
     ErrorKind.TOO_MANY_REQUESTS: ReasonCode.QUOTA_EXCEEDED,
 }
+# PUBLISHes to `T/K/shadow/update` and `T/K/shadow/get` of a compacted topic T are shadow requests
+# (messaging_processor/shadows.py), served before the PUBACK instead of being stored.
+_SHADOW_OPS = ("/shadow/update", "/shadow/get")
 
 
 class Publisher:
@@ -49,6 +56,7 @@ class Publisher:
         self.fanout = fanout
         self.retained = retained
         self._queues: dict[str, int] = {}  # store topic -> queue count (per-path queue choice)
+        self.shadows = ShadowService.for_processor(processor)
 
     async def publish(self, ctx: ClientContext, msg: Message, retain: bool) -> int:
         """Store one message (and the retained value); the MQTT reason code (0 = stored)."""
@@ -59,6 +67,10 @@ class Publisher:
         ):
             log.info("mqtt %s: publish to a topic over the length or level caps refused", ctx.client_id)
             return ReasonCode.TOPIC_NAME_INVALID
+        if path.endswith(_SHADOW_OPS):
+            rc = await self._shadow_request(ctx, msg, path)
+            if rc is not None:
+                return rc
         if retain and not self.retained.admits(msg):
             log.info("mqtt %s: retained message for %s refused: retained caps reached", ctx.client_id, topic)
             return ReasonCode.QUOTA_EXCEEDED
@@ -79,6 +91,24 @@ class Publisher:
             return _ERROR_REASON.get(e.kind, ReasonCode.UNSPECIFIED_ERROR)
         except Exception:  # noqa: BLE001
             log.exception("mqtt %s: publish to %s failed", ctx.client_id, topic)
+            return ReasonCode.UNSPECIFIED_ERROR
+        return 0
+
+    async def _shadow_request(self, ctx: ClientContext, msg: Message, path: str) -> int | None:
+        """Serve a shadow request; its reason code, or None when `path` is no shadow request."""
+        try:
+            if not await self.shadows.device_request(ctx, msg.topic, path, msg.body):
+                return None
+        except ShadowError as e:  # the device got the reason on `.../rejected` too
+            log.info("mqtt %s: shadow request %s refused: %s", ctx.client_id, path, e.message)
+            if isinstance(e, InvalidShadowRequest):
+                return ReasonCode.PAYLOAD_FORMAT_INVALID
+            return ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
+        except ProcessorError as e:
+            log.info("mqtt %s: shadow request %s refused: %s", ctx.client_id, path, e)
+            return _ERROR_REASON.get(e.kind, ReasonCode.UNSPECIFIED_ERROR)
+        except Exception:  # noqa: BLE001
+            log.exception("mqtt %s: shadow request %s failed", ctx.client_id, path)
             return ReasonCode.UNSPECIFIED_ERROR
         return 0
 
@@ -105,6 +135,8 @@ class Publisher:
                 path = m.properties[P_TOPIC]
                 if (len(path) > short or path.count("/") > slashes) and not topic_ok(path):
                     raise ValueError("topic over the caps")  # answered per message below
+                if path.endswith(_SHADOW_OPS):
+                    raise ValueError("a shadow request")  # served one by one below, in order
                 topic = m.topic
                 if fanout.wild_refs and topic not in fanout.loops:
                     await fanout.ensure(topic, from_now=False)

@@ -1,5 +1,5 @@
-"""The FastAPI app of the HTTP port: health, metrics, admin and read API routes here; protocol routes
-(CloudEvents, adapters/cloudevents) are mounted as extra routers."""
+"""The FastAPI app of the HTTP port: health, metrics, admin, read API and shadow routes here;
+protocol routes (CloudEvents, adapters/cloudevents) are mounted as extra routers."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from fastapi import APIRouter, FastAPI
 from adapters.base import Adapter
 from messaging_processor import MessagingProcessor
 
-from . import admin, health, metrics, read_api, security_api
+from . import admin, health, metrics, read_api, security_api, shadows
 from .auth import AuthMiddleware
 from .errors import install_error_handlers
 
@@ -33,7 +33,7 @@ def create_app(
     `processor.security` set (auth on), requests are authenticated first (auth.py)."""
     app = FastAPI(
         title=title,
-        summary="Health, Prometheus metrics and the admin API of the messaging gateway.",
+        summary="Health, Prometheus metrics, admin, read and device shadow APIs of the messaging gateway.",
         version="0.1.0",
     )
     app.state.processor = processor
@@ -44,6 +44,7 @@ def create_app(
     app.include_router(admin.router)
     app.include_router(security_api.router)
     app.include_router(read_api.router)
+    app.include_router(shadows.router)
     for router in extra_routers:
         app.include_router(router)
     if processor.security is not None:  # auth on: every route but /healthz needs credentials
