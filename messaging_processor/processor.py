@@ -689,9 +689,28 @@ class MessagingProcessor:
             r.message_id, r.topic, r.queue_id, r.queue_offset, r.commitlog_offset, r.store_timestamp
         )
 
+    async def send_internal(
+        self, topic: str, messages: Sequence[Message], *, compacted: bool = False
+    ) -> None:
+        """Store `messages` in `topic`, a `%` topic of the gateway's own that `send` refuses to
+        producers (e.g. MQTT's retained messages); no producer, ACL or size checks: the caller
+        checked what it stores. `topic` is created first if missing (`compacted` if asked; an
+        existing one made compacted if asked); with no messages only that is done. Durable on return."""
+        if not topic.startswith("%") or any(m.topic != topic for m in messages):
+            raise ProcessorError(ErrorKind.ILLEGAL_TOPIC, f"internal sends go to one % topic, not {topic!r}")
+        with StoreCall(None, "", ""):
+            if topic not in self._known_topics:
+                t = await self.store.get_topic(topic)
+                if t is None or (compacted and not t.compacted):
+                    await self.store.create_topic(topic, t.queues if t else None, None, None, compacted)
+                    log.info("topic %s created (compacted: %s)", topic, compacted)
+                self._known_topics.add(topic)
+            if messages:
+                await self.store.append_many(list(messages))
+
     # ------------------------------------------------------------------ durable protocol metadata
-    # Adapters keep what must outlive a proxy (MQTT sessions and retained messages, AMQP
-    # declarations, webhook subscriptions) here, under a namespace of their own ("mqtt.session").
+    # Adapters keep what must outlive a proxy (MQTT sessions, AMQP declarations, webhook
+    # subscriptions) here, under a namespace of their own ("mqtt.session").
     async def kv_put(self, ns: str, key: str, value: bytes) -> None:
         """Store `value` under (ns, key); returns once durable."""
         await self.store.kv_put(ns, key, value)

@@ -32,7 +32,7 @@ from adapters.mqtt.codec import (
     encode_subscribe,
 )
 from adapters.mqtt.codec.packets import Pingresp, Puback, Pubcomp, Pubrec, Suback
-from adapters.mqtt.retained import RETAINED_NS
+from adapters.mqtt.retained import RETAINED_TOPIC
 from tests.adapters.mqtt.support import (
     CTX,
     STORE,
@@ -395,7 +395,7 @@ async def test_denied_publish_v5_gets_puback_0x87(aenv):
     raw.send(encode_publish("devices/alice/t", b"mine", 1, 4, version=5))  # the connection stays up
     ack = await raw.recv()
     assert isinstance(ack, Puback) and (ack.packet_id, ack.reason_code) == (4, 0)
-    assert await aenv.processor.kv_get(RETAINED_NS, "devices/bob/r") is None
+    assert await aenv.processor.latest(RETAINED_TOPIC, "devices/bob/r") is None
     assert await stored(aenv, "devices") == 1  # only alice's own message
     assert aenv.processor.metrics.acl_denials[("mqtt", "publish")] >= 3
     await raw.close()
@@ -455,7 +455,7 @@ async def test_denied_publish_v311_acked_and_dropped(aenv):
         m = await next_message(watcher)  # ...but nothing was stored: the first one is alice's own
         assert (str(m.topic), m.payload) == ("devices/alice/t", b"mine")
         assert await stored(aenv, "devices") == 1
-        assert await aenv.processor.kv_get(RETAINED_NS, "devices/bob/r") is None
+        assert await aenv.processor.latest(RETAINED_TOPIC, "devices/bob/r") is None
         await raw.close()
     assert aenv.processor.metrics.acl_denials[("mqtt", "publish")] >= 4
 

@@ -29,6 +29,7 @@ from adapters.mqtt.codec import (
     encode_subscribe,
 )
 from adapters.mqtt.codec.packets import Pingresp, Pubcomp, Pubrec, Suback
+from adapters.mqtt.retained import RETAINED_TOPIC
 from messaging_processor import Message
 from tests.adapters.mqtt.support import CTX, V3, V5, VERSIONS, Raw, T, next_message
 from tests.support import wait_until
@@ -338,9 +339,9 @@ async def test_retained_set_deliver_clear(env, version):
             await pub.publish("home/lamp", b"off", qos=1, retain=True)
             m = await next_message(sub)
             assert (m.payload, m.retain) == (b"off", False)
-        assert await env.processor.kv_get("mqtt.retained", "home/lamp") is not None
+        assert await env.processor.latest(RETAINED_TOPIC, "home/lamp") is not None
         await pub.publish("home/lamp", b"", qos=1, retain=True)
-        assert await env.processor.kv_get("mqtt.retained", "home/lamp") is None
+        assert await env.processor.latest(RETAINED_TOPIC, "home/lamp") is None
         async with env.client(version) as sub:
             await sub.subscribe("home/lamp", qos=1)
             await pub.publish("home/lamp", b"marker", qos=1)
