@@ -27,15 +27,19 @@ Written by hand: the store's own files; no library keeps a consume queue's compa
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import json
 import logging
+import multiprocessing
 import os
 import shutil
 import struct
 import time
 import zlib
 from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 from . import codec
@@ -114,17 +118,23 @@ class CompactionStats:
 
 
 @dataclass(slots=True)
-class _Plan:
-    """A compaction of one queue, prepared in the event loop for the IO thread."""
+class _Job:
+    """A compaction of one queue, prepared in the event loop for the worker (picklable: it runs in
+    a process of its own, `compact_queue`)."""
 
-    cq: ConsumeQueue
+    label: str  # topic/queue, for logs
     directory: str
-    old: CompactedRange | None
-    old_live: list[tuple[int, int, int, int, int]]  # (offset, pos, size, th, ts) kept so far
-    new_entries: bytes  # the queue's own entries for [old upto, upto)
-    start: int  # old upto (or the queue's min offset)
+    gen: int  # the generation to write
+    old_gen: int | None  # the current one
+    old_base: int
+    old_upto: int
+    new_entries: bytes  # the queue's own entries for [start, upto)
+    start: int
     upto: int
-    gen: int
+    segments: list[tuple[int, str]]  # (base, path) of the commit log segments
+    now: int
+    keep_ms: int
+    duty: float
 
 
 class _KeyMap:
@@ -161,6 +171,7 @@ class Compactor:
         self._keys: dict[tuple[str, int], _KeyMap] = {}
         self.lock = asyncio.Lock()
         self.last = CompactionStats()
+        self._pool: ProcessPoolExecutor | None = None  # the compaction worker, started on first use
         commitlog.compacted_read = self.read
 
     # ------------------------------------------------------------------ opening
@@ -212,6 +223,9 @@ class Compactor:
         for rng in self.slots.values():
             rng.close()
         self.slots.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
 
     # ------------------------------------------------------------------ retention's guard
     def uncompacted_floor(self) -> int | None:
@@ -240,21 +254,38 @@ class Compactor:
                 if not tc.compacted:
                     continue
                 for cq in list(self.catalog.queues(tc.name)):
-                    plan = self._plan(cq, now)
-                    if plan is None:
+                    job = self._plan(cq, now)
+                    if job is None:
                         continue
-                    current = await self.run_io(self._compact, plan, now, stats)
+                    current, done = await self._run_job(job)
+                    for f in ("records_in", "records_kept", "bytes_in", "bytes_kept"):
+                        setattr(stats, f, getattr(stats, f) + done[f])
                     if self.catalog.topic_configs.get(tc.name) is not tc:
                         continue  # deleted (or recreated) meanwhile
-                    self._install(cq, plan.directory, current)
+                    self._install(cq, job.directory, current)
                     stats.queues += 1
         stats.seconds = time.perf_counter() - t0
         self.last = stats
         return stats
 
-    def _plan(self, cq: ConsumeQueue, now: int) -> _Plan | None:
-        """Loop: what the IO thread compacts of `cq`: its generation plus its entries in closed
-        segments that are in the queue file (the in-memory ones go there with the next checkpoint)."""
+    async def _run_job(self, job: _Job) -> tuple[dict, dict]:
+        """A queue's compaction, in the worker process (or on the IO thread without one)."""
+        if not self.config.compaction_process:
+            return await self.run_io(compact_queue, job)
+        loop = asyncio.get_running_loop()
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(
+                1, mp_context=multiprocessing.get_context("spawn"), initializer=_die_with_parent
+            )
+        try:
+            return await loop.run_in_executor(self._pool, compact_queue, job)
+        except BrokenProcessPool:
+            self._pool = None  # a new worker next time
+            raise
+
+    def _plan(self, cq: ConsumeQueue, now: int) -> _Job | None:
+        """Loop: what to compact of `cq`: its generation plus its entries in closed segments that
+        are in the queue file (the in-memory ones go there with the next checkpoint)."""
         seg = self.commitlog.segment_size
         active = self.commitlog.write_pos - self.commitlog.write_pos % seg
         start = max(cq.compacted_upto, cq.min_offset)
@@ -266,92 +297,22 @@ class Compactor:
         if upto == start and (old is None or old.tombstone_ts is None or now - old.tombstone_ts <= keep_ms):
             return None  # nothing new, and no tombstone to remove
         new_entries = os.pread(cq.fd, (upto - start) * ENTRY_SIZE, (start - cq.base) * ENTRY_SIZE)
-        old_live: list[tuple[int, int, int, int, int]] = []
-        if old is not None:
-            for i in range(old.base, old.upto, _READ_CHUNK):
-                end = min(i + _READ_CHUNK, old.upto)
-                data = os.pread(old.map_fd, (end - i) * ENTRY_SIZE, (i - old.base) * ENTRY_SIZE)
-                for k, (pos, size, th, ts) in enumerate(ENTRY.iter_unpack(data)):
-                    if size:
-                        old_live.append((i + k, pos, size, th, ts))
         directory = os.path.join(self.root, cq.topic, str(cq.queue_id))
-        gen = old.gen + 1 if old is not None else 1
-        return _Plan(cq, directory, old, old_live, new_entries, start, upto, gen)
-
-    def _compact(self, plan: _Plan, now: int, stats: CompactionStats) -> dict:
-        """IO thread: write generation `plan.gen` and make it current; returns what CURRENT says."""
-        os.makedirs(plan.directory, exist_ok=True)
-        # every candidate, oldest first, read twice (for its key, then to copy it if kept) rather
-        # than held in memory: (offset, record reader, th, ts, key)
-        candidates: list[tuple[int, _Source, int, int, str | None]] = []
-        latest: dict[str, int] = {}
-        old = plan.old
-        pace = _Pace(self.config.compaction_duty)
-        for offset, pos, size, th, ts in plan.old_live:
-            pace.tick()
-            src = _Source(old.log_fd, pos, size)
-            candidates.append((offset, src, th, ts, _key_of(src.read())))
-        cl = self.commitlog
-        for k, (clo, size, th, ts) in enumerate(ENTRY.iter_unpack(plan.new_entries)):
-            pace.tick()
-            seg = cl.segment_for(clo)
-            src = _Source(seg.fd if seg is not None else -1, clo - (seg.base if seg else 0), size)
-            try:
-                data = src.read()
-                codec.check(data, 0, len(data))
-            except (OSError, codec.CorruptRecord):
-                log.error(
-                    "compaction of %s/%d: unreadable record at %d", plan.cq.topic, plan.cq.queue_id, clo
-                )
-                continue
-            candidates.append((plan.start + k, src, th, ts, _key_of(data)))
-        for offset, _src, _th, _ts, key in candidates:
-            if key is not None:
-                latest[key] = offset
-        keep_ms = self.config.tombstone_retention_ms
-        gen = plan.gen
-        base = None
-        next_offset = plan.upto
-        pos = 0
-        tombstone_ts: int | None = None
-        with (
-            _SyncedFile(os.path.join(plan.directory, f"gen-{gen}.log")) as out_log,
-            _SyncedFile(os.path.join(plan.directory, f"gen-{gen}.map")) as out_map,
-        ):
-            for offset, src, th, ts, key in candidates:
-                pace.tick()
-                stats.records_in += 1
-                stats.bytes_in += src.size
-                if key is not None:
-                    if latest[key] != offset:
-                        continue  # a newer record of the key
-                    data = src.read()
-                    if _is_tombstone(data):
-                        if now - ts > keep_ms:
-                            continue  # a tombstone past its retention: the key is gone
-                        tombstone_ts = ts if tombstone_ts is None else min(tombstone_ts, ts)
-                else:
-                    data = src.read()
-                if base is None:
-                    base = next_offset = offset
-                # removed ones: size 0, at the position of the next kept one (entries stay in order)
-                out_map.write(ENTRY.pack(pos, 0, 0, 0) * (offset - next_offset))
-                out_map.write(ENTRY.pack(pos, len(data), th, ts))
-                out_log.write(data)
-                pos += len(data)
-                next_offset = offset + 1
-                stats.records_kept += 1
-                stats.bytes_kept += len(data)
-            if base is None:
-                base = next_offset = plan.upto
-            out_map.write(ENTRY.pack(pos, 0, 0, 0) * (plan.upto - next_offset))
-        current = {"gen": gen, "base": base, "upto": plan.upto, "tombstone_ts": tombstone_ts}
-        _write_current(plan.directory, current)
-        if old is not None:
-            for ext in ("log", "map"):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(plan.directory, f"gen-{old.gen}.{ext}"))
-        return current
+        return _Job(
+            label=f"{cq.topic}/{cq.queue_id}",
+            directory=directory,
+            gen=old.gen + 1 if old is not None else 1,
+            old_gen=old.gen if old is not None else None,
+            old_base=old.base if old is not None else 0,
+            old_upto=old.upto if old is not None else 0,
+            new_entries=new_entries,
+            start=start,
+            upto=upto,
+            segments=[(sg.base, sg.path) for sg in self.commitlog.segments()],
+            now=now,
+            keep_ms=keep_ms,
+            duty=self.config.compaction_duty,
+        )
 
     def drop_topic(self, topic: str) -> None:
         """A deleted topic: forget its generations (their files go at the next open)."""
@@ -410,6 +371,117 @@ class Compactor:
                     km.latest[key] = chunk + i
         km.seen = max(km.seen, end)
         return km
+
+
+def compact_queue(job: _Job) -> tuple[dict, dict]:
+    """Write generation `job.gen` of a queue from the current one and the new entries' records,
+    and make it current (CURRENT replaced atomically). Runs in the compaction worker process (or
+    the store's IO thread); returns (what CURRENT says, counts)."""
+    os.makedirs(job.directory, exist_ok=True)
+    stats = {"records_in": 0, "records_kept": 0, "bytes_in": 0, "bytes_kept": 0}
+    pace = _Pace(job.duty)
+    fds: list[int] = []
+
+    def opened(path: str) -> int:
+        fd = os.open(path, os.O_RDONLY)
+        fds.append(fd)
+        return fd
+
+    try:
+        # every candidate, oldest first, read twice (for its key, then to copy it if kept) rather
+        # than held in memory: (offset, record reader, th, ts, key)
+        candidates: list[tuple[int, _Source, int, int, str | None]] = []
+        if job.old_gen is not None:
+            log_fd = opened(os.path.join(job.directory, f"gen-{job.old_gen}.log"))
+            map_fd = opened(os.path.join(job.directory, f"gen-{job.old_gen}.map"))
+            for i in range(job.old_base, job.old_upto, _READ_CHUNK):
+                end = min(i + _READ_CHUNK, job.old_upto)
+                data = os.pread(map_fd, (end - i) * ENTRY_SIZE, (i - job.old_base) * ENTRY_SIZE)
+                for k, (pos, size, th, ts) in enumerate(ENTRY.iter_unpack(data)):
+                    if size:
+                        pace.tick()
+                        src = _Source(log_fd, pos, size)
+                        candidates.append((i + k, src, th, ts, _key_of(src.read())))
+        bases = [b for b, _p in job.segments]
+        seg_fds: dict[int, int] = {}
+        for k, (clo, size, th, ts) in enumerate(ENTRY.iter_unpack(job.new_entries)):
+            pace.tick()
+            n = bisect.bisect(bases, clo) - 1
+            try:
+                if n < 0:
+                    raise OSError("segment deleted")
+                base, path = job.segments[n]
+                fd = seg_fds.get(base)
+                if fd is None:
+                    fd = seg_fds[base] = opened(path)
+                src = _Source(fd, clo - base, size)
+                data = src.read()
+                codec.check(data, 0, len(data))
+            except (OSError, codec.CorruptRecord) as e:
+                log.error("compaction of %s: unreadable record at %d: %s", job.label, clo, e)
+                continue
+            candidates.append((job.start + k, src, th, ts, _key_of(data)))
+        latest: dict[str, int] = {}
+        for offset, _src, _th, _ts, key in candidates:
+            if key is not None:
+                latest[key] = offset
+        base_offset = None
+        next_offset = job.upto
+        pos = 0
+        tombstone_ts: int | None = None
+        with (
+            _SyncedFile(os.path.join(job.directory, f"gen-{job.gen}.log")) as out_log,
+            _SyncedFile(os.path.join(job.directory, f"gen-{job.gen}.map")) as out_map,
+        ):
+            for offset, src, th, ts, key in candidates:
+                pace.tick()
+                stats["records_in"] += 1
+                stats["bytes_in"] += src.size
+                if key is not None:
+                    if latest[key] != offset:
+                        continue  # a newer record of the key
+                    data = src.read()
+                    if _is_tombstone(data):
+                        if job.now - ts > job.keep_ms:
+                            continue  # a tombstone past its retention: the key is gone
+                        tombstone_ts = ts if tombstone_ts is None else min(tombstone_ts, ts)
+                else:
+                    data = src.read()
+                if base_offset is None:
+                    base_offset = next_offset = offset
+                # removed ones: size 0, at the position of the next kept one (entries stay in order)
+                out_map.write(ENTRY.pack(pos, 0, 0, 0) * (offset - next_offset))
+                out_map.write(ENTRY.pack(pos, len(data), th, ts))
+                out_log.write(data)
+                pos += len(data)
+                next_offset = offset + 1
+                stats["records_kept"] += 1
+                stats["bytes_kept"] += len(data)
+            if base_offset is None:
+                base_offset = next_offset = job.upto
+            out_map.write(ENTRY.pack(pos, 0, 0, 0) * (job.upto - next_offset))
+    finally:
+        for fd in fds:
+            os.close(fd)
+    current = {"gen": job.gen, "base": base_offset, "upto": job.upto, "tombstone_ts": tombstone_ts}
+    _write_current(job.directory, current)
+    if job.old_gen is not None:
+        for ext in ("log", "map"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(job.directory, f"gen-{job.old_gen}.{ext}"))
+    return current, stats
+
+
+def _die_with_parent() -> None:
+    """Compaction worker: killed with the store's process (a kill -9 of the store must not leave
+    a worker switching generations under the next store to open the directory)."""
+    import ctypes
+    import signal
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() == 1:  # the parent died before the line above
+        os._exit(1)
 
 
 def _chunks(start: int, end: int) -> Iterator[int]:

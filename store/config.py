@@ -73,7 +73,10 @@ class StoreConfig:
     # the latest record of its key, and how often compaction runs over closed segments
     tombstone_retention_ms: int = 24 * 3600 * 1000
     compaction_interval_ms: int = 30_000
-    compaction_duty: float = 0.5  # at most this fraction of the time spent compacting (the rest asleep)
+    # compaction runs in a worker process of its own (False: on the store's IO thread, where its
+    # Python code shares the event loop's GIL); at most `compaction_duty` of the time (the rest asleep)
+    compaction_process: bool = True
+    compaction_duty: float = 1.0
 
     def __post_init__(self) -> None:
         if self.flush not in ("sync", "async"):

@@ -2,7 +2,8 @@
 values each, acknowledged before it says FILLED), then compacts over and over, printing COMPACTING
 before each pass, until it is killed. With `pause` as third argument, each pass prints SWITCHING
 once its new generation is written and waits a second before making it current (a kill then lands
-between the two, every time)."""
+between the two, every time; compaction then runs in this process, where the hook is); without it,
+compaction runs in its worker process, which must die with this one."""
 
 from __future__ import annotations
 
@@ -22,8 +23,15 @@ def value(key: int, rnd: int) -> bytes:
     return b"%d:%d:" % (key, rnd) + b"v" * 120
 
 
-async def main(data_dir: str, fill: bool) -> None:
-    store = await Store.open(StoreConfig(data_dir=data_dir, segment_size=SEG, compaction_interval_ms=10**9))
+async def main(data_dir: str, fill: bool, in_process: bool) -> None:
+    store = await Store.open(
+        StoreConfig(
+            data_dir=data_dir,
+            segment_size=SEG,
+            compaction_interval_ms=10**9,
+            compaction_process=not in_process,  # (the pause hook below lives in this process)
+        )
+    )
     if fill:
         store.create_topic(TOPIC, queues=4, compacted=True)
         for rnd in range(ROUNDS):
@@ -57,6 +65,7 @@ def _pausing(write_current):
 
 
 if __name__ == "__main__":
-    if sys.argv[3:] == ["pause"]:
+    pause = sys.argv[3:] == ["pause"]
+    if pause:
         compaction._write_current = _pausing(compaction._write_current)
-    asyncio.run(main(sys.argv[1], sys.argv[2] == "fill"))
+    asyncio.run(main(sys.argv[1], sys.argv[2] == "fill", pause))

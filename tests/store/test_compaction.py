@@ -113,6 +113,7 @@ async def test_kill_9_during_compaction_leaves_a_whole_generation(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     rng = random.Random(27)
     kills_during = 0
+    seen_worker = False
     for rnd in range(6):
         pause = rnd % 2 == 1  # odd rounds: killed between writing a generation and switching to it
         args = [*child, "fill" if rnd == 0 else "more"] + (["pause"] if pause else [])
@@ -126,9 +127,18 @@ async def test_kill_9_during_compaction_leaves_a_whole_generation(tmp_path):
             if not pause and word == b"COMPACTING" and (rounds >= 1 or rnd == 0):
                 time.sleep(rng.uniform(0, 0.04))  # somewhere inside the pass (tens of milliseconds)
                 break
+        workers = _children(proc.pid)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         kills_during += 1
+        # the compaction worker process dies with the store's (it would otherwise go on switching
+        # generations under the next store)
+        deadline = time.monotonic() + 5
+        while any(os.path.exists(f"/proc/{w}") and _state(w) != "Z" for w in workers):
+            assert time.monotonic() < deadline, f"compaction worker(s) {workers} outlived the store"
+            time.sleep(0.02)
+        if not pause:
+            seen_worker = seen_worker or bool(workers)
         if pause:  # a whole new generation was written but never made current
             assert any(
                 n.startswith("gen-") and f"gen-{_current(data, q)}." not in n
@@ -160,6 +170,7 @@ async def test_kill_9_during_compaction_leaves_a_whole_generation(tmp_path):
         finally:
             await store.close()
     assert kills_during == 6
+    assert seen_worker  # the rounds without the pause hook compacted in the worker process
 
 
 def _current(data: str, q: int) -> int | None:
@@ -170,3 +181,19 @@ def _current(data: str, q: int) -> int | None:
             return json.load(f)["gen"]
     except FileNotFoundError:
         return None
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            out += [int(c) for c in f.read().split()]
+    return out
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "X"
