@@ -276,16 +276,10 @@ class Appender:
         cq = qs[qid]
         next_id = self.ids.next
         encode = codec.encode
-        head = codec.HEAD.pack
-        prefix = codec.PREFIX.pack
-        magic = codec.MAGIC_MESSAGE
-        crc32 = _crc32
         entry = ENTRY.pack
         id32 = ID32.pack
         index_entry = MessageIndex.encode
         th_of = entry_hash
-        tb = topic.encode()
-        lt = len(tb)
         cl = self.commitlog
         seg_size = self.seg_size
         limit = min(BATCH_MAX_BYTES, seg_size - codec.MIN_RECORD)
@@ -322,36 +316,8 @@ class Appender:
                     mid = msg.message_id or next_id()
                     mb = mid.encode()
                     keys = msg.keys
-                    if msg.tag or keys or msg.properties or msg.born_host or msg.message_group:
-                        rec = encode(msg, qid, qoff, now, mid, msg.born_timestamp or now)
-                        th = th_of(msg)
-                    else:  # the common case, codec.encode inlined: no optional field
-                        body = msg.body
-                        payload = (
-                            head(
-                                magic,
-                                msg.msg_type,
-                                0,
-                                qid,
-                                qoff,
-                                now,
-                                msg.born_timestamp or now,
-                                msg.deliver_at,
-                                lt,
-                                0,
-                                0,
-                                0,
-                                len(mb),
-                                0,
-                                0,
-                                len(body),
-                            )
-                            + tb
-                            + mb
-                            + body
-                        )
-                        rec = prefix(len(payload) + 8, crc32(payload)) + payload
-                        th = 0
+                    rec = encode(msg, qid, qoff, now, mid, msg.born_timestamp or now)
+                    th = th_of(msg)
                     size = len(rec)
                     if total + size > limit:
                         if parts:

@@ -147,3 +147,27 @@ async def test_mixed_topics_and_held_messages_fall_back_to_one_record_each(make_
     await store.append_many([Message("t", b"a"), Message("u", b"b"), Message("t", b"c")])
     assert store.metrics.get("batch_records", 0) == 0
     assert [m for _o, m in _records(store)] == [codec.MAGIC_MESSAGE] * 3
+
+
+async def test_plain_batches_cross_segments_and_reopen_whole(make_store, tmp_path):
+    """Messages without optional fields take the lean path (entries packed at once): still whole
+    across segment ends, reopen, and lookups by id."""
+    data = str(tmp_path / "data")
+    store = await make_store(data_dir=data, segment_size=SEG)
+    store.create_topic("t", queues=2)
+    sent = []
+    for j in range(40):
+        sent += list(await store.append_many([Message("t", bytes([j]) * 700) for _ in range(64)]))
+    assert store.metrics["batch_records"] >= 40
+    assert len({r.message_id for r in sent}) == len(sent)
+    await store.close()
+    store = await make_store(data_dir=data, segment_size=SEG)
+    for r in sent[::61]:
+        (m,) = store.read("t", r.queue_id, r.queue_offset, r.queue_offset + 1)
+        assert (m.message_id, m.commitlog_offset, m.body[:1]) == (
+            r.message_id,
+            r.commitlog_offset,
+            m.body[:1],
+        )
+        assert store.get_by_id(r.message_id)[0].queue_offset == r.queue_offset
+    assert sum(store.max_offset("t", q) for q in range(2)) == len(sent)
