@@ -238,3 +238,38 @@ async def test_4x_messages_reach_the_official_grpc_client_with_the_same_ids(gw_g
     )
     assert {e["uniqKey"] for e in received(seen)} == {g["id"] for g in got}
     assert len(a_sent) == 2
+
+
+@needs_alions
+async def test_a_new_4x_consumer_reads_a_compacted_topic_from_its_current_state(tmp_path):
+    """A compacted topic through a real 4.x push consumer (ali-ons): a new group gets the latest
+    value of each key (what compaction kept), then the changes made after."""
+    from messaging_processor import Message
+
+    e = await open_env(str(tmp_path / "data"), queues=2, store_kw={"segment_size": 1 << 20})
+    try:
+        p = e.processor
+        await p.create_topic("states", 2, None, None, compacted=True)
+        for version in range(5):
+            await p.send(
+                CTX, [Message("states", b"k%d@%d" % (k, version), keys=(f"k{k}",)) for k in range(3)]
+            )
+        for _ in range(4):  # close the segment: compaction covers closed segments
+            await p.send(CTX, [Message("filler", b"f" * 300_000)], auto_create=True)
+        stats = await p.compact()
+        assert (stats.records_in, stats.records_kept) == (15, 3)
+        got = await run(
+            "alions",
+            "consume",
+            *ns(e),
+            "--topic",
+            "states",
+            "--group",
+            "g-new",
+            "--expect",
+            "3",
+            home=tmp_path / "h",
+        )
+        assert sorted(ev["body"] for ev in received(got)) == ["k0@4", "k1@4", "k2@4"]
+    finally:
+        await close_env(e)
