@@ -357,9 +357,20 @@ async def test_compacted_topic_latest_values_across_nodes(env):
     t = await c.create_topic("shadows", 2, None, None, compacted=True)
     assert t.compacted
     assert all(n.store.topic("shadows").compacted for n in env.nodes.values())
+    last = 0
+
+    async def next_millisecond() -> None:
+        # Across nodes the newest record of a key is the one with the latest store time (in
+        # milliseconds): each version is stored at least a millisecond after the previous one.
+        while time.time_ns() // 1_000_000 <= last:
+            await asyncio.sleep(0.001)
+
     for version in range(3):
+        await next_millisecond()
         for k in range(6):  # over both nodes (sends spread over the queues of every node)
-            await c.append(Message("shadows", b"%d@%d" % (k, version), keys=(f"k{k}",)))
+            r = await c.append(Message("shadows", b"%d@%d" % (k, version), keys=(f"k{k}",)))
+            last = max(last, r.store_timestamp)
+    await next_millisecond()
     await c.append(Message("shadows", b"", keys=("k5",)))  # a tombstone: newer than k5's values
     latest = await c.latest("shadows", "k2")
     assert latest is not None and latest.body == b"2@2"
