@@ -354,31 +354,22 @@ class Appender:
                         entries.append(entry(at, r.size, th_of(msg), now))
                         idx.append(index_entry(r.message_id, msg.keys, at))
                         keyed.append((r.message_id, msg.keys, at))
-                inner = b"".join(parts)
-                data = filler + codec.encode_batch_head(inner, len(parts)) + inner
                 cq.next_offset = qoff
                 last = out[-1]
-                whole = _new_tuple(
-                    AppendResult, (last.message_id, topic, qid, last.queue_offset, clo, total, now)
-                )
                 recs.append(
-                    _new_tuple(
-                        Record,
-                        (
-                            clo - len(filler),
-                            data,
-                            cq,
-                            b"".join(entries),
-                            b"".join(idx),
-                            fut if i == n else self.done,
-                            whole,
-                            [mids, poss, keyed],  # (a list: on_readable knows a batch by it)
-                            hashes,
-                        ),
+                    self._batch_record(
+                        cq,
+                        parts,
+                        filler,
+                        clo,
+                        (last.message_id, last.queue_offset, total, now),
+                        b"".join(entries),
+                        b"".join(idx),
+                        fut if i == n else self.done,
+                        [mids, poss, keyed],
+                        hashes,
                     )
                 )
-                self.metrics["appends"] += len(parts) - 1  # (on_durable counts one per record)
-                self.metrics["batch_records"] = self.metrics.get("batch_records", 0) + 1
         finally:
             if recs:
                 self.writer.put(recs)
@@ -478,31 +469,48 @@ class Appender:
         entries = _packer(ENTRY, count).pack(
             *chain.from_iterable(zip(map(clo.__add__, poss), sizes, repeat(0), repeat(now)))
         )
-        inner = b"".join(parts)
-        data = filler + codec.encode_batch_head(inner, count) + inner
         cq.next_offset = qoff
         results = _BatchResults(mids or [k[0] for k in keyed], topic, qid, qoff0, clo, poss, sizes, now)
         out.append(results)  # (place_batch flattens them unless there is only this one)
-        whole = _new_tuple(AppendResult, (results.ids[-1], topic, qid, qoff - 1, clo, rel, now))
         recs.append(
-            _new_tuple(
-                Record,
-                (
-                    clo - len(filler),
-                    data,
-                    cq,
-                    entries,
-                    idx,
-                    fut if i == n else self.done,
-                    whole,
-                    [mids, at, keyed],
-                    {0},
-                ),
+            self._batch_record(
+                cq,
+                parts,
+                filler,
+                clo,
+                (results.ids[-1], qoff - 1, rel, now),
+                entries,
+                idx,
+                fut if i == n else self.done,
+                [mids, at, keyed],
+                {0},
             )
         )
-        self.metrics["appends"] += count - 1  # (on_durable counts one per record)
-        self.metrics["batch_records"] = self.metrics.get("batch_records", 0) + 1
         return i
+
+    def _batch_record(
+        self,
+        cq: ConsumeQueue,
+        parts: list[bytes],
+        filler: bytes,
+        clo: int,
+        last: tuple[str, int, int, int],
+        entries: bytes,
+        idx: bytes,
+        fut: asyncio.Future,
+        ids: list,
+        hashes: set[int],
+    ) -> Record:
+        """The writer's record of one batch record at `clo` holding `parts` (after `filler`, the
+        padding of the previous segment): `last` is (last message id, last queue offset, size,
+        store time); `ids` what `on_readable` indexes ([ids, positions, keyed])."""
+        inner = b"".join(parts)
+        data = filler + codec.encode_batch_head(inner, len(parts)) + inner
+        mid, qoff, size, now = last
+        whole = _new_tuple(AppendResult, (mid, cq.topic, cq.queue_id, qoff, clo, size, now))
+        self.metrics["appends"] += len(parts) - 1  # (on_durable counts one per record)
+        self.metrics["batch_records"] = self.metrics.get("batch_records", 0) + 1
+        return _new_tuple(Record, (clo - len(filler), data, cq, entries, idx, fut, whole, ids, hashes))
 
     def on_readable(self, recs: list[Record]) -> None:
         """Loop: a batch is written to the page cache: make it readable and index it. Under the
