@@ -40,6 +40,7 @@ from remoting.client import RemotingClient, RemotingClientError
 from remoting.cluster_auth import ClusterAuth
 from store import Store, StoreError
 from store.epochs import divergence
+from store.errors import TieredRangeNotCached
 
 log = logging.getLogger("cluster.replication")
 
@@ -150,7 +151,7 @@ class Primary:
                 ResponseCode.SYSTEM_ERROR, f"start {start} is beyond the log end {store.log_end}"
             )
         try:
-            data = store.read_log_chunk(start, max_bytes) if start < store.log_end else b""
+            data = await _read_chunk(store, start, max_bytes) if start < store.log_end else b""
         except KeyError:  # retention deleted it (the replica re-aligns and finds out it is behind)
             return cmd.response(
                 ResponseCode.SYSTEM_ERROR,
@@ -160,6 +161,17 @@ class Primary:
         return cmd.response(
             ResponseCode.SUCCESS, None, {"end": store.log_end, "start": store.log_start}, data
         )
+
+
+async def _read_chunk(store: Store, start: int, max_bytes: int) -> bytes:
+    """`store.read_log_chunk`, fetching a tiered range from object storage when it is not cached
+    (a replica far behind catches up through the primary's tier cache)."""
+    for _ in range(8):  # (a chunk lies in one segment: a few blocks)
+        try:
+            return store.read_log_chunk(start, max_bytes)
+        except TieredRangeNotCached as miss:
+            await store.fetch_tiered(miss)
+    return store.read_log_chunk(start, max_bytes)
 
 
 async def connect_primary(

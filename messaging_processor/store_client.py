@@ -5,7 +5,7 @@ the processor and the adapters above it do not know which one they run on."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from store import (
     ALL,
@@ -19,7 +19,12 @@ from store import (
     Store,
     TopicConfig,
 )
+from store.errors import TieredRangeNotCached, TieredStorageUnavailable
 from store.raw_range import RawRange, read_range
+
+MAX_TIER_FETCHES = 3  # misses of a range a read already fetched before it gives up
+
+T = TypeVar("T")
 
 
 class StoreClient(Protocol):
@@ -48,6 +53,7 @@ class StoreClient(Protocol):
         retention_bytes: int | None,
         compacted: bool = False,
     ) -> TopicConfig: ...
+    async def resize_topic(self, name: str, queues: int) -> TopicConfig: ...
     async def delete_topic(self, name: str) -> None: ...
     async def list_topics(self) -> list[TopicConfig]: ...
     async def get_group(self, name: str) -> GroupConfig | None: ...
@@ -109,6 +115,25 @@ class LocalStoreClient:
     ) -> list[PoppedMessage]:
         return await self.store.pop(group, topic, max_messages, invisible_time_ms, filter, wait_ms)
 
+    async def _tiered(self, fn: Callable[..., T], *args: object) -> T:
+        """`fn(*args)`, a synchronous read of the store; a read of a tiered range that is not cached
+        fetches it from object storage and reads again. TieredStorageUnavailable when that fails, or
+        when ranges this read fetched keep being evicted (its span does not fit tier_cache_bytes)."""
+        fetched: set[int] = set()
+        again = 0
+        while True:
+            try:
+                return fn(*args)
+            except TieredRangeNotCached as miss:
+                if miss.offset in fetched:
+                    again += 1
+                    if again >= MAX_TIER_FETCHES:
+                        raise TieredStorageUnavailable(
+                            f"tiered range {miss.offset} keeps leaving the cache: read less at a time"
+                        ) from None
+                fetched.add(miss.offset)
+                await self.store.fetch_tiered(miss)
+
     async def ack(self, handle: str) -> None:
         self.store.ack(handle)
 
@@ -139,6 +164,9 @@ class LocalStoreClient:
         compacted: bool = False,
     ) -> TopicConfig:
         return self.store.create_topic(name, queues, retention_ms, retention_bytes, compacted)
+
+    async def resize_topic(self, name: str, queues: int) -> TopicConfig:
+        return self.store.resize_topic(name, queues)
 
     async def delete_topic(self, name: str) -> None:
         self.store.delete_topic(name)
@@ -178,12 +206,12 @@ class LocalStoreClient:
         max_messages: int = 32,
         filter: Filter = ALL,
     ) -> list[Message]:
-        return self.store.read(topic, queue_id, start, end, max_messages, filter)
+        return await self._tiered(self.store.read, topic, queue_id, start, end, max_messages, filter)
 
     async def read_raw(
         self, topic: str, queue_id: int, start: int, end: int, max_records: int, max_bytes: int
     ) -> RawRange:
-        return read_range(self.store, topic, queue_id, start, end, max_records, max_bytes)
+        return await self._tiered(read_range, self.store, topic, queue_id, start, end, max_records, max_bytes)
 
     async def search_offset(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         return self.store.search_offset(topic, queue_id, timestamp_ms)
@@ -201,19 +229,19 @@ class LocalStoreClient:
         return self.store.inflight_count(group, topic)
 
     async def get_by_id(self, message_id: str) -> list[Message]:
-        return self.store.get_by_id(message_id)
+        return await self._tiered(self.store.get_by_id, message_id)
 
     async def latest(self, topic: str, key: str, tombstones: bool = False) -> Message | None:
-        return self.store.latest(topic, key, tombstones)
+        return await self._tiered(self.store.latest, topic, key, tombstones)
 
     async def latest_items(self, topic: str, tombstones: bool = False) -> list[Message]:
-        return self.store.latest_items(topic, tombstones)
+        return await self._tiered(self.store.latest_items, topic, tombstones)
 
     async def compact(self) -> CompactionStats:
         return await self.store.compact()
 
     async def get_message(self, commitlog_offset: int) -> Message:
-        return self.store.get_message(commitlog_offset)
+        return await self._tiered(self.store.get_message, commitlog_offset)
 
     async def kv_put(self, ns: str, key: str, value: bytes) -> None:
         await self.store.kv.put(ns, key, value)

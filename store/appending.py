@@ -196,11 +196,13 @@ class Appender:
                         qid = zlib.crc32(msg.message_group.encode()) % len(qs)
                     elif compacted and topic in compacted and (key := compaction_key(msg)) is not None:
                         qid = key_queue(key, len(qs))  # a key's records stay in one queue
+                    elif (ps := msg.properties) and (path := ps.get(PATH_PROPERTY)) is not None:
+                        qid = _crc32(path.encode()) % len(qs)  # one queue per MQTT path: its order
                     else:
-                        qid = rr.get(topic, 0)
+                        qid = rr.get(topic, 0) % len(qs)  # (% : the topic may have shrunk)
                         rr[topic] = (qid + 1) % len(qs)
                 elif qid >= len(qs):
-                    raise ValueError(f"topic {topic} has no queue {qid}")
+                    qid = self._writable(topic, qid, len(qs))
                 cq = qs[qid]
                 mid = msg.message_id or next_id()
                 qoff = cq.next_offset
@@ -255,6 +257,14 @@ class Appender:
                 self.writer.put(recs)
         return out
 
+    def _writable(self, topic: str, qid: int, writable: int) -> int:
+        """The queue a message sent to queue `qid` goes to: a sealed queue's (a client's route
+        from before a shrink) goes to `qid % writable`, as RocketMQ's broker maps a queue id past
+        its write queues; past every queue it is an error."""
+        if qid < self.catalog.topic(topic).readable:
+            return qid % writable
+        raise ValueError(f"topic {topic} has no queue {qid}")
+
     def place_batch(self, msgs: Sequence[Message], now: int, fut: asyncio.Future) -> Sequence[AppendResult]:
         """Store messages of one topic and queue as batch records (codec.py): one commit log record
         per up to `BATCH_MAX_BYTES` of them instead of one each. Every message keeps its queue
@@ -269,10 +279,10 @@ class Appender:
             if first.message_group:
                 qid = zlib.crc32(first.message_group.encode()) % len(qs)
             else:
-                qid = self.rr.get(topic, 0)
+                qid = self.rr.get(topic, 0) % len(qs)
                 self.rr[topic] = (qid + 1) % len(qs)
         elif qid >= len(qs):
-            raise ValueError(f"topic {topic} has no queue {qid}")
+            qid = self._writable(topic, qid, len(qs))
         cq = qs[qid]
         next_id = self.ids.next
         encode = codec.encode
@@ -662,13 +672,15 @@ class _BatchResults:
 
 def _one_queue(msgs: Sequence[Message], compacted: set[str]) -> bool:
     """Whether the messages can share batch records: one topic (not a system one) and one queue
-    choice (the same `queue_id` and message group), not a compacted one (its records go to their
+    choice (the same `queue_id` and message group, no MQTT path), not a compacted one (its records go to their
     key's queue). (Held messages, delayed or transactional, never get here: `append_many` sends those
     one record each.)"""
     first = msgs[0]
     topic, qid, group = first.topic, first.queue_id, first.message_group
     if topic[0] == "%" or topic in compacted:
         return False
+    if qid < 0 and not group and any(m.properties and PATH_PROPERTY in m.properties for m in msgs):
+        return False  # each MQTT path goes to its own queue (`place`)
     return all(m.topic == topic and m.queue_id == qid and m.message_group == group for m in msgs)
 
 

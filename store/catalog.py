@@ -4,6 +4,7 @@ topic, opened on first use. Topics (system ones always) and groups are created o
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from .config import GroupConfig, Metadata, RetryPolicy, StoreConfig, TopicConfig, check_name
 from .consumequeue import ConsumeQueue
@@ -19,8 +20,10 @@ class Catalog:
         self.cqs: dict[tuple[str, int], ConsumeQueue] = {}
         # the compacted topics (the append path routes their records by key: compaction.py)
         self.compacted: set[str] = {n for n, t in self.topic_configs.items() if t.compacted}
-        # a topic's queues, by queue id (the append path reads it directly: keep the same dict)
+        # a topic's writable queues, by queue id (the append path reads it directly: keep the same
+        # dict), and its readable ones (those plus the sealed ones: pops read it directly)
         self.topic_queues: dict[str, list[ConsumeQueue]] = {}
+        self.readable_queues: dict[str, list[ConsumeQueue]] = {}
 
     def create_topic(
         self,
@@ -30,18 +33,67 @@ class Catalog:
         retention_bytes: int | None = None,
         compacted: bool = False,
     ) -> TopicConfig:
+        """Create a topic or change its settings; more queues than it has grow it (`resize`),
+        fewer are ignored (a shrink is `resize`'s explicit decision)."""
         check_name("topic", name)
         t = TopicConfig(name, queues or self.config.default_queues, retention_ms, retention_bytes, compacted)
-        if not 1 <= t.queues <= 1024:
-            raise ValueError("a topic has 1 to 1024 queues")
+        _check_count(t.queues)
         old = self.topic_configs.get(name)
-        if old is not None and old.queues > t.queues:
-            t.queues = old.queues  # queues are never removed while they may hold messages
+        if old is not None:
+            t.queues, t.read_queues, t.epochs = old.queues, old.read_queues, old.epochs
         self.topic_configs[name] = t
+        if old is not None and queues is not None and queues > old.queues:
+            return self.resize(name, queues)
         self.meta.save_topic(t)
-        self.topic_queues.pop(name, None)
+        self._forget_lists(name)
         self._note_compacted(t)
         return t
+
+    def resize(self, name: str, queues: int) -> TopicConfig:
+        """Logic queues: `queues` take new messages from now on, without moving any. Queues a
+        shrink leaves out are sealed (readable until retention empties them, `trim_sealed`);
+        queues a growth brings back continue their offsets. The change is recorded as an epoch (old count, end
+        offset of each old queue) so that a message group's later messages wait for its earlier
+        ones in its previous queue (popping.py)."""
+        _check_count(queues)
+        t = self.topic_configs.get(name)
+        if t is None:
+            raise TopicNotFound(name)
+        if queues == t.queues:
+            return t
+        if t.compacted:
+            raise ValueError(
+                f"topic {name} is compacted: its queue count is fixed (a key's records stay in one queue)"
+            )
+        ends = [self.cq(name, q).next_offset for q in range(max(t.readable, queues))]
+        t.epochs = [*t.epochs, [t.queues, ends]]
+        t.read_queues = max(t.readable, queues)
+        t.queues = queues
+        self.meta.save_topic(t)
+        self._forget_lists(name)
+        return t
+
+    def trim_sealed(self, name: str, drained: Callable[[ConsumeQueue], bool]) -> bool:
+        """Stop listing sealed queues (from the last) that are `drained`; True if any went."""
+        t = self.topic_configs.get(name)
+        if t is None or t.read_queues <= t.queues:
+            return False
+        n = t.read_queues
+        while n > t.queues and drained(self.cq(name, n - 1)):
+            n -= 1
+        if n == t.read_queues:
+            return False
+        t.read_queues = n if n > t.queues else 0
+        self.meta.save_topic(t)
+        self._forget_lists(name)
+        return True
+
+    def sealed_topics(self) -> list[TopicConfig]:
+        return [t for t in self.topic_configs.values() if t.read_queues > t.queues]
+
+    def _forget_lists(self, name: str) -> None:
+        self.topic_queues.pop(name, None)
+        self.readable_queues.pop(name, None)
 
     def _note_compacted(self, t: TopicConfig) -> None:
         if t.compacted:
@@ -53,7 +105,7 @@ class Catalog:
         """Take settings as they are (a replica taking its primary's: no queue is removed there)."""
         self.topic_configs[t.name] = t
         self.meta.save_topic(t)
-        self.topic_queues.pop(t.name, None)
+        self._forget_lists(t.name)
         self._note_compacted(t)
 
     def delete_topic(self, name: str) -> None:
@@ -61,7 +113,7 @@ class Catalog:
             raise TopicNotFound(name)
         del self.topic_configs[name]
         self.meta.delete_topic(name)
-        self.topic_queues.pop(name, None)
+        self._forget_lists(name)
         self.compacted.discard(name)
 
     def topics(self) -> list[TopicConfig]:
@@ -112,18 +164,31 @@ class Catalog:
         return cq
 
     def queues(self, topic: str) -> list[ConsumeQueue]:
-        """A topic's queues (the topic is created on demand, see `topic`)."""
+        """A topic's writable queues (the topic is created on demand, see `topic`)."""
         qs = self.topic_queues.get(topic)
         if qs is None:
             n = self.topic(topic).queues
             qs = self.topic_queues[topic] = [self.cq(topic, i) for i in range(n)]
         return qs
 
+    def readable(self, topic: str) -> list[ConsumeQueue]:
+        """A topic's queues that may hold messages: the writable ones, then the sealed ones."""
+        qs = self.readable_queues.get(topic)
+        if qs is None:
+            n = self.topic(topic).readable
+            qs = self.readable_queues[topic] = [self.cq(topic, i) for i in range(n)]
+        return qs
+
     def queue(self, topic: str, queue_id: int) -> ConsumeQueue:
-        """One queue of an existing topic."""
+        """One queue (writable or sealed) of an existing topic."""
         if topic not in self.topic_configs:
             raise TopicNotFound(topic)
-        qs = self.queues(topic)
+        qs = self.readable(topic)
         if not 0 <= queue_id < len(qs):
             raise ValueError(f"topic {topic} has no queue {queue_id}")
         return qs[queue_id]
+
+
+def _check_count(queues: int) -> None:
+    if not 1 <= queues <= 1024:
+        raise ValueError("a topic has 1 to 1024 queues")

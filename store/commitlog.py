@@ -4,7 +4,9 @@ A segment is named by the 20-digit commit log offset of its first byte. The stor
 in the event loop (`reserve`) and writes whole batches at once (`write_batch`, group commit).
 Segments are zero-filled ahead of use: on ext4 an fdatasync of an overwrite in place is far
 cheaper than one that extends a file. Reads go through each segment's memory map; `read_message`
-reads and checks one record (every consumer's read of a message comes here).
+reads and checks one record (every consumer's read of a message comes here). With tiered storage
+(tiering.py) the oldest closed segments live in object storage: `min_offset` still counts them,
+`local_min_offset` is where the local files start, and reads below it go to the tier's cache.
 """
 
 from __future__ import annotations
@@ -18,9 +20,13 @@ import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from . import codec
 from .message import Message
+
+if TYPE_CHECKING:
+    from .tiering import TieredLog
 
 # Offsets from here address records a compacted topic's compaction kept (store/compaction.py); `read`
 # hands them to `compacted_read`.
@@ -68,6 +74,9 @@ class CommitLog:
         self._lock = threading.Lock()  # guards the segment list (loop, allocator, io thread)
         self._prealloc_thread: threading.Thread | None = None
         self._last_read: Segment | None = None  # the segment of the latest read (most reads hit it)
+        # tiering.py: the segments below the local ones that are in object storage (None: tiering off)
+        self.tier: TieredLog | None = None
+        self._tier_bases: list[int] = []
         for name in sorted(os.listdir(directory)):
             if name.isdigit() and len(name) == 20:
                 self._add(int(name), create=False)
@@ -147,8 +156,34 @@ class CommitLog:
 
     @property
     def min_offset(self) -> int:
+        """The lowest readable offset: of the oldest tiered segment, else of the oldest local one."""
+        with self._lock:
+            if self._tier_bases:
+                return self._tier_bases[0]
+            return self._segments[0].base if self._segments else self.write_pos
+
+    @property
+    def local_min_offset(self) -> int:
+        """The lowest offset in a local segment file."""
         with self._lock:
             return self._segments[0].base if self._segments else self.write_pos
+
+    def attach_tier(self, tier: TieredLog, bases: list[int]) -> None:
+        """Reads below the local segments go to `tier` (object storage), which holds `bases`."""
+        self.tier = tier
+        self.set_tiered(bases)
+
+    def set_tiered(self, bases: list[int]) -> None:
+        """The (sorted) bases of the tiered segments, after an upload or retention."""
+        with self._lock:
+            self._tier_bases = list(bases)
+
+    def drop_local(self, base: int) -> None:
+        """Delete the local file of segment `base` (tiered and verified); no-op when gone."""
+        seg = self.segment_for(base)
+        if seg is not None and seg.base == base:
+            self._drop(seg)
+            _fsync_dir(self.dir)
 
     def segments(self) -> list[Segment]:
         with self._lock:
@@ -234,6 +269,8 @@ class CommitLog:
             if offset >= COMPACT_BASE:
                 return self.compacted_read(offset, size)
             seg = self._last_read = self.segment_for(offset)
+            if seg is None and self.tier is not None:
+                return self.tier.read(offset, size)  # below the local range: object storage
         if seg is None or offset + size > seg.base + self.segment_size:
             raise KeyError(f"commit log offset {offset} is not stored")
         mm = seg.mm
@@ -242,12 +279,15 @@ class CommitLog:
                 mm = seg.mm = mmap.mmap(seg.fd, self.segment_size, access=mmap.ACCESS_READ)
             pos = offset - seg.base
             return mm[pos : pos + size]
-        except (ValueError, OSError):  # the segment was dropped (retention) meanwhile
+        except (ValueError, OSError):  # the segment was dropped (retention, tiering) meanwhile
+            if self.tier is not None and self.tier.has(offset):
+                return self.tier.read(offset, size)
             raise KeyError(f"commit log offset {offset} is not stored") from None
 
     def read_message(self, clo: int, size: int) -> Message | None:
         """The message of the record at `clo`; None (and a log line) if it is no longer stored or
-        does not check out (length, magic, CRC32)."""
+        does not check out (length, magic, CRC32). TieredRangeNotCached passes through: the record
+        exists (fetch it and read again)."""
         try:
             return codec.decode_checked(self.read(clo, size), clo)
         except (KeyError, codec.CorruptRecord) as e:

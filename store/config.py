@@ -35,6 +35,17 @@ class TopicConfig:
     retention_ms: int | None = None  # None: the store default
     retention_bytes: int | None = None  # None: no size limit
     compacted: bool = False  # the latest record per key wins (compaction.py)
+    # logic queues (docs/store.md): `queues` take new messages; queues [queues, read_queues) were
+    # left out by a shrink and stay readable (sealed) until retention empties them; 0: `queues`
+    read_queues: int = 0
+    # one [old queue count, [end offset of each old queue]] per change of `queues`: a message
+    # group's (or MQTT path's) messages after a change wait for its previous queue (popping.py)
+    epochs: list = field(default_factory=list)
+
+    @property
+    def readable(self) -> int:
+        """Queues that may hold messages: the writable ones plus the sealed ones."""
+        return max(self.queues, self.read_queues)
 
 
 @dataclass(slots=True)
@@ -77,6 +88,18 @@ class StoreConfig:
     # Python code shares the event loop's GIL); at most `compaction_duty` of the time (the rest asleep)
     compaction_process: bool = True
     compaction_duty: float = 1.0
+    # tiered storage (tiering.py): closed segments go to this S3-compatible endpoint ("": off) and
+    # bucket under `tier_prefix`, once their newest record is `tier_after_ms` old or, when
+    # `tier_after_bytes` is set (instead), once beyond the newest that many bytes of local segments
+    tier_endpoint: str = ""
+    tier_bucket: str = ""
+    tier_prefix: str = ""
+    tier_after_ms: int = 24 * 3600 * 1000
+    tier_after_bytes: int | None = None
+    tier_cache_bytes: int = 256 * 1024 * 1024  # local cache of tiered blocks read back
+    tier_interval_ms: int = 5000  # how often a tiering pass runs
+    tier_part_size: int = 8 * 1024 * 1024  # multipart part size (S3: at least 5 MiB but the last)
+    tier_timeout_ms: int = 10_000  # read timeout of one object store request (connect: 2 s at most)
 
     def __post_init__(self) -> None:
         if self.flush not in ("sync", "async"):
@@ -85,6 +108,10 @@ class StoreConfig:
             raise ValueError("fsync_method must be 'auto', 'aio' or 'helper'")
         if self.disk_free_limit_bytes < 0 or not 0.0 <= self.disk_free_limit_ratio < 1.0:
             raise ValueError("disk_free_limit_bytes must be >= 0 and disk_free_limit_ratio in [0, 1)")
+        if self.tier_endpoint and not self.tier_bucket:
+            raise ValueError("tier_bucket is required when tier_endpoint is set")
+        if self.tier_part_size < 1 or self.tier_interval_ms < 1 or self.tier_timeout_ms < 1:
+            raise ValueError("tier_part_size, tier_interval_ms and tier_timeout_ms must be positive")
 
 
 def check_name(kind: str, name: str) -> None:

@@ -25,3 +25,18 @@ class MessageTooLarge(StoreError):
 
 class TransactionNotFound(StoreError):
     pass
+
+
+class TieredRangeNotCached(StoreError):
+    """A read below the local commit log range whose bytes are in object storage but not in the
+    local cache: `await Store.fetch_tiered(exc)` and read again. Not a KeyError on purpose: the
+    record exists, and a reader that took it for "no longer stored" would skip (lose) it."""
+
+    def __init__(self, offset: int, size: int) -> None:
+        super().__init__(f"commit log range {offset}+{size} is tiered and not cached")
+        self.offset = offset
+        self.size = size
+
+
+class TieredStorageUnavailable(StoreError):
+    """The object store holding tiered segments did not answer (or failed) in time."""

@@ -2,7 +2,9 @@
 acked or their invisible time ends (then handed out again, and after `max_attempts` moved to the
 group's DLQ); `ack`, `change_invisible_time`, `nack`, `forward_to_dlq` act on a receipt handle.
 FIFO message groups hold their queue while in flight. Long polling: pops wait in `LongPolling`
-until a matching append, an ack or invisible time change, or a retry deadline."""
+until a matching append, an ack or invisible time change, or a retry deadline. A record in a
+tiered segment that is not cached (TieredRangeNotCached) ends a scan with what was handed out so
+far; with nothing handed out, the pop fetches the range (`fetch_tiered`) and scans again."""
 
 from __future__ import annotations
 
@@ -10,18 +12,21 @@ import asyncio
 import heapq
 import logging
 import time
-from collections.abc import Callable
+import zlib
+from collections.abc import Awaitable, Callable
 from time import time_ns
 
 from .catalog import Catalog
 from .config import DLQ_PREFIX, GroupConfig
 from .consumequeue import ConsumeQueue
 from .consumer import ConsumerProgress, GroupTopic, Inflight, QueueProgress
-from .errors import InvalidReceiptHandle, StoreError
+from .errors import InvalidReceiptHandle, StoreError, TieredRangeNotCached, TieredStorageUnavailable
 from .filters import ALL, Filter
-from .message import AppendResult, Message, PoppedMessage, copy_with, now_ms
+from .message import PATH_PROPERTY, AppendResult, Message, PoppedMessage, copy_with, now_ms
 
 log = logging.getLogger("store")
+
+MAX_TIER_FETCHES = 8  # a pop's fetches of one tiered range before it gives up (fetched blocks are cached)
 
 PROP_ORIGIN_TOPIC = "ORIGIN_TOPIC"
 PROP_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
@@ -109,13 +114,15 @@ class Popper:
         metrics: dict[str, int],
     ) -> None:
         self.catalog = catalog
-        self.topic_queues = catalog.topic_queues  # read directly on the hot path, as the append path does
+        self.topic_queues = catalog.readable_queues  # read directly on the hot path, as appends do
         self.progress = progress
         self.read_message = read_message
         self.submit = submit
         self.polls = polls
         self.metrics = metrics
         self.closed = False
+        # tiered storage: brings a missed range into the cache (Store.fetch_tiered)
+        self.fetch_tiered: Callable[[TieredRangeNotCached], Awaitable[None]] | None = None
 
     async def pop(
         self,
@@ -136,8 +143,17 @@ class Popper:
         gconf = self.catalog.group(group)
         self.catalog.topic(topic, create=False)
         give_up = time.monotonic() + wait_ms / 1000
+        last_miss, same = -1, 0
         while True:
-            out, dlq = self._pop_now(gconf, topic, max_messages, invisible_time_ms, filter)
+            try:
+                out, dlq = self._pop_now(gconf, topic, max_messages, invisible_time_ms, filter)
+            except TieredRangeNotCached as miss:  # nothing handed out: fetch the range, scan again
+                same = same + 1 if miss.offset == last_miss else 0
+                last_miss = miss.offset
+                if self.fetch_tiered is None or same >= MAX_TIER_FETCHES:
+                    raise TieredStorageUnavailable(f"tiered range {miss.offset} not cached") from None
+                await self.fetch_tiered(miss)
+                continue
             for st, qid, offset, msg in dlq:
                 try:
                     await self._to_dlq(gconf.name, st, qid, offset, msg, "max attempts reached")
@@ -174,7 +190,13 @@ class Popper:
                 progress.done(st, qid, offset)  # deleted by retention
                 continue
             clo, size, _th, _ts = cq.entry(offset)
-            msg = self.read_message(clo, size)
+            try:
+                msg = self.read_message(clo, size)
+            except TieredRangeNotCached:
+                heapq.heappush(heap, (deadline, seq, qid, offset))  # (still due: taken next time)
+                if out or dlq:
+                    return out, dlq
+                raise
             if msg is None:
                 progress.done(st, qid, offset)
                 continue
@@ -191,7 +213,7 @@ class Popper:
             self.metrics["redeliveries"] += 1
         # 2. new messages, round robin over queues
         if len(out) < max_n:
-            qs = self.topic_queues.get(topic) or self.catalog.queues(topic)
+            qs = self.topic_queues.get(topic) or self.catalog.readable(topic)
             hashes = f.hashes
             n = len(qs)
             start = st.rr % n
@@ -204,7 +226,13 @@ class Popper:
                 q = queues.get(cq.queue_id)
                 if q is not None and q.cursor >= cq.max_offset:  # (then also >= min_offset)
                     continue  # nothing new in this queue (the common case at low rates: skip the call)
-                self._pop_queue(st, q, cq, gconf.name, topic, max_n, invisible, f, hashes, now, out)
+                try:
+                    self._pop_queue(st, q, cq, gconf.name, topic, max_n, invisible, f, hashes, now, out)
+                except TieredRangeNotCached:  # (its cursor stays at the record: nothing is skipped)
+                    if out or dlq:
+                        return out, dlq  # what was handed out so far is in flight: return it
+                    st.rr -= 1  # the scan after the fetch starts at this queue again: progress
+                    raise
         return out, dlq
 
     def _pop_queue(
@@ -224,6 +252,8 @@ class Popper:
         progress = self.progress
         qid = cq.queue_id
         skip = f.skip
+        t = self.catalog.topic_configs.get(topic)
+        epochs = t.epochs if t is not None and t.epochs else None
         if q is None:
             q = st.queue(qid)
         if q.cursor < cq.min_offset:
@@ -242,12 +272,41 @@ class Popper:
                 mg = msg.message_group
                 if mg and mg in st.fifo_busy:
                     return  # FIFO: this queue waits until the group's previous message is done
+                if epochs is not None and self._held_back(st, topic, epochs, qid, offset, msg):
+                    return  # its group's (path's) earlier messages in its previous queue go first
                 inf = progress.handed_out(st, qid, offset, now + invisible, mg)
                 out.append(
                     PoppedMessage(msg, encode_handle(inf.seq, group, topic, qid, offset), inf.deadline)
                 )
                 if len(out) >= max_n:
                     return
+
+    def _held_back(
+        self, st: GroupTopic, topic: str, epochs: list, qid: int, offset: int, msg: Message
+    ) -> bool:
+        """Logic queues: whether a message must wait because its message group (else its MQTT
+        path) went to another queue before a change of the topic's queue count that it was stored
+        after, and this group has not yet done everything that queue held at the change."""
+        key = msg.message_group or (msg.properties.get(PATH_PROPERTY) if msg.properties else None)
+        if not key:
+            return False  # no order to keep across queues
+        h = zlib.crc32(key.encode())
+        readable = self.catalog.topic_configs[topic].readable
+        for old_count, ends in epochs:
+            if qid < len(ends) and offset < ends[qid]:
+                continue  # stored before this change
+            prev = h % old_count
+            if prev == qid or prev >= readable:
+                continue  # the same queue (its own order), or a sealed queue no longer listed
+            end = ends[prev]
+            pq = st.queues.get(prev)
+            if pq is not None and pq.ack_wm >= end:
+                continue
+            cq = self.catalog.cqs.get((topic, prev))
+            if cq is not None and cq.min_offset >= end:
+                continue  # retention removed what it held
+            return True
+        return False
 
     def _resolve(self, handle: str) -> tuple[GroupTopic, int, int, Inflight]:
         try:
@@ -285,11 +344,18 @@ class Popper:
         return self.change_invisible_time(handle, delay)
 
     async def forward_to_dlq(self, handle: str, reason: str = "forwarded") -> AppendResult:
-        st, qid, offset, inf = self._resolve(handle)
+        for fetches in range(MAX_TIER_FETCHES + 1):
+            st, qid, offset, inf = self._resolve(handle)
+            clo, size, _th, _ts = self.catalog.queue(st.topic, qid).entry(offset)
+            try:
+                msg = self.read_message(clo, size)
+                break
+            except TieredRangeNotCached as miss:  # an old message: read it before the handle ends
+                if self.fetch_tiered is None or fetches == MAX_TIER_FETCHES:
+                    raise TieredStorageUnavailable(f"tiered range {miss.offset} not cached") from None
+                await self.fetch_tiered(miss)
         inf.seq = self.progress.next_seq()  # the handle stops working now, not after the append
-        cq = self.catalog.queue(st.topic, qid)
-        clo, size, _th, _ts = cq.entry(offset)
-        return await self._to_dlq(st.group, st, qid, offset, self.read_message(clo, size), reason)
+        return await self._to_dlq(st.group, st, qid, offset, msg, reason)
 
     async def _to_dlq(
         self, group: str, st: GroupTopic, qid: int, offset: int, msg: Message, reason: str

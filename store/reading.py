@@ -107,7 +107,7 @@ class Reader:
 
     def backlog(self, group: str, topic: str) -> int:
         """Messages of `topic` not yet acked by `group`."""
-        qs = self.catalog.queues(topic)
+        qs = self.catalog.readable(topic)
         st = self.progress.states.get((group, topic))
         if st is None:
             return sum(cq.max_offset - cq.min_offset for cq in qs)

@@ -115,8 +115,8 @@ class Recovery:
         for cq in self.cqs.values():
             if cq.max_offset > cq.base:
                 clo, size, _th, _ts = cq.entry(cq.max_offset - 1)
-                if clo < self.commitlog.min_offset:
-                    continue  # its segment is gone (retention; a compacted topic keeps a copy)
+                if clo < self.commitlog.local_min_offset:
+                    continue  # its segment is gone (retention; a compacted topic keeps a copy) or tiered
                 try:
                     buf = self.commitlog.read(clo, size)
                     codec.check(buf, 0, len(buf))

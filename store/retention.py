@@ -1,6 +1,7 @@
 """Retention: whole commit log segments are deleted, oldest first, once every topic with data in
 one is past its age (`retention_ms`) or size (`retention_bytes`) limit. `SegmentStats` holds what
-that is decided from: per segment and topic, the bytes and the newest store timestamp."""
+that is decided from: per segment and topic, the bytes and the newest store timestamp. Tiered
+segments (tiering.py) are decided alike: their manifest entries go, their objects follow."""
 
 from __future__ import annotations
 
@@ -138,9 +139,13 @@ class Retention:
     async def delete_before(self, offset: int) -> int:
         """Delete the whole segments that end at or before `offset` (never the one being written),
         then what points into them (segment counts, queue min offsets, index entries); returns how
-        many. Retention's deletion, and a replica's, below its primary's log start. Segments go
+        many. Retention's deletion, and a replica's, below its primary's log start (tiered
+        segments included: tiering.py). Segments go
         first: a crash before the checkpoint leaves what recovery rebuilds from the log."""
         n = await self.run_io(self.commitlog.delete_segments_before, offset)
+        tier = self.commitlog.tier
+        if tier is not None:  # tiered segments are older: out of the manifest, objects deleted later
+            n += await tier.forget_before(offset)
         if not n:
             return 0
         low = self.commitlog.min_offset

@@ -25,7 +25,7 @@ from .consumequeue import ConsumeQueue
 from .consumer import ConsumerProgress
 from .diskspace import CHECK_INTERVAL_MS
 from .epochs import EpochLog
-from .errors import StoreError
+from .errors import StoreError, TieredRangeNotCached, TieredStorageUnavailable
 from .filters import ALL, Filter
 from .index import MessageIndex
 from .kv import KeyValueStore
@@ -37,6 +37,7 @@ from .replication import LogReplica
 from .retention import Retention, SegmentStats
 from .scheduling import DelayedMessages, Transactions
 from .state_replica import StateReplica
+from .tiering import TieredLog, has_tiered_segments
 from .writer import GroupCommitWriter
 
 __all__ = ["Store"]
@@ -74,6 +75,8 @@ class Store:
         self.sync = config.flush == "sync"
         d = config.data_dir
         os.makedirs(d, exist_ok=True)
+        if not config.tier_endpoint and has_tiered_segments(d):
+            raise StoreError(f"the commit log of {d} starts in object storage: tiering must be configured")
         self._lock_fd = _lock_dir(d)
         self.meta = Metadata(d)
         self.kv = KeyValueStore(d)
@@ -85,6 +88,8 @@ class Store:
         self.index = MessageIndex(os.path.join(d, "index"))
         self.epochs = EpochLog(d)
         self._segments = SegmentStats(config.segment_size)
+        # tiered storage (tiering.py): known before recovery, which counts tiered segments as stored
+        self._tier = TieredLog(config, self.commitlog, self._segments) if config.tier_endpoint else None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._io = ThreadPoolExecutor(1, thread_name_prefix="store-io")
         self._tasks: list[asyncio.Task] = []
@@ -151,6 +156,10 @@ class Store:
             config, catalog, cl, index, segments, delays, transactions, checkpoints, run_io
         )
         self._retention.uncompacted_floor = compactor.uncompacted_floor
+        if self._tier is not None:
+            self._tier.run_io = run_io
+            self._tier.floor = self._tier_floor
+            self._pops.fetch_tiered = self.fetch_tiered
         self.state = StateReplica(run_io, catalog, progress, self.kv, checkpoints)
         self._replica = LogReplica(
             loop,
@@ -175,9 +184,12 @@ class Store:
             loop.create_task(self._periodic(config.checkpoint_interval_ms, checkpoints.checkpoint)),
             loop.create_task(self._periodic(config.consumer_log_flush_ms, checkpoints.flush_progress)),
             loop.create_task(self._periodic(config.compaction_interval_ms, self._compactor.run)),
+            loop.create_task(self._periodic(config.checkpoint_interval_ms, self._trim_sealed)),
         ]
         if not self.sync:
             self._tasks.append(loop.create_task(self._periodic(config.flush_interval_ms, self._fsync_async)))
+        if self._tier is not None:
+            self._tasks.append(loop.create_task(self._periodic(config.tier_interval_ms, self._tier.run)))
         free_space = self._appender.free_space
         if free_space.limit > 0:
             free_space.refresh(0)
@@ -297,6 +309,23 @@ class Store:
         latest record per key wins (compaction.py)."""
         return self._catalog.create_topic(name, queues, retention_ms, retention_bytes, compacted)
 
+    def resize_topic(self, name: str, queues: int) -> TopicConfig:
+        """Logic queues: `queues` take new messages from now on; no message moves. Queues left
+        out stay readable until retention empties them (`trim_sealed`), offsets keep increasing, and a message
+        group's (MQTT path's) later messages wait for its earlier ones (docs/store.md)."""
+        t = self._catalog.resize(name, queues)
+        self._polls.wake_all()  # pops waiting on the old queue list look again
+        return t
+
+    def trim_sealed(self) -> int:
+        """Stop listing sealed queues (from the last) once retention has removed every message
+        they held: until then every group can still consume them and offset reads (the Spark
+        source) replay them. How many topics changed."""
+        return sum(self._catalog.trim_sealed(t.name, _emptied) for t in self._catalog.sealed_topics())
+
+    async def _trim_sealed(self) -> None:
+        self.trim_sealed()
+
     def delete_topic(self, name: str) -> None:
         self._catalog.delete_topic(name)
 
@@ -337,7 +366,8 @@ class Store:
         return self._reader.get_by_key(key)
 
     def queue_count(self, topic: str) -> int:
-        return self._catalog.topic(topic, create=False).queues
+        """Queues that may hold messages (the writable ones and the sealed ones: logic queues)."""
+        return self._catalog.topic(topic, create=False).readable
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         return self._catalog.queue(topic, queue_id).min_offset
@@ -369,8 +399,41 @@ class Store:
 
     def read_log(self, offset: int, size: int) -> bytes:
         """`size` bytes of the commit log from `offset` (within one segment); KeyError when they
-        are no longer stored (retention)."""
+        are no longer stored (retention), TieredRangeNotCached when they are in object storage and
+        not cached (`fetch_tiered`, then read again)."""
         return self.commitlog.read(offset, size)
+
+    # =========================================================================== tiered storage
+    async def fetch_tiered(self, miss: TieredRangeNotCached) -> None:
+        """Bring the range a read missed (TieredRangeNotCached) into the tier's local cache;
+        TieredStorageUnavailable when the object store does not answer in time."""
+        if self._tier is None:
+            raise TieredStorageUnavailable("tiered storage is not configured")
+        await self._tier.fetch(miss)
+
+    async def tier_now(self, now: int | None = None) -> int:
+        """Run one tiering pass now (it also runs every `tier_interval_ms`): closed segments past
+        `tier_after` are uploaded, verified and deleted locally; returns how many."""
+        return 0 if self._tier is None else await self._tier.run(now, force=True)
+
+    def drop_tier_cache(self) -> None:
+        """Empty the local cache of tiered blocks (the next tiered read fetches again)."""
+        if self._tier is not None:
+            self._tier.cache.clear()
+
+    def tier_stats(self) -> dict[str, int]:
+        """Tiered segments and bytes, cached bytes, and whether the object store answers (empty
+        when tiering is off)."""
+        return {} if self._tier is None else self._tier.describe()
+
+    def _tier_floor(self) -> int | None:
+        """The lowest commit log offset that must stay local (read synchronously by delayed and half
+        messages and by compaction): as retention's held offsets."""
+        held = self._delays.held() + self._transactions.held()
+        floor = self._compactor.uncompacted_floor()
+        if floor is not None:
+            held.append(floor)
+        return min(held) if held else None
 
     @property
     def segment_size(self) -> int:
@@ -506,6 +569,11 @@ class Store:
         """Replica: delete the whole segments that end at or before `offset` (its primary's
         `log_start`), as retention does; returns how many."""
         return await self._replica.delete_before(offset, self._retention.delete_before)
+
+
+def _emptied(cq: ConsumeQueue) -> bool:
+    """A sealed queue retention has emptied (it takes no new messages)."""
+    return cq.min_offset >= cq.next_offset
 
 
 def _lock_dir(d: str) -> int:
