@@ -3,8 +3,9 @@
 - receipt handles are `<node name>@<node's handle>`;
 - commit log offsets carry the node's 14-bit tag (crc32 of its name) in bits 48-61
   (`tag << 48 | offset`), so transaction ids and 4.x send-back find their node;
-- queue ids are global: `ordinal * queues + local`, where `ordinal` is the node's rank by name
-  among the nodes seen and `queues` the topic's queue count on each node (its "stride");
+- queue ids are global: `local * nodes + ordinal`, where `ordinal` is the node's rank by name
+  among the `nodes` seen: interleaved, so a queue keeps its global id when a topic's queue count
+  per node (its "stride") changes (logic queues, docs/store.md);
 - a replica of a replica group registers with the name server under its group's name with a
   broker id >= 1 derived from its own name (`replica_broker_id`); the primary registers as 0.
 
@@ -84,17 +85,17 @@ class IdMap:
         """`m`, read from `node`, with global commit log offset and queue id (in place)."""
         m.commitlog_offset = self.global_clo(node, m.commitlog_offset)
         if m.queue_id >= 0:
-            q = await self.stride(m.topic, node)
-            if q:
-                m.queue_id += self.members.ordinal[node.name] * q
+            m.queue_id = self.global_queue(node, m.queue_id)
         return m
+
+    def global_queue(self, node: NodeClient, local: int) -> int:
+        return local * self.members.node_count() + self.members.ordinal[node.name]
 
     async def result(self, node: NodeClient, r: AppendResult | None) -> AppendResult | None:
         """An append result of `node` with global queue id and commit log offset."""
         if r is None:
             return None
-        q = await self.stride(r.topic, node) if r.queue_id >= 0 else None
-        qid = r.queue_id + self.members.ordinal[node.name] * q if q else r.queue_id
+        qid = self.global_queue(node, r.queue_id) if r.queue_id >= 0 else r.queue_id
         return r._replace(queue_id=qid, commitlog_offset=self.global_clo(node, r.commitlog_offset))
 
     # ------------------------------------------------------------------ queues and handles
@@ -104,7 +105,7 @@ class IdMap:
         q = await self.stride(topic)
         if q is None:
             raise TopicNotFound(topic)
-        ordinal, local = divmod(queue_id, q)
+        local, ordinal = divmod(queue_id, self.members.node_count())
         for name, o in self.members.ordinal.items():
             if o == ordinal:
                 node = self.members.nodes[name]

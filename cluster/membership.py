@@ -173,6 +173,10 @@ class Membership:
             raise NodeUnavailable("no store node is available")
         return nodes
 
+    def node_count(self) -> int:
+        """Nodes seen: global queue ids interleave them (`local * node_count + ordinal`, ids.py)."""
+        return max(len(self.ordinal), 1)
+
     def readable(self) -> list[NodeClient]:
         """The nodes reads can use now, by name: live ones and groups served by a replica."""
         return [self.nodes[n] for n in sorted(self.nodes) if self.nodes[n].readable]

@@ -155,6 +155,7 @@ class ClusterStoreClient:
         assert t is not None
         self.ids.remember(t.name, t.queues)
         t.queues *= self.store_count()
+        t.read_queues *= self.store_count()
         return t
 
     async def _all(self, op: str, args: dict[str, Any]) -> list[Any]:
@@ -195,6 +196,11 @@ class ClusterStoreClient:
         }
         self.ids.forget(name)
         return self._topic((await self._all("create_topic", args))[0])
+
+    async def resize_topic(self, name: str, queues: int) -> TopicConfig:
+        """Logic queues: `queues` per node from now on, on every node (docs/store.md)."""
+        self.ids.forget(name)
+        return self._topic((await self._all("resize_topic", {"name": name, "queues": queues}))[0])
 
     async def delete_topic(self, name: str) -> None:
         self.ids.forget(name)

@@ -12,6 +12,7 @@ import logging
 import zlib
 
 from store import AppendResult, Message
+from store.message import PATH_PROPERTY
 
 from . import store_wire as w
 from .ids import IdMap
@@ -37,14 +38,15 @@ class Sends:
         if not live:
             raise NodeUnavailable("no store node is available")
         if msg.queue_id >= 0 and stride:
-            ordinal, local = divmod(msg.queue_id, stride)
+            local, ordinal = divmod(msg.queue_id, self.members.node_count())
             for n in live:
                 if self.members.ordinal[n.name] == ordinal:
                     return n, local
-        if msg.message_group:
+        key = msg.message_group or (msg.properties.get(PATH_PROPERTY) if msg.properties else None)
+        if key:  # a message group's (an MQTT path's) messages stay on one node: their order
             nodes = self.members.nodes
             names = sorted(nodes)
-            start = zlib.crc32(msg.message_group.encode()) % len(names)
+            start = zlib.crc32(key.encode()) % len(names)
             for k in range(len(names)):
                 n = nodes[names[(start + k) % len(names)]]
                 if n in live:

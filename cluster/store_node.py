@@ -40,7 +40,7 @@ log = logging.getLogger("cluster.store_node")
 POP = w.OPS["pop"]
 APPEND = w.OPS["append"]
 KV_WRITES = frozenset({"kv_put", "kv_put_many", "kv_delete", "kv_put_if_absent"})
-CATALOG_WRITES = frozenset({"create_topic", "delete_topic", "create_group", "delete_group"})
+CATALOG_WRITES = frozenset({"create_topic", "resize_topic", "delete_topic", "create_group", "delete_group"})
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,7 @@ OPS: dict[str, int] = {
             "latest",
             "latest_items",
             "compact",
+            "resize_topic",
         )
     )
 }
@@ -337,6 +338,7 @@ SERVE: dict[str, Op] = {
         ),
         topic_json,
     ),
+    "resize_topic": lambda c, a, b: _then(c.resize_topic(a["name"], a["queues"]), topic_json),
     "delete_topic": lambda c, a, b: c.delete_topic(a["name"]),
     "list_topics": lambda c, a, b: _then(c.list_topics(), lambda ts: [topic_json(t) for t in ts]),
     "get_group": lambda c, a, b: _then(c.get_group(a["name"]), group_json),

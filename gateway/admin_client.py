@@ -62,6 +62,9 @@ class AdminClient:
         body = {"name": name, **{k: v for k, v in fields.items() if v is not None}}
         return self.request("POST", "/admin/topics", body)
 
+    def update_topic(self, name: str, queues: int) -> dict:
+        return self.request("PATCH", f"/admin/topics/{_seg(name)}", {"queues": queues})
+
     def delete_topic(self, name: str) -> None:
         self.request("DELETE", f"/admin/topics/{_seg(name)}")
 
@@ -159,7 +162,7 @@ def render_topics(topics: list[dict]) -> str:
     rows = [
         (
             t["name"],
-            t["queues"],
+            _queues(t),
             t.get("messages"),
             t.get("retention_ms"),
             t.get("retention_bytes"),
@@ -168,6 +171,12 @@ def render_topics(topics: list[dict]) -> str:
         for t in topics
     ]
     return table(rows, ("NAME", "QUEUES", "MESSAGES", "RETENTION_MS", "RETENTION_BYTES", "COMPACTED"))
+
+
+def _queues(t: dict) -> str:
+    """QUEUES column: writable queues, with the sealed ones still readable after a shrink."""
+    n, r = t["queues"], t.get("read_queues") or 0
+    return f"{n} (+{r - n} sealed)" if r > n else str(n)
 
 
 def render_topic(t: dict) -> str:

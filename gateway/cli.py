@@ -98,6 +98,15 @@ _START_FLAGS: dict[str, dict[str, Any]] = {
         "metavar": "DURATION",
         "help": "compacted topics: keep a deleted key's tombstone this long (24h; 30m, 90s, 500ms)",
     },
+    "tier_s3_endpoint": {
+        "metavar": "URL",
+        "help": "tier closed commit log segments to this S3-compatible endpoint (credentials: AWS_* vars)",
+    },
+    "tier_bucket": {"metavar": "NAME", "help": "bucket of tiered segments (needed with --tier-s3-endpoint)"},
+    "tier_after": {
+        "metavar": "AGE|SIZE",
+        "help": "tier segments older than an age (24h; 30m, 90s) or beyond a local size (10GiB, 512MiB)",
+    },
     "disk_free_limit": {
         "metavar": "SIZES",
         "help": "refuse publishes below this free disk: a size, a %% of the volume, or both (the smaller)",
@@ -203,6 +212,9 @@ _STORE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "segment_size_mib": ("segment_size_mib", _START_FLAGS["segment_size_mib"]),
     "disk_free_limit": ("disk_free_limit", _START_FLAGS["disk_free_limit"]),
     "tombstone_retention": ("tombstone_retention", _START_FLAGS["tombstone_retention"]),
+    "tier_s3_endpoint": ("tier_s3_endpoint", _START_FLAGS["tier_s3_endpoint"]),
+    "tier_bucket": ("tier_bucket", _START_FLAGS["tier_bucket"]),
+    "tier_after": ("tier_after", _START_FLAGS["tier_after"]),
     "transaction_timeout_ms": ("transaction_timeout_ms", _START_FLAGS["transaction_timeout_ms"]),
     "transaction_check_interval_ms": (
         "transaction_check_interval_ms",
@@ -330,6 +342,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="a compacted topic: the latest record per message key wins, an empty body deletes its key",
     )
+    p = topic.add_parser(
+        "update",
+        parents=[common, creds],
+        help="grow or shrink a topic's queues in place (no message moves; docs/store.md)",
+    )
+    p.add_argument("name")
+    p.add_argument("--queues", type=int, metavar="N", required=True, help="queues per store from now on")
     topic.add_parser("list", parents=[common, creds], help="list topics")
     p = topic.add_parser("get", parents=[common, creds], help="a topic's queues, offsets and group backlogs")
     p.add_argument("name")
@@ -562,6 +581,9 @@ def _admin(args: argparse.Namespace) -> int:
                 retention_bytes=args.retention_bytes,
                 compacted=args.compacted,
             )
+            text = ac.render_topics([out])
+        elif cmd == ("topic", "update"):
+            out = client.update_topic(args.name, args.queues)
             text = ac.render_topics([out])
         elif cmd == ("topic", "list"):
             out = client.list_topics()

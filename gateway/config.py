@@ -102,6 +102,13 @@ class Settings:
     # compacted topics: how long a tombstone (empty body) that is the latest record of its key is kept
     # before compaction removes the key ("24h", "30m", "90s", "500ms" or milliseconds)
     tombstone_retention: str = "24h"
+    # tiered storage (docs/store.md "Tiered storage"): closed commit log segments move to this
+    # S3-compatible endpoint ("" = off) and bucket once older than `tier_after` (a duration, "24h")
+    # or beyond the newest `tier_after` bytes of local segments (a size, "10GiB"); credentials come
+    # from the usual AWS_* variables
+    tier_s3_endpoint: str = ""
+    tier_bucket: str = ""
+    tier_after: str = "24h"
     mqtt_max_client_id_length: int = 65535  # longer client ids: CONNACK 0x85 (5.0) / 2 (3.1.1)
     mqtt_max_topic_length: int = 65535  # longer topic names or filters (bytes): 0x90 / 0x8F
     mqtt_max_topic_levels: int = 128  # more levels ('/'-separated) in a name or filter: 0x90 / 0x8F
@@ -174,6 +181,13 @@ class Settings:
         _check_int("mqtt_max_keep_alive", self.mqtt_max_keep_alive, 0, 65535)
         parse_disk_free_limit(self.disk_free_limit)
         parse_duration_ms("tombstone_retention", self.tombstone_retention)
+        parse_tier_after(self.tier_after)
+        if not isinstance(self.tier_s3_endpoint, str) or not isinstance(self.tier_bucket, str):
+            raise ConfigError("tier_s3_endpoint and tier_bucket must be strings")
+        if self.tier_s3_endpoint and not self.tier_bucket:
+            raise ConfigError("tier_s3_endpoint needs tier_bucket (the bucket segments are tiered to)")
+        if self.tier_s3_endpoint and not self.tier_s3_endpoint.startswith(("http://", "https://")):
+            raise ConfigError(f"tier_s3_endpoint must be an http(s) URL, got {self.tier_s3_endpoint!r}")
         for name in ("mqtt_max_client_id_length", "mqtt_max_topic_length"):
             _check_int(name, getattr(self, name), 1, 65535)
         _check_int("mqtt_max_topic_levels", self.mqtt_max_topic_levels, 1, 65535)
@@ -299,6 +313,21 @@ def parse_duration_ms(name: str, text: str) -> int:
     if t.isdigit():
         return int(t)
     raise ConfigError(f"{name} must be a duration like '24h', '30m', '90s' or '500ms', got {text!r}")
+
+
+def parse_tier_after(text: str) -> tuple[int, int | None]:
+    """`tier_after` -> (age in ms, local bytes or None): a size ("10GiB", "512MiB") or a duration
+    ("24h", "30m", "90s"); with a size, the age is not used."""
+    t = text.strip().lower() if isinstance(text, str) else ""
+    m = _SIZE.match(t)
+    if m is not None and m.group(2).endswith("b") and m.group(2) in _SIZE_UNITS:
+        return 0, int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
+    try:
+        return parse_duration_ms("tier_after", t), None
+    except ConfigError:
+        raise ConfigError(
+            f"tier_after must be an age (24h, 30m, 90s) or a size (10GiB, 512MiB), got {text!r}"
+        ) from None
 
 
 def parse_disk_free_limit(text: str) -> tuple[int, float]:

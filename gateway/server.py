@@ -65,9 +65,10 @@ def store_config(s: Settings) -> StoreConfig:
     """The embedded store's settings (LOCAL mode, and a `gateway store` node)."""
     from store import StoreConfig
 
-    from .config import parse_disk_free_limit, parse_duration_ms
+    from .config import parse_disk_free_limit, parse_duration_ms, parse_tier_after
 
     free_bytes, free_ratio = parse_disk_free_limit(s.disk_free_limit)
+    tier_after_ms, tier_after_bytes = parse_tier_after(s.tier_after)
 
     return StoreConfig(
         data_dir=s.data_dir,
@@ -81,6 +82,10 @@ def store_config(s: Settings) -> StoreConfig:
         disk_free_limit_bytes=free_bytes,
         disk_free_limit_ratio=free_ratio,
         tombstone_retention_ms=parse_duration_ms("tombstone_retention", s.tombstone_retention),
+        tier_endpoint=s.tier_s3_endpoint,
+        tier_bucket=s.tier_bucket,
+        tier_after_ms=tier_after_ms,
+        tier_after_bytes=tier_after_bytes,
     )
 
 

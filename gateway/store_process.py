@@ -19,9 +19,17 @@ from gateway.config import Settings
 from gateway.server import SHUTDOWN_SIGNALS, cluster_auth, cluster_tls, shutdown_signals_blocked, store_config
 from remoting.cluster_auth import ClusterAuth, ClusterSecretError
 from runtime.tls import ServerTls, TlsError, TlsFiles
-from store import Store, StoreError
+from store import Store, StoreConfig, StoreError
 
 log = logging.getLogger("gateway.store")
+
+
+def _node_store_config(settings: Settings) -> StoreConfig:
+    """The node's store settings: its tiered segments go under its own name in the bucket (the
+    nodes of a cluster, replicas included, may share one bucket)."""
+    config = store_config(settings)
+    config.tier_prefix = f"{settings.store_name or default_node_name(settings.store_port)}/"
+    return config
 
 
 def node_config(
@@ -76,7 +84,7 @@ async def serve(settings: Settings) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         with shutdown_signals_blocked():
-            store = await Store.open(store_config(settings))
+            store = await Store.open(_node_store_config(settings))
     except (StoreError, OSError) as e:
         log.error("cannot open the store at %s: %s", settings.data_dir, e)
         return 1

@@ -120,6 +120,7 @@ class TopicInfo:
     messages: int = 0  # stored and not yet deleted by retention, over all queues
     queues_per_store: int = 0  # what create_topic takes; equal to `queues` in LOCAL mode
     compacted: bool = False  # the latest record per key wins (store/compaction.py)
+    read_queues: int = 0  # over all stores: `queues` plus those a shrink sealed (still readable)
 
 
 @dataclass(slots=True)

@@ -33,6 +33,7 @@ from .model import (
     Delivery,
     GroupInfo,
     Identity,
+    Permission,
     QueueRoute,
     Resource,
     Route,
@@ -478,7 +479,14 @@ class MessagingProcessor:
         if t is None:
             self._known_topics.discard(topic)
             raise ProcessorError(ErrorKind.TOPIC_NOT_FOUND, f"topic {topic} does not exist")
-        return Route(topic, tuple(QueueRoute(i) for i in range(t.queues)))
+        # logic queues: queues a shrink sealed are listed for reading until retention empties them
+        return Route(
+            topic,
+            tuple(
+                QueueRoute(i, Permission.READ_WRITE if i < t.queues else Permission.READ)
+                for i in range(t.readable)
+            ),
+        )
 
     async def create_topic(
         self,
@@ -494,10 +502,18 @@ class MessagingProcessor:
         self._known_topics.add(name)
         return self._topic_info(t)
 
+    async def resize_topic(self, name: str, queues: int) -> TopicInfo:
+        """Logic queues: `queues` (per store) take new messages from now on, without moving any;
+        a shrink seals the queues it leaves out (readable until retention empties them). docs/store.md."""
+        check_topic(name, self.limits)
+        with StoreCall(None, "", ""):
+            t = await self.store.resize_topic(name, queues)
+        return self._topic_info(t)
+
     def _topic_info(self, t: TopicConfig, messages: int = 0) -> TopicInfo:
         per_store = t.queues // max(self.store.store_count(), 1)
         return TopicInfo(
-            t.name, t.queues, t.retention_ms, t.retention_bytes, messages, per_store, t.compacted
+            t.name, t.queues, t.retention_ms, t.retention_bytes, messages, per_store, t.compacted, t.readable
         )
 
     async def delete_topic(self, name: str) -> None:
@@ -510,7 +526,7 @@ class MessagingProcessor:
         if t is None:
             raise ProcessorError(ErrorKind.TOPIC_NOT_FOUND, f"topic {name} does not exist")
         n = 0
-        for q in range(t.queues):
+        for q in range(t.readable):
             n += await self.store.max_offset(name, q) - await self.store.min_offset(name, q)
         return self._topic_info(t, n)
 

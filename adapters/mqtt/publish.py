@@ -12,7 +12,6 @@ one first (reading from the topic's start), so the subscription sees the new top
 from __future__ import annotations
 
 import logging
-import zlib
 from typing import TYPE_CHECKING
 
 from messaging_processor import ClientContext, ErrorKind, Message, MessagingProcessor, ProcessorError
@@ -55,7 +54,6 @@ class Publisher:
         self._max_slashes = caps.max_topic_levels - 1
         self.fanout = fanout
         self.retained = retained
-        self._queues: dict[str, int] = {}  # store topic -> queue count (per-path queue choice)
         self.shadows = ShadowService.for_processor(processor)
 
     async def publish(self, ctx: ClientContext, msg: Message, retain: bool) -> int:
@@ -78,7 +76,6 @@ class Publisher:
         if fanout.wild_refs and topic not in fanout.loops:
             await fanout.ensure(topic, from_now=False)
         try:
-            await self._place(ctx, msg)
             await self.processor.send(ctx, [msg], auto_create=True, receipts=False)
             if retain:
                 await self.retained.keep(msg)
@@ -86,7 +83,6 @@ class Publisher:
             if e.kind is ErrorKind.FORBIDDEN:  # the processor's audit log has it (once per path)
                 log.debug("mqtt %s: publish to %s refused: %s", ctx.client_id, topic, e)
             else:
-                self._queues.pop(topic, None)
                 log.info("mqtt %s: publish to %s refused: %s", ctx.client_id, topic, e)
             return _ERROR_REASON.get(e.kind, ReasonCode.UNSPECIFIED_ERROR)
         except Exception:  # noqa: BLE001
@@ -112,23 +108,11 @@ class Publisher:
             return ReasonCode.UNSPECIFIED_ERROR
         return 0
 
-    async def _place(self, ctx: ClientContext, msg: Message) -> None:
-        """Choose the message's queue: one queue per path, so a path's messages stay in publish
-        order in the store and on delivery."""
-        topic = msg.topic
-        n = self._queues.get(topic)
-        if n is None:
-            route = await self.processor.query_route(ctx, topic, auto_create=True)
-            n = self._queues[topic] = len(route.queues)
-        msg.queue_id = zlib.crc32(msg.properties[P_TOPIC].encode()) % n
-
     async def publish_many(self, ctx: ClientContext, msgs: list[Message]) -> list[int]:
         """Store non-retained messages with as few processor sends as possible; a reason code per
         message (a refused batch is retried one by one to find which message was refused)."""
         p = self.processor
-        queues = self._queues
         fanout = self.fanout
-        crc32 = zlib.crc32
         topic_ok, short, slashes = self.caps.topic_ok, self._short_topic, self._max_slashes
         try:
             for m in msgs:
@@ -140,11 +124,6 @@ class Publisher:
                 topic = m.topic
                 if fanout.wild_refs and topic not in fanout.loops:
                     await fanout.ensure(topic, from_now=False)
-                n = queues.get(topic)
-                if n is None:
-                    await self._place(ctx, m)
-                else:  # _place without a coroutine per message (hot path)
-                    m.queue_id = crc32(m.properties[P_TOPIC].encode()) % n
             step = p.limits.max_batch
             for i in range(0, len(msgs), step):
                 await p.send(ctx, msgs[i : i + step], auto_create=True, receipts=False)

@@ -21,7 +21,14 @@ from adapters.remoting.errors import RemotingError, code_of
 from adapters.remoting.handlers import HANDLERS
 from adapters.remoting.handlers.pop import PopHandles
 from adapters.remoting.hold import PullHold
-from messaging_processor import ClientContext, Identity, MessagingProcessor, ProcessorError, RetryPolicy
+from messaging_processor import (
+    ClientContext,
+    Identity,
+    MessagingProcessor,
+    Permission,
+    ProcessorError,
+    RetryPolicy,
+)
 from remoting import Ext, HeaderError, RemotingCommand, RequestCode, ResponseCode, request_name
 
 if TYPE_CHECKING:
@@ -96,7 +103,7 @@ class RemotingService:
         self.batcher = SendBatcher(processor)
         self.limits: RemotingLimits | None = None  # connection and publish limits (set by the adapter)
         self.handlers: dict[int, Handler] = dict(HANDLERS)
-        self._queue_counts: dict[str, tuple[int, float]] = {}
+        self._queue_counts: dict[str, tuple[tuple[int, int], float]] = {}
         self.group_policies: dict[str, tuple[tuple[int, RetryPolicy], float]] = {}  # retry.py
         self.pop_handles = PopHandles()
         self.store_host: tuple[str, int] = ("127.0.0.1", 0)
@@ -118,18 +125,21 @@ class RemotingService:
         return f"{host}:{self.port}"
 
     # ------------------------------------------------------------------ topics
-    async def queue_count(self, ctx: ClientContext, topic: str, *, auto_create: bool | None = None) -> int:
-        """Queues of `topic` (cached for a few seconds); ProcessorError(TOPIC_NOT_FOUND) if none."""
+    async def queue_counts(
+        self, ctx: ClientContext, topic: str, *, auto_create: bool | None = None
+    ) -> tuple[int, int]:
+        """(read, write) queue counts of `topic` (cached for a few seconds): a shrink (logic
+        queues) leaves sealed queues readable, not writable; ProcessorError(TOPIC_NOT_FOUND)."""
         hit = self._queue_counts.get(topic)
         now = time.monotonic()
         if hit is not None and hit[1] > now:
             return hit[0]
         route = await self.processor.query_route(ctx, topic, auto_create=auto_create)
-        n = len(route.queues)
+        counts = (len(route.queues), sum(1 for q in route.queues if q.permission & Permission.WRITE))
         if len(self._queue_counts) > 10_000:
             self._queue_counts.clear()
-        self._queue_counts[topic] = (n, now + 5.0)
-        return n
+        self._queue_counts[topic] = (counts, now + 5.0)
+        return counts
 
     def forget_topic(self, topic: str) -> None:
         self._queue_counts.pop(topic, None)

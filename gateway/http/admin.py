@@ -56,6 +56,21 @@ class Topic(BaseModel):
     retention_bytes: int | None = None
     compacted: bool = False
     messages: int = Field(0, description="stored messages not yet removed by retention, all queues")
+    read_queues: int = Field(
+        0,
+        description="over all stores: `queues` plus the queues a shrink sealed, readable until "
+        "retention empties them (logic queues, docs/store.md)",
+    )
+
+
+class TopicUpdate(BaseModel):
+    queues: int = Field(
+        ge=1,
+        le=1024,
+        description="queues on each store from now on: grows or shrinks the topic without moving "
+        "messages; a shrink seals the queues it leaves out (readable until retention empties "
+        "them; docs/store.md)",
+    )
 
 
 class QueueOffsets(BaseModel):
@@ -120,6 +135,7 @@ async def _existing_topic(p: MessagingProcessor, name: str) -> Topic | None:
         retention_bytes=t.retention_bytes,
         compacted=t.compacted,
         messages=t.messages,
+        read_queues=t.read_queues,
     )
 
 
@@ -169,8 +185,8 @@ async def create_topic(body: TopicIn, p: Processor, response: Response) -> Topic
         if queues is not None and queues < old.queues_per_store:
             raise HTTPException(
                 409,
-                f"topic {body.name} has {old.queues_per_store} queues per store; queues cannot be removed "
-                f"(asked {queues})",
+                f"topic {body.name} has {old.queues_per_store} queues per store; a create does not remove "
+                f"queues (asked {queues}): `gateway topic update` (PATCH /admin/topics/{{name}}) shrinks it",
             )
         queues = queues or old.queues_per_store
         retention_ms = retention_ms if retention_ms is not None else old.retention_ms
@@ -189,6 +205,7 @@ async def create_topic(body: TopicIn, p: Processor, response: Response) -> Topic
         retention_bytes=t.retention_bytes,
         compacted=t.compacted,
         messages=old.messages if old is not None else 0,
+        read_queues=t.read_queues,
     )
 
 
@@ -197,7 +214,7 @@ async def get_topic(name: str, p: Processor) -> TopicDetail:
     """A topic with per-queue offsets and the backlog of every group that consumed it."""
     t = await p.get_topic(name)
     offsets = []
-    for q in range(t.queues):
+    for q in range(t.read_queues or t.queues):
         lo, hi = await p.queue_offsets(name, q)
         offsets.append(QueueOffsets(queue_id=q, min_offset=lo, max_offset=hi))
     groups = {g: Backlog(**c) for g, c in (await p.topic_consumers(name)).items()}
@@ -209,9 +226,24 @@ async def get_topic(name: str, p: Processor) -> TopicDetail:
         retention_bytes=t.retention_bytes,
         compacted=t.compacted,
         messages=t.messages,
+        read_queues=t.read_queues,
         queue_offsets=offsets,
         groups=groups,
     )
+
+
+@router.patch("/topics/{name}", response_model=Topic, responses={409: {}, **_ERRORS})
+async def update_topic(name: str, body: TopicUpdate, p: Processor) -> Topic:
+    """Grow or shrink a topic's queues in place (logic queues): no message moves, offsets keep
+    increasing, per-queue and per message group order hold; queues a shrink leaves out stay
+    readable (routes list them READ) until retention has removed their messages (docs/store.md)."""
+    old = await p.get_topic(name)
+    if old.compacted and body.queues != old.queues_per_store:
+        raise HTTPException(409, f"topic {name} is compacted: its queue count is fixed")
+    t = await p.resize_topic(name, body.queues)
+    found = await _existing_topic(p, t.name)
+    assert found is not None
+    return found
 
 
 @router.delete("/topics/{name}", status_code=204, response_class=Response, responses=_ERRORS)

@@ -158,10 +158,24 @@ async def read_messages(
         "X-Max-Offset": str(hi),
         "Cache-Control": "no-store",
     }
-    batches = rr.iter_batches(p, ctx, topic, queue_id, first, stop, pf)
+    batches = await _started(rr.iter_batches(p, ctx, topic, queue_id, first, stop, pf))
     if fmt == "arrow":
         return StreamingResponse(_arrow_body(batches), media_type=rr.ARROW_STREAM, headers=headers)
     return StreamingResponse(_jsonl_body(batches), media_type=rr.NDJSON, headers=headers)
+
+
+async def _started(batches: AsyncIterator) -> AsyncIterator:
+    """`batches` with its first batch read before the response starts: a failure there (say
+    tiered storage unreachable) is answered with its status instead of a cut-off 200 stream."""
+    first = await anext(batches, None)
+
+    async def chained() -> AsyncIterator:
+        if first is not None:
+            yield first
+            async for b in batches:
+                yield b
+
+    return chained()
 
 
 async def _arrow_body(batches: AsyncIterator) -> AsyncIterator[bytes]:

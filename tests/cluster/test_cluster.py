@@ -30,7 +30,7 @@ import pika
 import pytest
 
 from adapters.grpc.generated import definition_pb2 as d
-from adapters.grpc.generated import service_pb2_grpc
+from adapters.grpc.generated import service_pb2, service_pb2_grpc
 from conformance.gateway_proc import GATEWAY
 from namesrv.client import NameServerClient
 from tests.adapters.grpc import support as g
@@ -233,11 +233,47 @@ def test_topic_create_with_queues_is_repeatable_and_counts_queues_per_store(clus
     r = admin_cli("topic", "create", "repeat", "--url", url, "--json")  # no count: keeps it
     assert r.returncode == 0 and json.loads(r.stdout)["queues_per_store"] == 4, r.stderr
     r = admin_cli("topic", "create", "repeat", "--queues", "2", "--url", url)
-    assert r.returncode == 1 and "4 queues per store" in r.stderr and "cannot be removed" in r.stderr
+    assert r.returncode == 1 and "4 queues per store" in r.stderr and "does not remove queues" in r.stderr
     r = admin_cli("topic", "create", "repeat", "--queues", "6", "--url", url, "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["queues"] == 12, r.stderr
     r = admin_cli("topic", "get", "repeat", "--url", f"http://{cluster.proxies[1][1]['http']}", "--json")
     assert r.returncode == 0 and len(json.loads(r.stdout)["queue_offsets"]) == 12, r.stderr
+
+
+async def test_topic_update_resizes_the_queues_of_every_store(cluster):
+    """Logic queues in CLUSTER mode: `gateway topic update` on one proxy changes every store's
+    queues; global queue ids interleave the stores, so a queue keeps its id and its offsets across
+    the change, and the other proxy routes and reads the same queues."""
+    (_, l0), (_, l1) = cluster.proxies[:2]
+    r = admin_cli("topic", "create", "grows", "--queues", "2", "--url", f"http://{l0['http']}", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["queues"] == 4, r.stderr
+    async with stub(l0) as s0, stub(l1) as s1:
+        await send_all(s0, "grows", [b"a%d" % i for i in range(12)])
+        r = admin_cli("topic", "update", "grows", "--queues", "6", "--url", f"http://{l1['http']}", "--json")
+        assert r.returncode == 0, r.stderr
+        assert (json.loads(r.stdout)["queues"], json.loads(r.stdout)["queues_per_store"]) == (12, 6)
+        await send_all(s1, "grows", [b"b%d" % i for i in range(36)])
+        r = admin_cli("topic", "update", "grows", "--queues", "1", "--url", f"http://{l0['http']}", "--json")
+        assert r.returncode == 0, r.stderr
+        t = json.loads(r.stdout)
+        assert (t["queues"], t["read_queues"]) == (2, 12)  # the other 10 are sealed, readable
+        route = await s1.QueryRoute(
+            service_pb2.QueryRouteRequest(topic=d.Resource(name="grows"), endpoints=d.Endpoints()),
+            metadata=g.MD,
+        )
+        perms = {q.id: q.permission for q in route.message_queues}
+        assert perms == {q: d.READ_WRITE if q < 2 else d.READ for q in range(12)}
+        await send_all(s0, "grows", [b"c%d" % i for i in range(6)])
+        got = await receive_until(s1, "G-GROWS", "grows", 54)
+        assert sorted(m.body for m in got) == sorted(
+            [b"a%d" % i for i in range(12)] + [b"b%d" % i for i in range(36)] + [b"c%d" % i for i in range(6)]
+        )
+        per_queue: dict[int, list[int]] = {}
+        for m in got:
+            per_queue.setdefault(m.system_properties.queue_id, []).append(m.system_properties.queue_offset)
+        assert sorted(per_queue) == list(range(12))  # every queue of the grown topic was used
+        for offs in per_queue.values():  # each queue's offsets dense from 0: none moved or restarted
+            assert sorted(offs) == list(range(len(offs)))
 
 
 async def test_proxies_register_their_endpoints_with_the_name_server(cluster):

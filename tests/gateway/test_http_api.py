@@ -117,6 +117,7 @@ async def test_topic_create_list_get_delete(gw):
         "retention_bytes": None,
         "compacted": False,
         "messages": 0,
+        "read_queues": 3,
     }
     r = await c.post("/admin/topics", json={"name": "plain"})
     assert r.status_code == 201 and r.json()["queues"] == 8  # default_queues
@@ -160,7 +161,7 @@ async def test_topic_create_is_an_upsert_that_never_removes_queues(gw):
     assert r.status_code == 200
     assert (r.json()["queues"], r.json()["retention_bytes"]) == (4, 1 << 20)
     body = assert_problem(await c.post("/admin/topics", json={"name": "t", "queues": 1}), 409, "conflict")
-    assert "cannot be removed" in body["detail"]
+    assert "does not remove queues" in body["detail"]
     assert (await c.get("/admin/topics/t")).json()["queues"] == 4
 
 
@@ -311,7 +312,7 @@ async def test_openapi_and_docs(gw):
                  "/admin/groups/{name}", "/admin/clients"):  # fmt: skip
         assert path in paths, path
     assert set(paths["/admin/topics"]) == {"get", "post"}
-    assert set(paths["/admin/topics/{name}"]) == {"get", "delete"}
+    assert set(paths["/admin/topics/{name}"]) == {"get", "patch", "delete"}
     r = await gw.client.get("/docs")
     assert r.status_code == 200 and "swagger" in r.text.lower()
 

@@ -39,17 +39,17 @@ async def get_route(svc: RemotingService, req: Request) -> RemotingCommand:
         # The producers' auto-create template: answered only when this gateway auto-creates topics.
         if not svc.processor.auto_create_topics:
             raise _no_route(topic)
-        n = svc.default_queues
+        read = write = svc.default_queues
     else:
         try:
             # Retry topics of 4.x consumer groups are created when their consumers first ask.
             auto = True if topic.startswith(RETRY_PREFIX) else None
-            n = await svc.queue_count(req.ctx, topic, auto_create=auto)
+            read, write = await svc.queue_counts(req.ctx, topic, auto_create=auto)
         except ProcessorError as e:
             if e.kind in (ErrorKind.TOPIC_NOT_FOUND, ErrorKind.ILLEGAL_TOPIC):
                 raise _no_route(topic) from None
             raise
-    data = rd.route_data([_broker(svc, req)], [rd.QueueData(svc.broker_name, n, n)])
+    data = rd.route_data([_broker(svc, req)], [rd.QueueData(svc.broker_name, read, write)])
     return req.ok(body=rd.encode(data, wants_standard_json(req.cmd.version, req.cmd.ext_fields)))
 
 

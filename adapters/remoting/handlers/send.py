@@ -63,7 +63,7 @@ async def send_message(svc: RemotingService, req: Request) -> RemotingCommand | 
     if topic.startswith(RETRY_PREFIX) and not batch:
         return await retry.send_to_retry_topic(svc, req, h, topic, body, sys_flag)
     if queue_id >= 0:
-        n = await svc.queue_count(req.ctx, topic)
+        n = (await svc.queue_counts(req.ctx, topic))[0]  # (a sealed queue's id: the store maps it)
         queue_id = queue_id % n if n else -1
     common = {
         "sys_flag": sys_flag,
