@@ -37,7 +37,23 @@ What it measures, in one run:
    (16 producers, sync) to another topic run for `--seconds` alone and again while three more such
    topics are compacted: `compaction_append_ratio` = appends/s during that pass / alone.
 
-`--only batch,compaction` (any of seq, append, pop, batch, compaction) runs just those parts.
+6. Logic queues: a topic of 4 queues is filled with `--rescale-messages` (default 1,000,000; quick
+   100,000) messages of 100 B, then grown to 16 queues and shrunk back to 4: `rescale_grow_ms`,
+   `rescale_shrink_ms` (wall time of `Store.resize_topic`, median of 5 round trips),
+   `rescale_messages`, and `rescale_first_pop_ms` (a pop right after the grow).
+
+7. Tiered storage (`--only tier`, not in the default set: it starts a local S3-compatible server,
+   moto's server mode): 80 MiB of 1 KiB messages in one queue, 16 MiB segments; the closed ones
+   are tiered (uploaded, verified, deleted locally). Reads go through `LocalStoreClient` (what
+   the processor calls): `tier_first_read_ms` / `local_first_read_ms` (median time to the first
+   message of one read at an offset of a range not read before: for the tiered range the block
+   cache is emptied first, so it includes the ranged GET), `tier_read_mb_s` / `local_read_mb_s`
+   (a range of up to 12 MiB read with `read_raw` in 1 MiB requests, cold cache), and their ratios
+   `tier_first_read_ratio`, `tier_read_mb_s_ratio`; `tier_cached_read_mb_s`: the same tiered range
+   read again (from the block cache). `tier_upload_mb_s`: upload speed of the pass.
+
+`--only batch,compaction` (any of seq, append, pop, batch, compaction, rescale, tier) runs just those
+parts.
 
 Output: a human-readable table, or with `--json` exactly one JSON object on stdout (progress goes to
 stderr). `--quick` shrinks everything for smoke runs. uvloop is used when importable.
@@ -91,6 +107,7 @@ class Settings:
     json: bool
     only: set[str]
     compact_keys: int
+    rescale_messages: int = 1_000_000
 
 
 @dataclass(slots=True)
@@ -375,6 +392,139 @@ async def bench_compaction(cfg: Settings) -> dict[str, float]:
     return out
 
 
+# ============================================================================ logic queues
+async def bench_rescale(cfg: Settings) -> dict[str, float]:
+    data_dir = tempfile.mkdtemp(prefix="rescale-", dir=cfg.parent)
+    try:
+        store = await Store.open(StoreConfig(data_dir=data_dir, flush="async", segment_size=cfg.segment_size))
+        try:
+            store.create_topic("rescale", queues=4)
+            body = b"x" * 100
+            n, batch = cfg.rescale_messages, 64
+            t0 = time.perf_counter()
+            for i in range(0, n, batch):
+                await store.append_many(
+                    [Message("rescale", body, queue_id=(i // batch) % 4)] * min(batch, n - i)
+                )
+            log(f"  rescale: {n:,} messages stored in {time.perf_counter() - t0:.1f} s")
+            grow, shrink, first_pop = [], [], []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                store.resize_topic("rescale", 16)
+                grow.append((time.perf_counter() - t0) * 1000)
+                t0 = time.perf_counter()
+                await store.append(Message("rescale", body, queue_id=15))
+                got = await store.pop("G-RESCALE", "rescale", max_messages=1)
+                first_pop.append((time.perf_counter() - t0) * 1000)
+                assert got
+                t0 = time.perf_counter()
+                store.resize_topic("rescale", 4)
+                shrink.append((time.perf_counter() - t0) * 1000)
+            out = {
+                "rescale_messages": n,
+                "rescale_grow_ms": statistics.median(grow),
+                "rescale_shrink_ms": statistics.median(shrink),
+                "rescale_first_pop_ms": statistics.median(first_pop),
+            }
+            log(
+                f"  rescale of {n:,} messages: grow 4->16 {out['rescale_grow_ms']:.2f} ms, shrink 16->4 "
+                f"{out['rescale_shrink_ms']:.2f} ms, append+pop after {out['rescale_first_pop_ms']:.2f} ms"
+            )
+            return out
+        finally:
+            await store.close()
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+# ============================================================================ tiered storage
+async def bench_tier(cfg: Settings) -> dict[str, float]:
+    from messaging_processor.store_client import LocalStoreClient
+    from tests.store.s3server import s3_server
+
+    data_dir = tempfile.mkdtemp(prefix="tier-", dir=cfg.parent)
+    seg = 16 * MiB
+    body = b"t" * 1000
+    try:
+        with s3_server() as s3:
+            s3.create_bucket("bench-tier")
+            store = await Store.open(
+                StoreConfig(
+                    data_dir=data_dir,
+                    flush="async",
+                    segment_size=seg,
+                    tier_endpoint=s3.endpoint,
+                    tier_bucket="bench-tier",
+                    tier_interval_ms=10**9,
+                )
+            )
+            try:
+                store.create_topic("tier", queues=1)
+                n = 80 * MiB // 1100  # 4 closed segments and most of a fifth (local)
+                for _ in range(0, n, 64):
+                    await store.append_many([Message("tier", body, queue_id=0)] * 64)
+                t0 = time.perf_counter()
+                tiered = await store.tier_now(now=2**62)
+                up = time.perf_counter() - t0
+                stats = store.tier_stats()
+                client = LocalStoreClient(store)
+                hi = store.max_offset("tier", 0)
+                cq = store._queue("tier", 0)  # noqa: SLF001 - where the tiered range ends
+                first_local = cq.first_at(store.commitlog.local_min_offset, cq.min_offset)
+                out: dict[str, float] = {
+                    "tier_segments": tiered,
+                    "tier_upload_mb_s": stats["tiered_bytes"] / MB / up,
+                }
+                tier_first, local_first = [], []
+                for k in range(7):
+                    store.drop_tier_cache()
+                    off = 1000 + k * 1500  # tiered (below `first_local`), not read before in this run
+                    assert off < first_local
+                    t0 = time.perf_counter()
+                    got = await client.read("tier", 0, off, None, 1)
+                    tier_first.append((time.perf_counter() - t0) * 1000)
+                    assert got and got[0].queue_offset == off
+                    off = first_local + k * (hi - first_local) // 8  # local
+                    assert first_local <= off < hi
+                    t0 = time.perf_counter()
+                    got = await client.read("tier", 0, off, None, 1)
+                    local_first.append((time.perf_counter() - t0) * 1000)
+                    assert got and got[0].queue_offset == off
+                out["tier_first_read_ms"] = statistics.median(tier_first)
+                out["local_first_read_ms"] = statistics.median(local_first)
+                store.drop_tier_cache()
+                rows = 12 * MiB // 1100
+                out["tier_read_mb_s"] = await _read_mb_s(client, 0, min(rows, first_local))
+                out["tier_cached_read_mb_s"] = await _read_mb_s(client, 0, min(rows, first_local))
+                out["local_read_mb_s"] = await _read_mb_s(client, max(first_local, hi - rows), hi)
+                out["tier_first_read_ratio"] = out["tier_first_read_ms"] / out["local_first_read_ms"]
+                out["tier_read_mb_s_ratio"] = out["tier_read_mb_s"] / out["local_read_mb_s"]
+                log(
+                    f"  tier: {tiered} segments uploaded at {out['tier_upload_mb_s']:.1f} MB/s; first "
+                    f"read {out['tier_first_read_ms']:.2f} ms tiered (cold) vs "
+                    f"{out['local_first_read_ms']:.3f} ms local; range read "
+                    f"{out['tier_read_mb_s']:.1f} MB/s tiered vs "
+                    f"{out['local_read_mb_s']:.1f} MB/s local"
+                )
+                return out
+            finally:
+                await store.close()
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+async def _read_mb_s(client: Any, start: int, end: int) -> float:
+    t0 = time.perf_counter()
+    nbytes, off = 0, start
+    while off < end:
+        raw = await client.read_raw("tier", 0, off, end, 4096, MiB)
+        if not len(raw):
+            break
+        nbytes += len(raw.data)
+        off = raw.first + len(raw)
+    return nbytes / MB / (time.perf_counter() - t0)
+
+
 # ============================================================================ driver
 async def run(cfg: Settings) -> dict[str, Any]:
     res: dict[str, Any] = {}
@@ -395,6 +545,10 @@ async def run(cfg: Settings) -> dict[str, Any]:
         res["batch64_vs_single_64p_ratio"] = res["batch64_append_msgs_per_s"] / per_s
     if "compaction" in cfg.only:
         res.update(await bench_compaction(cfg))
+    if "rescale" in cfg.only:
+        res.update(await bench_rescale(cfg))
+    if "tier" in cfg.only:
+        res.update(await bench_tier(cfg))
     if not cfg.only & {"seq", "append", "pop"}:
         return res
     seq = []
@@ -470,7 +624,7 @@ def table(res: dict[str, Any], cfg: Settings, loop_name: str, total: float) -> s
         )
         + f"; best {res['pop_ack_per_s']:,.0f}/s"
     )
-    extra = [k for k in sorted(res) if k.startswith(("batch", "compaction"))]
+    extra = [k for k in sorted(res) if k.startswith(("batch", "compaction", "rescale", "tier", "local"))]
     lines += [""] + [f"{k}: {res[k]:,.3f}" for k in extra]
     lines.append(f"total runtime {total:.1f} s")
     return "\n".join(lines)
@@ -506,7 +660,12 @@ def parse_args(argv: list[str] | None) -> Settings:
         help="max pre-built messages per append config (default 2000000)",
     )
     p.add_argument(
-        "--only", help="comma list of parts to run: seq, append, pop, batch, compaction (default all)"
+        "--only",
+        help="comma list of parts to run: seq, append, pop, batch, compaction, rescale, tier "
+        "(default: all but tier)",
+    )
+    p.add_argument(
+        "--rescale-messages", type=int, help="messages in the rescaled topic (default 1000000, quick 100000)"
     )
     p.add_argument(
         "--compact-keys", type=int, help="keys of the compaction benchmark (default 20000, quick 2000)"
@@ -528,8 +687,9 @@ def parse_args(argv: list[str] | None) -> Settings:
         pop_seconds=pick(a.pop_seconds, 30.0, 5.0),
         pool_max=a.pool_max,
         json=a.json,
-        only=set(a.only.split(",")) if a.only else {"seq", "append", "pop", "batch", "compaction"},
+        only=set(a.only.split(",")) if a.only else {"seq", "append", "pop", "batch", "compaction", "rescale"},
         compact_keys=pick(a.compact_keys, 20_000, 2_000),
+        rescale_messages=pick(a.rescale_messages, 1_000_000, 100_000),
     )
 
 
