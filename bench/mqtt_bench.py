@@ -54,6 +54,11 @@ packets; this process is pinned there too) measures, in this order:
    is the throughput ratio a CPU-bound gateway would show: a cross-check when other jobs disturb
    the throughput figures.
 
+8. Message trace (`--trace-rounds N`, default 3; `--quick`: 1): phase 3 again on fresh gateways per
+   round, one with tracing off (`--trace-retention 0`) and one with it on (the default, 24h: every
+   message gets a traceparent, and its received/stored/delivered/acked events go to `%TRACE%`), the
+   order alternating. `qos1_trace_ratio` is the median of on / off QoS 1 throughput (target >= 0.9).
+
 Server CPU is utime+stime from /proc/<pid>/stat of the server process (the gateway's fsync helper
 child, when its store uses one, is reported separately in `cpu_us_per_qos1_msg_incl_children`;
 with Linux AIO fdatasync, the default, the kernel worker that runs it is not counted), so it stays
@@ -77,6 +82,7 @@ Output: a table of the figures, our ratio to each peer (gateway / peer; the arro
 better) and the targets; `--json` prints one JSON object instead (progress goes to stderr) with the
 top-level keys `qos1_ratio_vs_mosquitto`, `qos1_ratio_vs_amqtt`, `cpu_us_per_qos1_msg`,
 `p99_ms_at_5k`, `idle_conn_rss_mib_per_10k`, `qos1_auth_ratio` (our gateway; its rounds in `auth`),
+`qos1_trace_ratio` (its rounds in `trace`),
 `qos1_tls_ratio` and `qos1_tls_ratio_vs_mosquitto` (in `tls`: the rounds, each run's rate, server
 CPU per message, `other_util` and `host_steal`, and the medians per run kind), `targets`, `ratios`,
 `brokers` (figures and per-phase details per broker) and `config`. A broker that cannot start, or
@@ -454,13 +460,14 @@ def start_server(
     args: argparse.Namespace,
     auth: bool = False,
     tls: tuple[Path, Path] | None = None,
+    gateway_extra: tuple[str, ...] = (),
 ) -> Server:
     """Broker `name` started fresh in `workdir`; with `tls` (certificate, key) `server.port` is its
     MQTT over TLS port (our gateway: `--mqtt-tls-port`, its plain listener left unused)."""
     if name == "gateway":
         src = Path(args.gateway_src).resolve() if args.gateway_src else None
         prof = Path(args.gateway_profile).resolve() if args.gateway_profile else None
-        extra = shlex.split(args.gateway_args) + (["--auth"] if auth else [])
+        extra = shlex.split(args.gateway_args) + (["--auth"] if auth else []) + list(gateway_extra)
         tls_port = free_port() if tls is not None else 0
         if tls is not None:
             extra += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1]), "--mqtt-tls-port", str(tls_port)]
@@ -495,6 +502,7 @@ def bench_broker(
     auth: bool = False,
     phases: list[str] | None = None,
     tls: tuple[Path, Path] | None = None,
+    gateway_extra: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """One broker started fresh and its `phases` (default `--phases`) measured; `auth`: our gateway
     with `--auth`, the `bench` user and the ACL rules; `tls` (certificate, key): the broker serves
@@ -507,7 +515,7 @@ def bench_broker(
     phase_list = args.phase_list if phases is None else phases
     try:
         log(f"[{name}] starting" + (" with --auth" if auth else "") + (" over TLS" if tls else ""))
-        server = start_server(name, workdir, args, auth, tls)
+        server = start_server(name, workdir, args, auth, tls, gateway_extra)
         res["info"] = dict(server.info)
         res["info"]["tls"] = tls is not None
         res["info"]["start_s"] = round(time.monotonic() - t, 2)
@@ -627,6 +635,42 @@ def auth_rounds(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "qos1_auth_ratio": statistics.median(ratios) if ratios else None,
         "acl_rules": args.acl_rules,
+        "rounds": rounds,
+        "target": ">= 0.9",
+    }
+
+
+# ---------------------------------------------------------------------------- message trace on vs off
+
+TRACE_OFF = ("--trace-retention", "0")
+
+
+def trace_rounds(args: argparse.Namespace) -> dict[str, Any]:
+    """QoS 1 throughput with message tracing on (the default) vs off: `--trace-rounds` rounds, each
+    a fresh gateway of each kind, in alternating order (as `auth_rounds`)."""
+    rounds = []
+    for i in range(args.trace_rounds):
+        figs = {}
+        for on in (False, True) if i % 2 == 0 else (True, False):
+            log(f"[gateway] trace round {i + 1}: tracing {'on' if on else 'off'}")
+            r = bench_broker("gateway", args, phases=["qos1"], gateway_extra=() if on else TRACE_OFF)
+            err = r.get("error") or r["details"].get("qos1", {}).get("error")
+            figs[on] = (r.get("qos1_msgs_per_s"), r.get("cpu_us_per_qos1_msg"), err)
+        (off, cpu_off, err_off), (on_rate, cpu_on, err_on) = figs[False], figs[True]
+        rounds.append(
+            {
+                "qos1_off": off,
+                "qos1_on": on_rate,
+                "ratio": on_rate / off if on_rate and off else None,
+                "cpu_us_per_qos1_msg_off": cpu_off,
+                "cpu_us_per_qos1_msg_on": cpu_on,
+                "errors": [e for e in (err_off, err_on) if e],
+            }
+        )
+        log(f"  round {i + 1}: off {off} msg/s, on {on_rate} msg/s")
+    ratios = [r["ratio"] for r in rounds if r["ratio"] is not None]
+    return {
+        "qos1_trace_ratio": statistics.median(ratios) if ratios else None,
         "rounds": rounds,
         "target": ">= 0.9",
     }
@@ -772,6 +816,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--acl-rules", type=int, default=1000, help="ACL rules of the auth-on runs")
     ap.add_argument(
+        "--trace-rounds", type=int, default=3, help="QoS 1 trace off/on rounds of our gateway (0: none)"
+    )
+    ap.add_argument(
         "--tls-rounds", type=int, default=3, help="QoS 1 plain/TLS rounds (gateway, Mosquitto; 0: none)"
     )
     ap.add_argument("--dir", default=None, help="parent of the temporary work directories")
@@ -790,6 +837,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.drain_max = min(args.drain_max, 3.0)
         args.quiet_wait = min(args.quiet_wait, 1.0)
         args.auth_rounds = min(args.auth_rounds, 1)
+        args.trace_rounds = min(args.trace_rounds, 1)
         args.tls_rounds = min(args.tls_rounds, 1)
     args.payload = max(args.payload, 8)
     args.broker_list = [b.strip() for b in args.brokers.split(",") if b.strip()]
@@ -819,17 +867,28 @@ def main(argv: list[str] | None = None) -> int:
     auth: dict[str, Any] = {"qos1_auth_ratio": None}
     if "gateway" in args.broker_list and "qos1" in args.phase_list and args.auth_rounds > 0:
         auth = auth_rounds(args)
+    trace: dict[str, Any] = {"qos1_trace_ratio": None}
+    if "gateway" in args.broker_list and "qos1" in args.phase_list and args.trace_rounds > 0:
+        trace = trace_rounds(args)
     tls: dict[str, Any] = {"qos1_tls_ratio": None, "qos1_tls_ratio_vs_mosquitto": None}
     if "gateway" in args.broker_list and "qos1" in args.phase_list and args.tls_rounds > 0:
         tls = tls_rounds(args)
     report = build_report(brokers, args)
     report["qos1_auth_ratio"] = auth["qos1_auth_ratio"]
+    report["qos1_trace_ratio"] = trace["qos1_trace_ratio"]
     report["qos1_tls_ratio"] = tls["qos1_tls_ratio"]
     report["qos1_tls_ratio_vs_mosquitto"] = tls["qos1_tls_ratio_vs_mosquitto"]
     report["config"].update(
         auth_rounds=args.auth_rounds, acl_rules=args.acl_rules, tls_rounds=args.tls_rounds
     )
+    report["config"]["trace_rounds"] = args.trace_rounds
     report["auth"] = auth
+    report["trace"] = trace
+    report["targets"]["qos1_trace"] = {
+        "target": "QoS 1 throughput with message tracing on >= 0.9x off",
+        "value": trace["qos1_trace_ratio"],
+        "met": None if trace["qos1_trace_ratio"] is None else trace["qos1_trace_ratio"] >= 0.9,
+    }
     report["tls"] = tls
     report["targets"]["qos1_auth"] = {
         "target": "QoS 1 throughput with auth on and 1,000 ACL rules >= 0.9x auth off",
@@ -858,6 +917,8 @@ def main(argv: list[str] | None = None) -> int:
     log(f"qos1_auth_ratio (auth on / off, median of {len(auth.get('rounds', ()))}): {text_ratio}")
     if not args.json:
         print(f"qos1_auth_ratio (QoS 1 auth on / off, median): {text_ratio} (target >= 0.9)")
+        qtr = fmt(trace["qos1_trace_ratio"])
+        print(f"qos1_trace_ratio (QoS 1 tracing on / off, median): {qtr} (target >= 0.9)")
         print_tls(tls)
     return 0
 

@@ -13,6 +13,8 @@ A message routed to queue Q is stored on Q's store topic (`store_name`) as one s
                           message's `expiration`
     amqp.content_type, amqp.correlation_id, amqp.reply_to, amqp.message_id
                           readable copies for other protocols, when set
+    traceparent           the W3C trace context from the `traceparent` header; a message stored
+                          without one (the processor made one) gets it as that header on delivery
 
 A message that entered through another protocol (no amqp.exchange / amqp.rk) is presented to AMQP
 consumers with exchange "", routing key = its MQTT path with '/' -> '.', else its tag, else its
@@ -28,6 +30,7 @@ import time
 from typing import Any
 
 from messaging_processor import Message
+from messaging_processor.tracing import TRACEPARENT
 
 from .codec import BasicProperties, Timestamp, decode_properties, encode_properties
 
@@ -94,7 +97,28 @@ def base_properties(exchange: str, routing_key: str, raw: bytes, props: BasicPro
             v = getattr(props, attr)
             if v is not None:
                 p[name] = v
+    if _TRACEPARENT_BYTES in raw:  # (a substring test first: decoding the headers costs more)
+        tp = headers_of(raw).get(TRACEPARENT)
+        if isinstance(tp, bytes):
+            tp = tp.decode("utf-8", "replace")
+        if isinstance(tp, str):
+            p[TRACEPARENT] = tp
     return p
+
+
+_TRACEPARENT_BYTES = TRACEPARENT.encode()
+
+
+def with_traceparent(raw: bytes, traceparent: str) -> bytes:
+    """Raw properties with the `traceparent` header set (when they do not carry that value yet)."""
+    if traceparent.encode() in raw:
+        return raw
+    try:
+        props = decode_properties(raw)
+    except ValueError:
+        return raw
+    props.headers = {**(props.headers or {}), TRACEPARENT: traceparent}
+    return encode_properties(props)
 
 
 def parse_expiration(value: str) -> int | None:
@@ -115,10 +139,12 @@ def present(m: Message) -> tuple[str, str, bytes]:
     if P_EXCHANGE in p or P_RK in p:
         raw = p.get(P_PROPS)
         rk = p.get(P_RK)
+        out = raw.encode("latin-1") if raw else EMPTY_PROPS
+        tp = p.get(TRACEPARENT)
         return (
             p.get(P_EXCHANGE, ""),
             m.tag if rk is None else rk,
-            raw.encode("latin-1") if raw else EMPTY_PROPS,
+            out if tp is None else with_traceparent(out, tp),
         )
     path = p.get("mqtt.topic")
     rk = path.replace("/", ".") if path else (m.tag or m.topic)

@@ -9,6 +9,9 @@ decoded, JSON `data` serialized compactly, text `data` as UTF-8), and every cont
     ce._data    how structured mode carried data: text | binary, or json when datacontenttype is
                 not a JSON type (absent: binary mode, or JSON data of a JSON type or of none)
 
+The distributed-tracing extension `traceparent` is kept as the property `traceparent` (not
+`ce.traceparent`), the W3C trace context every protocol reads; every event is delivered with it.
+
 The `partitionkey` extension (CloudEvents partitioning) is also the message's key (RocketMQ KEYS,
 and what a compacted topic keeps the latest event of). So the event leaves exactly as it came (same
 attribute strings, same extension types, same data representation).
@@ -31,6 +34,7 @@ import contextlib
 from datetime import UTC, datetime
 
 from messaging_processor import Message
+from messaging_processor.tracing import TRACEPARENT
 
 from .event import SPECVERSION, AttrValue, Event, is_json_type
 
@@ -88,6 +92,7 @@ def to_message(topic: str, ev: Event) -> Message:
 _KEYS: dict[str, str] = {
     n: PREFIX + n for n in ("id", "source", "type", "subject", "time", "datacontenttype")
 }
+_KEYS[TRACEPARENT] = TRACEPARENT  # the distributed-tracing extension: the shared property
 _KEYS_MAX = 4096
 
 
@@ -119,6 +124,9 @@ def attributes_of(msg: Message) -> dict[str, AttrValue]:
         base = synthesized(msg)
         attrs.setdefault("source", base["source"])
         attrs.setdefault("type", base["type"])
+    tp = props.get(TRACEPARENT)
+    if tp is not None:
+        attrs[TRACEPARENT] = tp
     types = props.get(P_TYPES)
     if types:
         for item in types.split(","):
@@ -154,6 +162,9 @@ def synthesized(msg: Message) -> dict[str, AttrValue]:
     ct = props.get(MQTT_CONTENT_TYPE)
     if ct:
         attrs["datacontenttype"] = ct
+    tp = props.get(TRACEPARENT)
+    if tp is not None:
+        attrs[TRACEPARENT] = tp
     return attrs
 
 

@@ -7,8 +7,9 @@
 
 System properties with a store field map onto it (tag, keys, message id, message group, delivery
 time, born timestamp/host, message type). The rest that must survive a round trip travel as
-properties under RocketMQ's own reserved names (`TRACE_CONTEXT`, `CHECK_IMMUNITY_TIME_IN_SECONDS`)
-and are taken out of `user_properties` again on delivery."""
+properties under RocketMQ's own reserved name `CHECK_IMMUNITY_TIME_IN_SECONDS`, and `trace_context`
+as `traceparent` (the W3C trace context every protocol shares); both are taken out of
+`user_properties` again on delivery."""
 
 from __future__ import annotations
 
@@ -23,11 +24,12 @@ from adapters.grpc.codes import Code
 from adapters.grpc.generated import definition_pb2 as d
 from messaging_processor import Delivery, ErrorKind, Identity, Message, MessageType, ProcessorError
 from messaging_processor.properties import P_USER_PROPERTIES, user_property_pairs
+from messaging_processor.tracing import TRACEPARENT
 
 Timestamp = timestamp_pb2.Timestamp
 Duration = duration_pb2.Duration
 
-PROP_TRACE_CONTEXT = "TRACE_CONTEXT"
+PROP_TRACE_CONTEXT = TRACEPARENT  # system_properties.trace_context
 PROP_CHECK_IMMUNITY = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 # Properties the store or this adapter add that are not user properties.
 HIDDEN_PROPERTIES = frozenset(

@@ -14,6 +14,8 @@ level, sanitized) with the full path and the MQTT attributes in properties:
     mqtt.user_properties   5.0 User Properties, a JSON list of [name, value] pairs (order and
                            repeated names kept)
     mqtt.client_id         the publisher's client id, only while it has a No Local subscription
+    traceparent            the W3C trace context: the 5.0 User Property `traceparent` (lifted out of
+                           mqtt.user_properties; given back to 5.0 subscribers as the last one)
 
 Store topic names allow `[%|A-Za-z0-9_.-]`, at most 127 characters, and no leading `%` for
 producers: every character of the first level outside `[A-Za-z0-9_.-]` becomes `_`, an empty first
@@ -31,6 +33,7 @@ import json
 import time
 
 from messaging_processor import Message
+from messaging_processor.tracing import TRACEPARENT
 
 from .codec import PropertyId
 
@@ -99,7 +102,13 @@ def to_message(path: str, payload: bytes, qos: int, retain: bool, props: dict | 
             p[P_EXPIRY_AT] = str(int(time.time() * 1000) + v * 1000)
         v = props.get(PropertyId.USER_PROPERTY)
         if v:
-            p[P_USER] = json.dumps([list(kv) for kv in v], separators=(",", ":"))
+            for k, tp in v:
+                if k == TRACEPARENT:
+                    p[TRACEPARENT] = tp
+                    v = [kv for kv in v if kv[0] != TRACEPARENT]
+                    break
+            if v:
+                p[P_USER] = json.dumps([list(kv) for kv in v], separators=(",", ":"))
     return Message(store_topic(path), payload, "", (), p)  # positional: cheaper than a keyword
 
 
@@ -140,6 +149,9 @@ def v5_properties(sp: dict[str, str], now_ms: int | None = None) -> dict | None:
     v = sp.get(P_USER)
     if v is not None:
         out[PropertyId.USER_PROPERTY] = [tuple(kv) for kv in json.loads(v)]
+    v = sp.get(TRACEPARENT)
+    if v is not None:
+        out.setdefault(PropertyId.USER_PROPERTY, []).append((TRACEPARENT, v))
     return out or None
 
 

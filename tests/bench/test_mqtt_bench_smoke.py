@@ -56,6 +56,8 @@ def test_mqtt_bench_quick_json(tmp_path: Path) -> None:
             "--quick",
             "--quiet-wait",
             "0",
+            "--trace-rounds",  # (the trace on/off A/B: 4 more fresh gateways; `make bench` runs it)
+            "0",
             "--brokers",
             brokers,
             "--json",

@@ -11,6 +11,7 @@ import pytest
 from adapters.cloudevents.codec import BATCH, STRUCTURED
 from adapters.cloudevents.push import backoff_ms, parse_retry_after
 from messaging_processor import ClientContext, Message
+from messaging_processor.tracing import valid_traceparent
 from tests.adapters.cloudevents.support import Reply, close_gateway, open_gateway, wait_until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -81,7 +82,9 @@ async def test_structured_delivery(env, receiver):
     await publish(env, {"id": "s1", "ext": True, "data_base64": "AAE="})
     (post,) = await receiver.wait_posts(1)
     assert post.headers["content-type"] == STRUCTURED and "webhook-request-origin" not in post.headers
-    assert json.loads(post.body) == {**EV, "id": "s1", "ext": True, "data_base64": "AAE="}
+    body = json.loads(post.body)
+    assert valid_traceparent(body.pop("traceparent"))  # made by the gateway (docs/observability.md)
+    assert body == {**EV, "id": "s1", "ext": True, "data_base64": "AAE="}
     assert receiver.options() == []
 
 
