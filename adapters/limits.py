@@ -151,6 +151,8 @@ class Limiter:
         self.settings = s = settings or LimitSettings()
         self.refusals: Counter = Counter()  # (protocol, limit) -> refused or throttled
         self.connections: Counter = Counter()  # listener -> open connections
+        self.opens: Counter = Counter()  # listener -> connections accepted (ever)
+        self.closes: Counter = Counter()  # listener -> connections ended (ever)
         self.user_connections: Counter = Counter()  # user -> open connections (all listeners)
         self._addresses: dict[str, TokenBucket] = {}
         self._users: dict[str, PublishMeter] = {}
@@ -168,10 +170,12 @@ class Limiter:
             self.refusals[(listener, MAX_CONNECTIONS)] += 1
             return MAX_CONNECTIONS
         self.connections[listener] += 1
+        self.opens[listener] += 1
         return None
 
     def closed(self, listener: str) -> None:
         self.connections[listener] -= 1
+        self.closes[listener] += 1
 
     def _address_ok(self, address: str) -> bool:
         b = self._addresses.get(address)

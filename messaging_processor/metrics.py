@@ -1,4 +1,4 @@
-"""Counters the processor keeps per protocol (and topic); the HTTP adapter renders them for Prometheus.
+"""Counters the processor keeps per protocol, topic and group; gateway/http/metrics.py renders them.
 
 Plain dict counters: an increment on the send path costs one dict update, no locks."""
 
@@ -11,7 +11,10 @@ from dataclasses import dataclass, field
 @dataclass(slots=True)
 class Metrics:
     messages_in: Counter = field(default_factory=Counter)  # (protocol, topic) -> messages stored
+    bytes_in: Counter = field(default_factory=Counter)  # (protocol, topic) -> body bytes stored
     messages_out: Counter = field(default_factory=Counter)  # (protocol, topic) -> messages delivered
+    deliveries: Counter = field(default_factory=Counter)  # (group, topic, protocol) -> messages popped
+    group_redeliveries: Counter = field(default_factory=Counter)  # (group, topic, protocol) -> attempt > 1
     pops: Counter = field(default_factory=Counter)  # protocol -> pop calls that returned messages
     acks: Counter = field(default_factory=Counter)  # protocol -> acks
     nacks: Counter = field(default_factory=Counter)  # protocol -> nacks / invisible-time changes
@@ -26,7 +29,10 @@ class Metrics:
             name: dict(getattr(self, name))
             for name in (
                 "messages_in",
+                "bytes_in",
                 "messages_out",
+                "deliveries",
+                "group_redeliveries",
                 "pops",
                 "acks",
                 "nacks",

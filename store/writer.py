@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from bisect import bisect_left
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -20,6 +21,7 @@ from .aio_fsync import AioFsync
 from .commitlog import CommitLog
 from .consumequeue import ConsumeQueue
 from .fsyncer import FsyncClient
+from .histogram import Histogram
 from .index import MessageIndex
 from .message import AppendResult
 
@@ -73,6 +75,7 @@ class GroupCommitWriter:
         self.early = EARLY_RECORDS
         self._unsynced_n = 0
         self._last_n = 0
+        self.fsync_seconds = Histogram()  # request to completion of each fdatasync (sync policy)
         self.fsync = self._fsync_client(fsync_method) if sync else None
 
     def _fsync_client(self, method: str) -> AioFsync | FsyncClient:
@@ -153,6 +156,10 @@ class GroupCommitWriter:
         else:
             self.durable_end = end
             dt = time.perf_counter() - t0
+            h = self.fsync_seconds  # (Histogram.observe inlined: this is every message's path)
+            h.counts[bisect_left(h.bounds, dt)] += 1
+            h.sum += dt
+            h.count += 1
             n = 0
             for recs in batches:
                 n += len(recs)

@@ -1,20 +1,28 @@
-"""GET /metrics: Prometheus text exposition (format 0.0.4) of the processor's and the store's counters.
+"""GET /metrics and GET /metrics/per-object: Prometheus text exposition (format 0.0.4) of the
+processor's, the listeners' and the store's numbers (docs/observability.md lists every metric).
 
-Rendered by hand from `processor.metrics` and `processor.store_stats()` at scrape time: nothing on
-the message path touches Prometheus objects."""
+Rendered by hand from `processor.metrics`, `processor.store_stats()` and the limiter at scrape time:
+nothing on the message path touches Prometheus objects (an increment there is one dict update), and
+the per-object gauges (consumer lag, in flight) are asked of the store only when scraped.
+
+Per-object series (`gateway_topic_*`, `gateway_group_*`) are bounded: internal `%` topics and groups
+are left out, and at most `max_objects` topics and groups are exported, the busiest first (messages
+in + out for a topic, deliveries for a group; ties by name). `per_object=False` leaves them out of
+/metrics; /metrics/per-object always serves them (as RabbitMQ's /metrics/per-object)."""
 
 from __future__ import annotations
 
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from adapters.base import Adapter
 from adapters.limits import Limiter
-from messaging_processor import MessagingProcessor
+from messaging_processor import MessagingProcessor, ProcessorError
 
 from .deps import get_listeners, get_processor
 
@@ -36,6 +44,34 @@ _PROCESSOR_COUNTERS = (
     ("gateway_auth_failures_total", "auth_failures", ("protocol", "reason"), "Refused logins by reason."),
     ("gateway_acl_denials_total", "acl_denials", ("protocol", "action"), "Actions the ACL refused."),
 )
+# per-object counters: (metric name, Metrics attribute, help); keys (protocol, topic)
+_TOPIC_COUNTERS = (
+    ("gateway_topic_messages_in_total", "messages_in", "Messages stored in the topic, by protocol."),
+    ("gateway_topic_bytes_in_total", "bytes_in", "Body bytes stored in the topic, by protocol."),
+    ("gateway_topic_messages_out_total", "messages_out", "Messages of the topic delivered, by protocol."),
+)
+# keys (group, topic, protocol)
+_GROUP_COUNTERS = (
+    ("gateway_group_deliveries_total", "deliveries", "Messages delivered to the group, by protocol."),
+    (
+        "gateway_group_redeliveries_total",
+        "group_redeliveries",
+        "Deliveries to the group with attempt > 1, by protocol.",
+    ),
+)
+DEAD_LETTERS_PREFIX = "dead_letters:"  # Store.observed: dead_letters:<group>\t<topic> -> n
+FSYNC_BUCKET_PREFIX = "fsync_seconds_bucket:"  # Store.observed (Histogram.flat): cumulative counts
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsOptions:
+    """--metrics-per-object (per-object series in /metrics) and --metrics-max-objects (the cap on
+    topics and on groups exported, each)."""
+
+    per_object: bool = True
+    max_objects: int = 1000
+
+
 _STORE_COUNTERS = (
     ("appends", "Records appended to the commit log."),
     ("flushes", "Commit log flushes (group commits)."),
@@ -132,7 +168,98 @@ def render(
         for q in FLUSH_QUANTILES:
             w.sample(name, quantile(latencies, q), ("quantile",), (format_value(q),))
     w.sample(name + "_count", int(stats.get("flushes", 0)))  # type: ignore[arg-type]
+    _render_fsync(w, stats)
     _render_disk(w, stats)
+    return w.text()
+
+
+def _render_fsync(w: _Writer, stats: Mapping[str, object]) -> None:
+    """The fsync latency histogram and the commit log's size (absent when the store does not report them)."""
+    buckets = sorted(
+        (float(k[len(FSYNC_BUCKET_PREFIX) :]), k[len(FSYNC_BUCKET_PREFIX) :], v)
+        for k, v in stats.items()
+        if k.startswith(FSYNC_BUCKET_PREFIX) and isinstance(v, int | float)
+    )
+    if buckets:
+        name = "gateway_store_fsync_duration_seconds"
+        w.family(name, "histogram", "Commit log fdatasync latency, request to completion (flush sync).")
+        for _, le, n in buckets:
+            w.sample(name + "_bucket", int(n), ("le",), (le,))
+        w.sample(name + "_sum", float(stats.get("fsync_seconds_sum", 0.0)))  # type: ignore[arg-type]
+        w.sample(name + "_count", int(stats.get("fsync_seconds_count", 0)))  # type: ignore[arg-type]
+    size = stats.get("commitlog_bytes")
+    if isinstance(size, int | float):
+        name = "gateway_store_commitlog_bytes"
+        w.family(name, "gauge", "Bytes retained in the commit log (tiered segments included).")
+        w.sample(name, int(size))
+
+
+def busiest(activity: Mapping[str, int], names: Iterable[str], limit: int) -> list[str]:
+    """Up to `limit` of `names` without the internal `%` ones: the highest `activity` first, then by name."""
+    unique = {n for n in names if not n.startswith("%")}
+    return sorted(unique, key=lambda n: (-activity.get(n, 0), n))[: max(limit, 0)]
+
+
+def dead_letters(stats: Mapping[str, object]) -> Counter:
+    """(group, topic) -> messages the store moved to the group's dead-letter topic, from its stats."""
+    out: Counter = Counter()
+    for k, v in stats.items():
+        if k.startswith(DEAD_LETTERS_PREFIX) and isinstance(v, int | float):
+            group, _, topic = k[len(DEAD_LETTERS_PREFIX) :].partition("\t")
+            out[(group, topic)] += int(v)
+    return out
+
+
+async def render_per_object(processor: MessagingProcessor, max_objects: int) -> str:
+    """The per-topic and per-group series of at most `max_objects` topics and groups (module docstring)."""
+    m = processor.metrics
+    try:
+        subscriptions = await processor.store.subscriptions()
+    except Exception:  # noqa: BLE001 - a store node down: counters still render, gauges are skipped
+        subscriptions = []
+    dlq = dead_letters(processor.store_stats())
+    topic_activity: Counter = Counter()
+    for counter in (m.messages_in, m.messages_out):
+        for (_, topic), n in counter.items():
+            topic_activity[topic] += n
+    group_activity: Counter = Counter()
+    for (group, _, _), n in m.deliveries.items():
+        group_activity[group] += n
+    pairs = [*subscriptions, *dlq, *((g, t) for g, t, _ in m.deliveries)]
+    topics = set(busiest(topic_activity, [*topic_activity, *(t for _, t in pairs)], max_objects))
+    groups = set(busiest(group_activity, [*group_activity, *(g for g, _ in pairs)], max_objects))
+
+    w = _Writer()
+    for name, attr, help_text in _TOPIC_COUNTERS:
+        w.family(name, "counter", help_text)
+        for (protocol, topic), n in sorted(getattr(m, attr).items()):
+            if topic in topics:
+                w.sample(name, n, ("topic", "protocol"), (topic, protocol))
+
+    lags: list[tuple[str, str, int, int]] = []
+    for group, topic in sorted({(g, t) for g, t in subscriptions if g in groups and t in topics}):
+        try:
+            backlog, inflight = await processor.backlog(group, topic)
+        except ProcessorError:  # deleted meanwhile
+            continue
+        lags.append((group, topic, max(backlog - inflight, 0), inflight))
+    for name, index, help_text in (
+        ("gateway_group_messages_ready", 2, "Consumer lag: messages the group has yet to receive."),
+        ("gateway_group_messages_in_flight", 3, "Delivered to the group, not yet acked (invisible)."),
+    ):
+        w.family(name, "gauge", help_text)
+        for lag in lags:
+            w.sample(name, lag[index], ("group", "topic"), lag[:2])
+    for name, attr, help_text in _GROUP_COUNTERS:
+        w.family(name, "counter", help_text)
+        for (group, topic, protocol), n in sorted(getattr(m, attr).items()):
+            if group in groups and topic in topics:
+                w.sample(name, n, ("group", "topic", "protocol"), (group, topic, protocol))
+    name = "gateway_group_dead_letters_total"
+    w.family(name, "counter", "Messages moved to the group's dead-letter topic %DLQ%<group>.")
+    for (group, topic), n in sorted(dlq.items()):
+        if group in groups and topic in topics:
+            w.sample(name, n, ("group", "topic"), (group, topic))
     return w.text()
 
 
@@ -162,9 +289,32 @@ def _render_limits(w: _Writer, limiter: Limiter) -> None:
     w.family("gateway_connections", "gauge", "Open connections counted against --max-connections.")
     for protocol, n in sorted(limiter.connections.items()):
         w.sample("gateway_connections", n, ("protocol",), (protocol,))
+    for name, counter, help_text in (
+        ("gateway_connection_opens_total", limiter.opens, "Connections accepted, by protocol."),
+        ("gateway_connection_closes_total", limiter.closes, "Connections ended, by protocol."),
+    ):
+        w.family(name, "counter", help_text)
+        for protocol, n in sorted(counter.items()):
+            w.sample(name, n, ("protocol",), (protocol,))
+
+
+def _options(request: Request) -> MetricsOptions:
+    return getattr(request.app.state, "metrics_options", None) or MetricsOptions()
 
 
 @router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE: {}}}})
 async def metrics(request: Request) -> Response:
+    """Every metric; the per-object ones unless --no-metrics-per-object."""
+    processor, options = get_processor(request), _options(request)
     limiter = getattr(request.app.state, "limiter", None)
-    return Response(render(get_processor(request), get_listeners(request), limiter), media_type=CONTENT_TYPE)
+    text = render(processor, get_listeners(request), limiter)
+    if options.per_object:
+        text += await render_per_object(processor, options.max_objects)
+    return Response(text, media_type=CONTENT_TYPE)
+
+
+@router.get("/metrics/per-object", response_class=Response, responses={200: {"content": {CONTENT_TYPE: {}}}})
+async def metrics_per_object(request: Request) -> Response:
+    """Only the per-topic and per-group series (whatever --metrics-per-object says)."""
+    text = await render_per_object(get_processor(request), _options(request).max_objects)
+    return Response(text, media_type=CONTENT_TYPE)
