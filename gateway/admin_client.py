@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
 DEFAULT_URL = "http://127.0.0.1:8082"
+REDRIVE_CHUNK = 100  # dead letter ids per redrive request
+DLQ_PAGE = 1000  # dead letters per list request (the API's maximum)
 
 
 class AdminError(Exception):
@@ -130,6 +133,63 @@ class AdminClient:
             params={"replace": "true" if replace else "false"},
         )
         return r.json()
+
+    # ------------------------------------------------------------------ messages and dead letters
+    def browse(self, topic: str, offset: int | None, queue: int | None, count: int | None) -> list[dict]:
+        params = {k: v for k, v in (("offset", offset), ("queue", queue), ("count", count)) if v is not None}
+        return self.send("GET", f"/admin/topics/{_seg(topic)}/messages", params=params).json()
+
+    def get_message(self, message_id: str) -> list[dict]:
+        return self.request("GET", f"/admin/messages/{_seg(message_id)}")
+
+    def find_messages(self, key: str) -> list[dict]:
+        return self.send("GET", "/admin/messages", params={"key": key}).json()
+
+    def trace(self, message_id: str) -> dict:
+        return self.request("GET", f"/admin/messages/{_seg(message_id)}/trace")
+
+    def dead_letters(self, group: str, count: int | None = None, *, pending: bool = False) -> list[dict]:
+        params: dict[str, Any] = {"count": count} if count is not None else {}
+        if pending:
+            params["pending"] = "true"
+        return self.send("GET", f"/admin/dlq/{_seg(group)}", params=params).json()
+
+    def redrive(self, group: str, ids: list[str] | None = None) -> dict:
+        return self.request("POST", f"/admin/dlq/{_seg(group)}/redrive", {} if ids is None else {"ids": ids})
+
+    def redrive_in_chunks(
+        self,
+        group: str,
+        ids: list[str] | None,
+        progress: Callable[[int, int], None] | None = None,
+        chunk: int = REDRIVE_CHUNK,
+    ) -> dict:
+        """Redrive `ids` `chunk` ids per request, calling `progress(done, total)` after each; the
+        answers merged into one. `ids` None: every pending dead letter, listed a page at a time
+        (the total grows as pages come) until none is left or a page redrives nothing."""
+        out: dict[str, Any] = {"redriven": 0, "ids": [], "new_ids": []}
+        done = total = 0
+        todo = list(dict.fromkeys(ids)) if ids is not None else None
+        while True:
+            page = (
+                todo
+                if todo is not None
+                else [d["id"] for d in self.dead_letters(group, DLQ_PAGE, pending=True)]
+            )
+            total += len(page)
+            if progress is not None:
+                progress(done, total)
+            before = out["redriven"]
+            for i in range(0, len(page), chunk):
+                r = self.redrive(group, page[i : i + chunk])
+                out["redriven"] += r["redriven"]
+                out["ids"] += r["ids"]
+                out["new_ids"] += r.get("new_ids", [])
+                done += len(page[i : i + chunk])
+                if progress is not None:
+                    progress(done, total)
+            if todo is not None or not page or out["redriven"] == before:
+                return out
 
 
 def _seg(name: str) -> str:
@@ -275,3 +335,93 @@ def render_rules(rules: list[dict]) -> str:
         (r["id"], r["subject"], r["kind"], r["pattern"], ",".join(r["actions"]), r["effect"]) for r in rules
     ]
     return table(rows, ("ID", "SUBJECT", "KIND", "PATTERN", "ACTIONS", "EFFECT"))
+
+
+# ----------------------------------------------------------------------------- messages, DLQ, trace
+def render_body(m: dict, fmt: str = "text") -> str:
+    """A message body as `text` (UTF-8, else hex), `json` (pretty-printed, else as text) or `hex`."""
+    raw = base64.b64decode(m.get("body_base64") or "")
+    if fmt == "json" and m.get("body") is not None:
+        try:
+            return json.dumps(json.loads(m["body"]), indent=2, sort_keys=True)
+        except ValueError:
+            pass
+    if fmt == "hex" or m.get("body") is None:
+        return raw.hex(" ")
+    return m["body"]
+
+
+def _ms(epoch_ms: int | None) -> str:
+    if not epoch_ms:
+        return "-"
+    t = datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)
+    return t.strftime("%Y-%m-%d %H:%M:%S.") + f"{epoch_ms % 1000:03d}"
+
+
+def render_messages(messages: list[dict], fmt: str = "text") -> str:
+    """One block per message: a header line, its properties, then the body."""
+    if not messages:
+        return "no messages"
+    blocks = []
+    for m in messages:
+        head = table(
+            [
+                (
+                    m["id"],
+                    m["topic"],
+                    m["queue"],
+                    m["offset"],
+                    _ms(m.get("store_time")),
+                    ",".join(m.get("keys") or []) or "-",
+                    m.get("tag") or "-",
+                    m.get("size"),
+                )
+            ],
+            ("ID", "TOPIC", "QUEUE", "OFFSET", "STORED", "KEYS", "TAG", "SIZE"),
+        )
+        props = "".join(f"\n  {k}: {v}" for k, v in sorted((m.get("properties") or {}).items()))
+        blocks.append(f"{head}{props}\n\n{render_body(m, fmt)}")
+    return "\n\n".join(blocks)
+
+
+def render_dead_letters(dead: list[dict]) -> str:
+    rows = [
+        (
+            d["id"],
+            d.get("original_topic"),
+            d.get("reason"),
+            d.get("attempts"),
+            _ms(d.get("store_time")),
+            d.get("redriven_id") or ("yes" if d.get("redriven") else ""),
+        )
+        for d in dead
+    ]
+    return table(rows, ("ID", "TOPIC", "REASON", "ATTEMPTS", "DEAD_LETTERED", "REDRIVEN"))
+
+
+def render_trace(trace: dict) -> str:
+    """A message trace (GET /admin/messages/{id}/trace) as a timeline: one row per event, by time."""
+    head = (
+        f"message {trace.get('message_id')}  topic {trace.get('topic')}  "
+        f"trace {trace.get('trace_id')}  traceparent {trace.get('traceparent')}"
+    )
+    events = sorted(trace.get("events") or [], key=lambda e: e.get("time") or 0)
+    rows = [
+        (
+            _ms(e.get("time")),
+            e.get("event"),
+            e.get("protocol") or None,
+            e.get("client_id") or None,
+            e.get("group"),
+            e.get("attempt"),
+            e.get("detail"),
+        )
+        for e in events
+    ]
+    return head + "\n\n" + table(rows, ("TIME", "EVENT", "PROTOCOL", "CLIENT", "GROUP", "ATTEMPT", "DETAIL"))
+
+
+def progress_bar(done: int, total: int, width: int = 30) -> str:
+    """`[#####.....] 300/1000`: plain text, redrawn in place with a leading carriage return."""
+    filled = width if total <= 0 else width * done // total
+    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
