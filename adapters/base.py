@@ -23,3 +23,12 @@ class Adapter(Protocol):
     @property
     def address(self) -> str:  # "host:port" actually bound (useful with port 0 in tests)
         ...
+
+
+class ConnectionSource(Protocol):
+    """An adapter with long-lived connections the console lists and may close (MQTT, AMQP). Each
+    entry: id, protocol, client_id, user, remote, since (epoch s), messages_in, messages_out."""
+
+    def connections_info(self) -> list[dict[str, object]]: ...
+
+    def close_connection(self, conn_id: str) -> bool: ...

@@ -127,6 +127,7 @@ class Channel:
 
     def _dispatch(self, item: Any) -> Any:
         if type(item) is list:
+            self.conn.messages_in += len(item)
             return self._publish(item, self.tx)
         m = item.method
         h = _HANDLERS.get(type(m))

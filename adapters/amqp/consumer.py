@@ -150,6 +150,7 @@ class Consumer:
             return Outcome.REQUEUE
         tag = ch.delivery_tag = ch.delivery_tag + 1
         ex, rk, raw = present(m)
+        conn.messages_out += 1
         conn.write(
             encode_deliver(
                 ch.number, self.tag_b, tag, d.delivery_attempt > 1, ex, rk, raw, m.body, conn.frame_max

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import ssl as ssl_mod
 
@@ -15,18 +16,19 @@ from ..listener import TcpListeners
 from .broker import Broker
 from .codec import DEFAULT_FRAME_MAX, AMQPError, ReplyCode
 from .limits import ConnectionLimits
-from .session import CLOSING, Connection
+from .session import CLOSING, OPEN, Connection
 
 log = logging.getLogger("adapters.amqp")
 
 
 class AmqpProtocol(asyncio.Protocol):
-    __slots__ = ("adapter", "transport", "conn", "feed")
+    __slots__ = ("adapter", "transport", "conn", "feed", "conn_id")
 
     def __init__(self, adapter: AmqpAdapter) -> None:
         self.adapter = adapter
         self.transport: asyncio.Transport | None = None
         self.conn: Connection | None = None
+        self.conn_id = f"amqp-{next(adapter.conn_ids)}"  # the console's handle on it
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's TCPTransport is not an asyncio.Transport subclass: no isinstance check here.
@@ -122,6 +124,7 @@ class AmqpAdapter:
             max_queues_per_user=max_queues_per_user,
         )
         self.connections: set[AmqpProtocol] = set()
+        self.conn_ids = itertools.count(1)
         self.net = TcpListeners(host, port, ssl=ssl, tls_port=tls_port, tls_name="amqps")
 
     async def start(self) -> None:
@@ -144,6 +147,35 @@ class AmqpAdapter:
     @property
     def bound_port(self) -> int:
         return self.net.bound_port
+
+    def connections_info(self) -> list[dict[str, object]]:
+        """The open connections that logged in, for the console (adapters/base.py)."""
+        out = []
+        for p in list(self.connections):
+            conn = p.conn
+            if conn is None or conn.state != OPEN:
+                continue
+            out.append(
+                {
+                    "id": p.conn_id,
+                    "protocol": "amqp",
+                    "client_id": conn.ctx.client_id,
+                    "user": conn.ctx.identity.username,
+                    "remote": conn.remote,
+                    "since": conn.since,
+                    "messages_in": conn.messages_in,
+                    "messages_out": conn.messages_out,
+                }
+            )
+        return out
+
+    def close_connection(self, conn_id: str) -> bool:
+        """Close one connection: connection.close 320 CONNECTION_FORCED, as RabbitMQ's management UI."""
+        for p in list(self.connections):
+            if p.conn_id == conn_id and p.conn is not None:
+                p.conn.close_by_admin()
+                return True
+        return False
 
     async def stop(self, grace: float) -> None:
         """Stop accepting, let publishes in flight reach the store for up to `grace` s, then close

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -128,6 +129,9 @@ class Connection:
         self.decoder = Decoder(decode_properties=False, keep_body_size=broker.max_body_size)
         self.state = HEADER
         self.ctx = ClientContext("amqp", remote=remote)
+        self.since = time.time()  # connected at (the console's connections page)
+        self.messages_in = 0  # basic.publish received
+        self.messages_out = 0  # basic.deliver sent
         # what consumers pop with: `ctx` itself, or with authentication on the same user as an
         # in-process identity (the adapter checks `subscribe` on the queue; its store group is the
         # mapping's own, not something ACL rules name)
@@ -545,6 +549,10 @@ class Connection:
         if self._timer is not None:
             self._timer.cancel()
         self._timer = self.loop.call_later(5.0, self.close)
+
+    def close_by_admin(self) -> None:
+        """An administrator closes the connection: connection.close 320 CONNECTION_FORCED."""
+        self.fail(AMQPError(ReplyCode.CONNECTION_FORCED, "closed by an administrator"))
 
     def close(self) -> None:
         """Close the socket (after what was written) and release everything."""

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import ssl as ssl_mod
 
@@ -14,6 +15,7 @@ from ..limits import Limiter, host_of
 from ..listener import TcpListeners
 from .broker import Broker
 from .caps import DEFAULT_CAPS, MqttCaps
+from .codec import ReasonCode
 from .limits import Refusal, SessionLimits
 from .session import Session
 
@@ -22,13 +24,14 @@ REFUSED_WAIT_S = 5.0  # a refused connection is closed after this if its CONNECT
 
 
 class MqttProtocol(asyncio.Protocol):
-    __slots__ = ("adapter", "transport", "session", "feed", "counted")
+    __slots__ = ("adapter", "transport", "session", "feed", "counted", "conn_id")
 
     def __init__(self, adapter: MqttAdapter) -> None:
         self.adapter = adapter
         self.transport: asyncio.Transport | None = None
         self.session: Session | None = None
         self.counted = False  # holds one of the limiter's connection places
+        self.conn_id = f"mqtt-{next(adapter.conn_ids)}"  # the console's handle on it
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's TCPTransport is not an asyncio.Transport subclass: no isinstance check here.
@@ -83,6 +86,20 @@ class MqttProtocol(asyncio.Protocol):
                 self.session.limits.closed(self.session)
 
 
+def describe(session: Session) -> dict[str, object]:
+    """One connection as the console's connections page lists it (adapters/connections.py)."""
+    ident = session.ctx.identity
+    return {
+        "protocol": "mqtt",
+        "client_id": session.client_id,
+        "user": ident.username if ident.principal is not None or ident.username else None,
+        "remote": session.remote,
+        "since": session.since,
+        "messages_in": session.messages_in,
+        "messages_out": session.messages_out,
+    }
+
+
 class MqttAdapter:
     """MQTT 3.1 / 3.1.1 / 5.0 listener (the Adapter protocol of adapters/base.py)."""
 
@@ -123,6 +140,7 @@ class MqttAdapter:
         )
         self.broker.fanout.max_outbound_bytes = max_outbound_bytes
         self.connections: set[MqttProtocol] = set()
+        self.conn_ids = itertools.count(1)
         self.net = TcpListeners(host, port, ssl=ssl, tls_port=tls_port, tls_name="mqtts")
 
     async def start(self) -> None:
@@ -145,6 +163,22 @@ class MqttAdapter:
     @property
     def bound_port(self) -> int:
         return self.net.bound_port
+
+    def connections_info(self) -> list[dict[str, object]]:
+        """The open connections that sent CONNECT, for the console (adapters/base.py)."""
+        return [
+            {"id": c.conn_id, **describe(c.session)}
+            for c in list(self.connections)
+            if c.session is not None and c.session.client_id
+        ]
+
+    def close_connection(self, conn_id: str) -> bool:
+        """Close one connection (5.0: DISCONNECT 0x98 Administrative action first)."""
+        for c in list(self.connections):
+            if c.conn_id == conn_id and c.session is not None:
+                c.session.close(ReasonCode.ADMINISTRATIVE_ACTION)
+                return True
+        return False
 
     async def stop(self, grace: float) -> None:
         """Stop accepting, let in-flight stores finish for up to `grace` s, then close sessions

@@ -105,6 +105,9 @@ class Session:
         self.version = 4
         self.client_id = ""
         self.ctx = ClientContext("mqtt", remote=remote)
+        self.since = time.time()  # connected at (the console's connections page)
+        self.messages_in = 0  # PUBLISH packets received
+        self.messages_out = 0  # PUBLISH packets sent
         self.will: Any = None
         self.keep_alive = 0
         self.last_rx = self.loop.time()
@@ -390,6 +393,7 @@ class Session:
     def _on_publish(self, p: Publish) -> None:
         if self.throttle is not None and not admit_publish(self, p):
             return
+        self.messages_in += 1
         qos = p.qos
         pid = p.packet_id
         if qos == 2:
@@ -495,6 +499,7 @@ class Session:
             if done is not None and not done.done():
                 done.set_result(False)
             return
+        self.messages_out += 1
         v = self.version
         if v != MQTT_5:
             props = None

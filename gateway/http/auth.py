@@ -26,9 +26,12 @@ from messaging_processor import Action, ClientContext, Identity, MessagingProces
 
 from .errors import problem
 
-CHALLENGE = 'Basic realm="gateway", Bearer'
+CHALLENGES = ('Basic realm="gateway"', "Bearer")
+CHALLENGE = ", ".join(CHALLENGES)
 OPEN = frozenset({"/healthz"})
-OPEN_ON_LOOPBACK = frozenset({"/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+OPEN_ON_LOOPBACK = frozenset(
+    {"/metrics", "/metrics/per-object", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
+)
 ADMIN_RESOURCE = Resource("cluster", "admin-api")
 
 
@@ -71,8 +74,13 @@ def _loopback_client(scope: Scope) -> bool:
 
 
 def unauthorized():
-    """The one 401 answer, whatever was wrong."""
-    return problem(401, "unauthorized", "authentication failed", {"WWW-Authenticate": CHALLENGE})
+    """The one 401 answer, whatever was wrong. The two challenges go in two header lines (read
+    together they are CHALLENGE): browsers such as Chromium take no Basic challenge that shares
+    its line with another scheme, and the console logs in through the browser's Basic prompt."""
+    r = problem(401, "unauthorized", "authentication failed")
+    for challenge in CHALLENGES:
+        r.headers.append("WWW-Authenticate", challenge)
+    return r
 
 
 class AuthMiddleware:
