@@ -98,6 +98,14 @@ _START_FLAGS: dict[str, dict[str, Any]] = {
         "metavar": "DURATION",
         "help": "compacted topics: keep a deleted key's tombstone this long (24h; 30m, 90s, 500ms)",
     },
+    "trace_retention": {
+        "metavar": "DURATION",
+        "help": "keep message trace records this long (24h; 30m, 90s; 0 or off: no tracing)",
+    },
+    "otlp_endpoint": {
+        "metavar": "URL",
+        "help": "send message trace events as OpenTelemetry spans to this OTLP/HTTP endpoint (off)",
+    },
     "tier_s3_endpoint": {
         "metavar": "URL",
         "help": "tier closed commit log segments to this S3-compatible endpoint (credentials: AWS_* vars)",
@@ -154,6 +162,15 @@ _START_FLAGS: dict[str, dict[str, Any]] = {
     "publish_rate_msgs": {"type": float, "metavar": "PER_S", "help": "messages/s per client and per user"},
     "publish_rate_bytes": {"type": int, "metavar": "BYTES", "help": "bytes/s per client and per user"},
     "publish_burst": {"type": float, "metavar": "S", "help": "seconds of publish rate sent at once (1)"},
+    "metrics_per_object": {
+        "action": argparse.BooleanOptionalAction,
+        "help": "per-topic and per-group series in /metrics (default on; always in /metrics/per-object)",
+    },
+    "metrics_max_objects": {
+        "type": int,
+        "metavar": "N",
+        "help": "topics and groups (each) in the per-object metrics, the busiest first (1000)",
+    },
     "max_outbound_bytes_per_connection": {
         "type": int,
         "metavar": "BYTES",
@@ -375,6 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     client.add_parser("list", parents=[common, creds], help="list registered clients")
     _add_security_commands(sub, common, creds)
+    _add_message_commands(sub, common, creds)
     return parser
 
 
@@ -461,6 +479,77 @@ def _add_security_commands(
     p.add_argument(
         "--merge", action="store_true", help="keep stored rules the file lacks (default: remove them)"
     )
+
+
+def _add_message_commands(
+    sub: argparse._SubParsersAction, common: argparse.ArgumentParser, creds: argparse.ArgumentParser
+) -> None:
+    """`gateway message get|find|trace` and `gateway dlq list|redrive` (the message browser API)."""
+    message = sub.add_parser("message", help="read, find and trace messages of a running gateway")
+    messages = message.add_subparsers(dest="action", required=True)
+    p = messages.add_parser("get", parents=[common, creds], help="messages of a topic by queue and offset")
+    p.add_argument("topic")
+    p.add_argument("--offset", type=int, metavar="N", help="first queue offset (default: each queue's min)")
+    p.add_argument("--queue", type=int, metavar="Q", help="one queue (default: every queue)")
+    p.add_argument("--count", type=int, metavar="C", help="at most this many messages (default 20)")
+    p.add_argument("--format", choices=("text", "json", "hex"), default="text", help="how to print bodies")
+    p = messages.add_parser("find", parents=[common, creds], help="messages by key (or by --id)")
+    p.add_argument("--key", metavar="K", help="a message key")
+    p.add_argument("--id", metavar="ID", help="a message id")
+    p.add_argument("--format", choices=("text", "json", "hex"), default="text", help="how to print bodies")
+    p = messages.add_parser("trace", parents=[common, creds], help="a message's lifecycle as a timeline")
+    p.add_argument("id")
+    dlq = sub.add_parser("dlq", help="dead letters of a consumer group").add_subparsers(
+        dest="action", required=True
+    )
+    p = dlq.add_parser("list", parents=[common, creds], help="a group's dead letters, oldest first")
+    p.add_argument("group")
+    p.add_argument("--count", type=int, metavar="C", help="at most this many (default 100)")
+    p.add_argument("--pending", action="store_true", help="only those not redriven yet")
+    p = dlq.add_parser(
+        "redrive", parents=[common, creds], help="send dead letters back to their topic (each at most once)"
+    )
+    p.add_argument("group")
+    p.add_argument("--ids", nargs="+", metavar="ID", help="these dead letters (default: every pending one)")
+
+
+def _message_command(args: argparse.Namespace, client: Any) -> int:
+    """`gateway message|dlq ...`; AdminError propagates. A redrive draws its progress on stderr."""
+    from gateway import admin_client as ac
+
+    cmd = (args.command, args.action)
+    out: Any
+    if cmd == ("message", "get"):
+        out = client.browse(args.topic, args.offset, args.queue, args.count)
+        text = ac.render_messages(out, args.format)
+    elif cmd == ("message", "find"):
+        if (args.key is None) == (args.id is None):
+            raise ac.AdminError("give one of --key K or --id ID")
+        out = client.find_messages(args.key) if args.key is not None else client.get_message(args.id)
+        text = ac.render_messages(out, args.format)
+    elif cmd == ("message", "trace"):
+        out = client.trace(args.id)
+        text = ac.render_trace(out)
+    elif cmd == ("dlq", "list"):
+        out = client.dead_letters(args.group, args.count, pending=args.pending)
+        text = ac.render_dead_letters(out)
+    elif cmd == ("dlq", "redrive"):
+        drawn = False
+
+        def progress(done: int, total: int) -> None:  # a bar for redrives of more than one request
+            nonlocal drawn
+            if total > ac.REDRIVE_CHUNK:
+                print("\r" + ac.progress_bar(done, total), end="", file=sys.stderr, flush=True)
+                drawn = True
+
+        out = client.redrive_in_chunks(args.group, args.ids, progress)
+        if drawn:
+            print(file=sys.stderr)
+        text = f"redrove {out['redriven']} dead letter(s) of {args.group}"
+    else:  # pragma: no cover - argparse only produces the commands above
+        raise ac.AdminError(f"unknown command {' '.join(cmd)}")
+    print(ac.dumps(out) if args.json else text)
+    return 0
 
 
 def settings_from_args(args: argparse.Namespace, env: dict[str, str] | None = None) -> Settings:
@@ -568,6 +657,8 @@ def _admin(args: argparse.Namespace) -> int:
         client = ac.AdminClient(url, auth=_credentials(args, stdin, os.environ))
         if args.command in ("user", "token", "acl"):
             return _security_command(args, client, stdin)
+        if args.command in ("message", "dlq"):
+            return _message_command(args, client)
     except ac.AdminError as e:
         print(f"gateway: {e}", file=sys.stderr)
         return 1

@@ -109,6 +109,10 @@ class Settings:
     tier_s3_endpoint: str = ""
     tier_bucket: str = ""
     tier_after: str = "24h"
+    # message trace (docs/observability.md "Message trace"): how long the lifecycle records are kept
+    # in %TRACE% (a duration; "0" or "off" disables tracing); OTLP/HTTP endpoint for spans ("" = off)
+    trace_retention: str = "24h"
+    otlp_endpoint: str = ""
     mqtt_max_client_id_length: int = 65535  # longer client ids: CONNACK 0x85 (5.0) / 2 (3.1.1)
     mqtt_max_topic_length: int = 65535  # longer topic names or filters (bytes): 0x90 / 0x8F
     mqtt_max_topic_levels: int = 128  # more levels ('/'-separated) in a name or filter: 0x90 / 0x8F
@@ -132,6 +136,10 @@ class Settings:
     publish_burst: float = 1.0  # seconds of the publish rates a client or user may send at once
     # bytes waiting in one MQTT/AMQP connection's write buffer above which its deliveries stop (0 = off)
     max_outbound_bytes_per_connection: int = 4 * MIB
+    # /metrics (docs/observability.md): per-topic and per-group series in /metrics (/metrics/per-object
+    # always has them), and how many topics and groups (each) they cover, the busiest first
+    metrics_per_object: bool = True
+    metrics_max_objects: int = 1000
     # CLUSTER mode (docs/cluster.md): `gateway start --mode cluster` proxies and `gateway store` nodes.
     mode: str = "local"  # "cluster": no local data, stores found through the name server(s)
     namesrv: str | None = None  # name server address(es), "host:port;host:port"
@@ -182,6 +190,13 @@ class Settings:
         parse_disk_free_limit(self.disk_free_limit)
         parse_duration_ms("tombstone_retention", self.tombstone_retention)
         parse_tier_after(self.tier_after)
+        trace_retention_ms(self.trace_retention)
+        if not isinstance(self.otlp_endpoint, str) or (
+            self.otlp_endpoint and not self.otlp_endpoint.startswith(("http://", "https://"))
+        ):
+            raise ConfigError(f"otlp_endpoint must be an http(s) URL, got {self.otlp_endpoint!r}")
+        if self.otlp_endpoint and trace_retention_ms(self.trace_retention) == 0:
+            raise ConfigError("otlp_endpoint exports message trace events: it needs trace_retention on")
         if not isinstance(self.tier_s3_endpoint, str) or not isinstance(self.tier_bucket, str):
             raise ConfigError("tier_s3_endpoint and tier_bucket must be strings")
         if self.tier_s3_endpoint and not self.tier_bucket:
@@ -199,6 +214,7 @@ class Settings:
             "amqp_max_queues_per_vhost",
             "amqp_max_queues_per_user",
             "max_outbound_bytes_per_connection",
+            "metrics_max_objects",
         ):
             _check_int(name, getattr(self, name), 0, None)
         _check_int("amqp_channel_max", self.amqp_channel_max, 1, 65535)
@@ -236,6 +252,7 @@ class Settings:
             "tls_required",
             "tls_require_client_cert",
             "mqtt_cert_identity",
+            "metrics_per_object",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
@@ -313,6 +330,13 @@ def parse_duration_ms(name: str, text: str) -> int:
     if t.isdigit():
         return int(t)
     raise ConfigError(f"{name} must be a duration like '24h', '30m', '90s' or '500ms', got {text!r}")
+
+
+def trace_retention_ms(text: str) -> int:
+    """`trace_retention` in ms; 0 when tracing is off ("0" or "off")."""
+    if isinstance(text, str) and text.strip().lower() == "off":
+        return 0
+    return parse_duration_ms("trace_retention", str(text))
 
 
 def parse_tier_after(text: str) -> tuple[int, int | None]:

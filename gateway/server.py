@@ -26,7 +26,7 @@ from fastapi import APIRouter
 
 from adapters.base import Adapter
 from gateway import collector as gc_collector
-from gateway.config import PROTOCOLS, Settings
+from gateway.config import PROTOCOLS, Settings, trace_retention_ms
 from runtime.tls import ServerTls, TlsError, TlsFiles
 
 if TYPE_CHECKING:
@@ -153,6 +153,7 @@ class Gateway:
         self.cluster_store = None  # CLUSTER mode: the network StoreClient (no local store)
         self.registration = None  # CLUSTER mode: this proxy's name server registration
         self.processor = None
+        self.otlp = None  # --otlp-endpoint: the span exporter of message trace events (gateway/otlp.py)
         self.adapters: list[Adapter] = []  # started ones, in start order
         self._enabled: list[Adapter] = []  # every enabled listener, for /healthz
         self.tls: ServerTls | None = None  # --tls-cert: the certificate every TLS listener serves
@@ -188,11 +189,23 @@ class Gateway:
             from messaging_processor.security import Security
 
             security = Security(store_client)
+        tracer = None
+        retention = trace_retention_ms(s.trace_retention)
+        if retention > 0:
+            from messaging_processor.tracing import recorder_for
+
+            tracer = recorder_for(store_client, retention)
+            if s.otlp_endpoint:
+                from gateway.otlp import OtlpExport
+
+                self.otlp = OtlpExport(s.otlp_endpoint)
+                tracer.sinks.append(self.otlp.export)
         self.processor = MessagingProcessor(
             store_client,
             limits=Limits(max_body_size=s.max_body_size, body_sizes={"amqp": s.amqp_max_body_size}),
             auto_create_topics=s.auto_create_topics,
             security=security,
+            tracer=tracer,
         )
         await self.processor.start()
         if security is not None:
@@ -292,12 +305,14 @@ class Gateway:
         if name == "http":
             from adapters.cloudevents import CloudEvents
             from gateway.http import HttpAdapter, create_app
+            from gateway.http.metrics import MetricsOptions
 
             ce = CloudEvents(
                 self.processor, dedup_window_s=s.cloudevents_dedup_window_s, limiter=self.limiter
             )
             app = create_app(self.processor, [*ce.routers(), *self.extra_routers], listeners=self.listeners)
             app.state.limiter = self.limiter  # /metrics: gateway_limit_refusals_total
+            app.state.metrics_options = MetricsOptions(s.metrics_per_object, s.metrics_max_objects)
             http = HttpAdapter(
                 app,
                 s.host,
@@ -399,6 +414,9 @@ class Gateway:
         if self.processor is not None:
             await self.processor.close()
             self.processor = None
+        if self.otlp is not None:  # after the processor: its last trace events are exported too
+            await asyncio.to_thread(self.otlp.shutdown)
+            self.otlp = None
         if self.store is not None:
             store, self.store = self.store, None
             await store.close()

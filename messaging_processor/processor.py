@@ -43,6 +43,17 @@ from .model import (
 from .registry import ClientRegistry
 from .security import AuthFailure, Grant, Security
 from .store_client import StoreClient
+from .tracing import (
+    DELIVERED,
+    HANDLED,
+    STORED,
+    TRACE_TOPIC,
+    TRACEPARENT,
+    TraceRecorder,
+    format_traceparent,
+    match_traceparent,
+    next_trace_sequence,
+)
 from .validation import Limits, check_group, check_invisible_time, check_message, check_topic
 
 log = logging.getLogger("messaging_processor")
@@ -57,6 +68,38 @@ Authorizer = Callable[[Identity, Action, Resource], bool | Awaitable[bool]]
 
 # Internal properties the store adds to redirected (delayed / half) messages.
 _INTERNAL_PROPS = ("__REAL_TOPIC", "__REAL_QID", "TRANSACTION_CHECK_TIMES")
+# who trace events of the store's own moves (a dead letter after the last attempt) are from
+_STORE_CTX = ClientContext("store", client_id="store")
+# Dead letters (admin browser and redrive): the DLQ topic prefix, the bookkeeping properties a move
+# to the DLQ adds (store/popping.py `_to_dlq`, the 4.x send-back), and the kv namespace that keeps
+# which DLQ records were redriven ("<group>/<queue>/<offset>" -> the new message's id).
+DLQ_PREFIX = "%DLQ%"
+DLQ_PROPS = (
+    "ORIGIN_TOPIC",
+    "ORIGIN_MESSAGE_ID",
+    "ORIGIN_QUEUE_ID",
+    "ORIGIN_QUEUE_OFFSET",
+    "RECONSUME_TIMES",
+    "DLQ_REASON",
+    "RETRY_TOPIC",
+    *_INTERNAL_PROPS,
+)
+REDRIVEN_NS = "dlq.redriven"
+
+
+def ensure_traceparents(messages: Sequence[Message]) -> list[str]:
+    """Give every message without a valid `traceparent` (messaging_processor/tracing.py) a new one,
+    set in its properties in place (messages sharing one dict, an adapter's copies of one publish,
+    share it); returns each message's traceparent. Here, with tracing.py's C-level callables, so
+    that the send path enters no other module (tests/architecture/test_message_path.py)."""
+    out = []
+    for m in messages:
+        p = m.properties
+        tp = p.get(TRACEPARENT)
+        if tp is None or len(tp) != 55 or match_traceparent(tp) is None:
+            tp = p[TRACEPARENT] = format_traceparent(next_trace_sequence())
+        out.append(tp)
+    return out
 
 
 def allow_all(identity: Identity, action: Action, resource: Resource) -> bool:
@@ -79,8 +122,10 @@ class MessagingProcessor:
         authorizer: Authorizer | None = None,
         security: Security | None = None,
         client_idle_expiry_s: float = 120.0,
+        tracer: TraceRecorder | None = None,
     ) -> None:
         self.store = store
+        self.tracer = tracer  # None: no message trace (and no traceparent made for messages without one)
         self.limits = limits or Limits()
         self.auto_create_topics = auto_create_topics
         self.security = security  # None: no authentication (every identity may do everything)
@@ -99,6 +144,15 @@ class MessagingProcessor:
         if self.security is not None:
             await self.security.start()
         self._tasks.append(asyncio.get_running_loop().create_task(self._expire_clients()))
+        if self.tracer is not None:
+            await self.tracer.start()
+            listen = getattr(self.store, "set_dead_letter_listener", None)
+            if listen is not None:  # moves the store makes itself after a group's last attempt
+                listen(self._traced_dead_letter)
+
+    def _traced_dead_letter(self, group: str, msg: Message, reason: str) -> None:
+        if self.tracer is not None:
+            self.tracer.message_event(_STORE_CTX, "dead_lettered", msg.message_id, f"{reason}, group {group}")
 
     async def close(self) -> None:
         """Stop housekeeping. The store is closed by whoever opened it."""
@@ -110,6 +164,9 @@ class MessagingProcessor:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks.clear()
+        if self.tracer is not None:
+            with contextlib.suppress(Exception):
+                await self.tracer.close()
         if self.security is not None:
             await self.security.close()
 
@@ -308,6 +365,9 @@ class MessagingProcessor:
                 await self.authorize(ctx.identity, Action.PUBLISH, Resource("topic", t))
         for t in topics:
             await self._ensure_topic(t, auto_create)
+        tracer = self.tracer
+        if tracer is not None:
+            tps = ensure_traceparents(messages)  # (kept, not the messages: nothing big outlives the send)
         try:
             if len(messages) == 1:
                 results: list[AppendResult] = [await self.store.append(messages[0])]
@@ -319,12 +379,19 @@ class MessagingProcessor:
             if err.kind is ErrorKind.TOPIC_NOT_FOUND:
                 self._known_topics.difference_update(topics)
             raise err from e
-        counts = self.metrics.messages_in
+        if tracer is not None:  # (a list append: the recorder builds the rows when it writes)
+            tracer.pending.append((STORED, now, ctx, tps, results))
+            if len(tracer.pending) >= tracer.max_buffered:
+                tracer.wake()
+        counts, nbytes = self.metrics.messages_in, self.metrics.bytes_in
         if len(topics) == 1:
-            counts[(ctx.protocol, messages[0].topic)] += len(messages)
+            key = (ctx.protocol, messages[0].topic)
+            counts[key] += len(messages)
+            nbytes[key] += len(messages[0].body) if len(messages) == 1 else sum(len(m.body) for m in messages)
         else:
             for m in messages:
                 counts[(ctx.protocol, m.topic)] += 1
+                nbytes[(ctx.protocol, m.topic)] += len(m.body)
         if not receipts:
             return []
         out = []
@@ -374,14 +441,21 @@ class MessagingProcessor:
             store_failed(self.metrics, ctx.protocol, "pop", e)
         if not popped:
             return []
+        tracer = self.tracer
+        if tracer is not None:
+            tracer.pending.append((DELIVERED, time_ns() // 1_000_000, ctx, group, popped))
+            if len(tracer.pending) >= tracer.max_buffered:
+                tracer.wake()
         m = self.metrics
         m.pops[ctx.protocol] += 1
         m.messages_out[(ctx.protocol, topic)] += len(popped)
+        m.deliveries[(group, topic, ctx.protocol)] += len(popped)
         out = []
         for p in popped:
             d = Delivery(p.message, p.receipt_handle, p.invisible_until, p.message.reconsume_times + 1)
             if d.delivery_attempt > 1:
                 m.redeliveries[(ctx.protocol, topic)] += 1
+                m.group_redeliveries[(group, topic, ctx.protocol)] += 1
             out.append(d)
         return out
 
@@ -392,6 +466,11 @@ class MessagingProcessor:
         except Exception as e:  # noqa: BLE001 - mapped and counted
             store_failed(self.metrics, ctx.protocol, "ack", e)
         self.metrics.acks[ctx.protocol] += 1
+        tracer = self.tracer
+        if tracer is not None:
+            tracer.pending.append((HANDLED, time_ns() // 1_000_000, ctx, "acked", handle, None, None))
+            if len(tracer.pending) >= tracer.max_buffered:
+                tracer.wake()
 
     async def change_invisible_time(self, ctx: ClientContext, handle: str, invisible_time_ms: int) -> str:
         """Make a delivery visible again `invisible_time_ms` from now; returns the new handle
@@ -400,6 +479,8 @@ class MessagingProcessor:
         with StoreCall(self.metrics, ctx.protocol, "change_invisible_time"):
             new = await self.store.change_invisible_time(handle, invisible_time_ms)
         self.metrics.nacks[ctx.protocol] += 1
+        if self.tracer is not None:
+            self.tracer.handled(ctx, "invisible_time_changed", handle, new, f"{invisible_time_ms} ms")
         return new
 
     async def nack(self, ctx: ClientContext, handle: str) -> str:
@@ -407,6 +488,8 @@ class MessagingProcessor:
         with StoreCall(self.metrics, ctx.protocol, "nack"):
             new = await self.store.nack(handle)
         self.metrics.nacks[ctx.protocol] += 1
+        if self.tracer is not None:
+            self.tracer.handled(ctx, "nacked", handle, new)
         return new
 
     async def forward_to_dlq(self, ctx: ClientContext, handle: str, reason: str = "forwarded") -> SendReceipt:
@@ -414,6 +497,9 @@ class MessagingProcessor:
         with StoreCall(self.metrics, ctx.protocol, "forward_to_dlq"):
             r = await self.store.forward_to_dlq(handle, reason)
         self.metrics.dlq[(ctx.protocol, r.topic)] += 1
+        if self.tracer is not None:
+            detail = f"{reason}: {r.topic}/{r.queue_id}/{r.queue_offset}"
+            self.tracer.handled(ctx, "dead_lettered", handle, None, detail)
         return SendReceipt(
             r.message_id, r.topic, r.queue_id, r.queue_offset, r.commitlog_offset, r.store_timestamp
         )
@@ -701,6 +787,10 @@ class MessagingProcessor:
             self.metrics.dlq[(ctx.protocol, topic)] += 1
         else:
             self.metrics.messages_in[(ctx.protocol, topic)] += 1
+        origin = msg.properties.get("ORIGIN_MESSAGE_ID")
+        if self.tracer is not None and origin:
+            event = "dead_lettered" if topic.startswith("%DLQ%") else "retried"
+            self.tracer.message_event(ctx, event, origin, f"{r.topic}/{r.queue_id}/{r.queue_offset}")
         return SendReceipt(
             r.message_id, r.topic, r.queue_id, r.queue_offset, r.commitlog_offset, r.store_timestamp
         )
@@ -752,3 +842,135 @@ class MessagingProcessor:
 
     def store_stats(self) -> dict[str, object]:
         return self.store.stats()
+
+    # ------------------------------------------------------------------ message browser and dead letters
+    # For operators (admin API, console, CLI): no ACL check (the admin API checked the admin role)
+    # and nothing counted as delivered. A redrive claims each DLQ record in the kv before it sends
+    # the copy (released if the send fails), so two redrives never send one record twice.
+    async def browse(
+        self, topic: str, queue_id: int | None = None, offset: int | None = None, count: int = 20
+    ) -> list[Message]:
+        """Up to `count` messages of `topic` from `offset` (default: each queue's min) of queue
+        `queue_id`, or of every readable queue merged by store time."""
+        t = await self.store.get_topic(topic)
+        if t is None:
+            raise ProcessorError(ErrorKind.TOPIC_NOT_FOUND, f"topic {topic} does not exist")
+        if queue_id is not None and not 0 <= queue_id < t.readable:
+            raise ProcessorError(ErrorKind.BAD_REQUEST, f"topic {topic} has no queue {queue_id}")
+        out: list[Message] = []
+        with StoreCall(None, "", ""):
+            for q in range(t.readable) if queue_id is None else (queue_id,):
+                lo = await self.store.min_offset(topic, q)
+                out += await self.store.read(topic, q, max(lo, offset or 0), None, count)
+        out.sort(key=lambda m: (m.store_timestamp, m.queue_id, m.queue_offset))
+        return out[:count]
+
+    async def find_by_key(self, key: str) -> list[Message]:
+        """Every stored record whose keys include `key` (the store's key index)."""
+        by_key = getattr(self.store, "get_by_key", None)  # not (yet) part of the StoreClient port
+        local = getattr(self.store, "store", None)  # LocalStoreClient: the in-process store.Store
+        with StoreCall(None, "", ""):
+            if by_key is not None:
+                found = await by_key(key)
+            elif local is not None and hasattr(local, "get_by_key"):
+                found = local.get_by_key(key)
+            else:
+                raise ProcessorError(ErrorKind.UNSUPPORTED, "this store client cannot find messages by key")
+        return [m for m in found if m.topic != TRACE_TOPIC]  # (the trace's own records are keyed too)
+
+    async def dead_letters(
+        self, group: str, count: int = 100, *, pending_only: bool = False
+    ) -> list[tuple[Message, str | None]]:
+        """Up to `count` records of `group`'s dead-letter topic `%DLQ%<group>`, oldest first, each
+        with the id of the message a redrive sent ("" while one is sending; None: not redriven).
+        `pending_only`: only those not redriven."""
+        topic = DLQ_PREFIX + group
+        t = await self.store.get_topic(topic)
+        if t is None:
+            if await self.store.get_group(group) is None:
+                raise ProcessorError(ErrorKind.GROUP_NOT_FOUND, f"consumer group {group} does not exist")
+            return []
+        done = {k: v.decode() for k, v in await self.store.kv_scan(REDRIVEN_NS, group + "/")}
+        out: list[tuple[Message, str | None]] = []
+        with StoreCall(None, "", ""):
+            for q in range(t.readable):
+                start, end = await self.store.min_offset(topic, q), await self.store.max_offset(topic, q)
+                found = 0
+                while start < end and found < count:
+                    page = await self.store.read(topic, q, start, end, min(count, 256))
+                    if not page:
+                        break
+                    start = page[-1].queue_offset + 1
+                    for m in page:
+                        new_id = done.get(f"{group}/{q}/{m.queue_offset}")
+                        if not (pending_only and new_id is not None) and found < count:
+                            out.append((m, new_id))
+                            found += 1
+        out.sort(key=lambda r: (r[0].store_timestamp, r[0].queue_id, r[0].queue_offset))
+        return out[:count]
+
+    async def redrive(
+        self, group: str, ids: Sequence[str] | None = None, ctx: ClientContext | None = None
+    ) -> list[tuple[str, str]]:
+        """Send dead letters of `group` (those with message id in `ids`; None: every one not yet
+        redriven) back to their original topic as new messages: same body, keys, tag, message group
+        and properties (`traceparent` too) without the DLQ bookkeeping. Returns (dead letter id, new
+        message id) per record sent; ids not in the DLQ and records redriven before are skipped.
+        `ctx`: who asked (the trace's `redriven` events)."""
+        ctx = ctx or ClientContext("admin", client_id="admin-api")
+        topic = DLQ_PREFIX + group
+        sent: list[tuple[str, str]] = []
+        await self.dead_letters(group, 1)  # GROUP_NOT_FOUND for a group with neither DLQ nor settings
+        if ids is not None:
+            records: dict[tuple[int, int], Message] = {}
+            with StoreCall(None, "", ""):
+                for mid in dict.fromkeys(ids):
+                    for m in await self.store.get_by_id(mid):
+                        if m.topic == topic:
+                            records[(m.queue_id, m.queue_offset)] = m
+            for m in records.values():
+                await self._redrive_one(ctx, group, m, sent)
+            return sent
+        while True:  # all: page through what is still pending until nothing is
+            page = await self.dead_letters(group, 500, pending_only=True)
+            before = len(sent)
+            for m, _ in page:
+                await self._redrive_one(ctx, group, m, sent)
+            if len(sent) == before:
+                return sent
+
+    async def _redrive_one(
+        self, ctx: ClientContext, group: str, dead: Message, sent: list[tuple[str, str]]
+    ) -> None:
+        origin = dead.properties.get("ORIGIN_TOPIC") or dead.properties.get("RETRY_TOPIC")
+        if not origin:
+            log.warning("dead letter %s of %s has no original topic: not redriven", dead.message_id, group)
+            return
+        key = f"{group}/{dead.queue_id}/{dead.queue_offset}"
+        if await self.store.kv_put_if_absent(REDRIVEN_NS, key, b"") is not None:
+            return  # redriven before (or by a redrive running now)
+        props = {k: v for k, v in dead.properties.items() if k not in DLQ_PROPS}
+        copy = Message(
+            topic=origin,
+            body=dead.body,
+            tag=dead.tag,
+            keys=dead.keys,
+            properties=props,
+            message_group=dead.message_group,
+            born_host=dead.born_host,
+            msg_type=MessageType.FIFO if dead.message_group else MessageType.NORMAL,
+        )
+        try:
+            if await self.store.get_topic(origin) is None:
+                raise ProcessorError(ErrorKind.TOPIC_NOT_FOUND, f"topic {origin} does not exist")
+            with StoreCall(None, "", ""):
+                r = await self.store.append(copy)
+        except BaseException:
+            await self.store.kv_delete(REDRIVEN_NS, key)
+            raise
+        await self.store.kv_put(REDRIVEN_NS, key, r.message_id.encode())
+        if self.tracer is not None:
+            self.tracer.stored(ctx, [copy], [r])
+            self.tracer.message_event(ctx, "redriven", dead.message_id, f"to {origin} as {r.message_id}")
+        log.info("dead letter %s of %s redriven to %s as %s", dead.message_id, group, origin, r.message_id)
+        sent.append((dead.message_id, r.message_id))

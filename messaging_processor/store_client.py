@@ -152,6 +152,10 @@ class LocalStoreClient:
     def set_transaction_checker(self, fn: Callable[[Message], Awaitable[None]] | None) -> None:
         self.store.transaction_checker = fn
 
+    def set_dead_letter_listener(self, fn: Callable[[str, Message, str], None] | None) -> None:
+        """LOCAL mode only (a network store client has none): see Store.set_dead_letter_listener."""
+        self.store.set_dead_letter_listener(fn)
+
     async def get_topic(self, name: str) -> TopicConfig | None:
         return self.store.topic_configs.get(name)
 
@@ -266,10 +270,12 @@ class LocalStoreClient:
 
     def stats(self) -> dict[str, object]:
         """Store counters (appends, flushes, pops, acks, redeliveries, dlq), the disk watermark's
-        state (Store.disk_space) and recent flush latencies."""
+        state (Store.disk_space), Store.observed (commit log bytes, fsync histogram, dead letters)
+        and recent flush latencies."""
         return {
             **self.store.metrics,
             **self.store.disk_space(),
+            **self.store.observed(),
             "flush_latency_ms": list(self.store.flush_latency_ms[-1024:]),
         }
 

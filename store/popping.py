@@ -13,6 +13,7 @@ import heapq
 import logging
 import time
 import zlib
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from time import time_ns
 
@@ -120,7 +121,11 @@ class Popper:
         self.submit = submit
         self.polls = polls
         self.metrics = metrics
+        self.dead_letters: Counter[tuple[str, str]] = Counter()  # (group, topic) -> moved to the DLQ
         self.closed = False
+        # told of each message a pop moves to the DLQ after its group's last attempt (the message
+        # trace records it): (group, message, reason)
+        self.on_dead_letter: Callable[[str, Message, str], None] | None = None
         # tiered storage: brings a missed range into the cache (Store.fetch_tiered)
         self.fetch_tiered: Callable[[TieredRangeNotCached], Awaitable[None]] | None = None
 
@@ -157,6 +162,8 @@ class Popper:
             for st, qid, offset, msg in dlq:
                 try:
                     await self._to_dlq(gconf.name, st, qid, offset, msg, "max attempts reached")
+                    if self.on_dead_letter is not None:
+                        self.on_dead_letter(gconf.name, msg, "max attempts reached")
                 except StoreError:
                     raise
                 except Exception as e:  # noqa: BLE001 - the message stays for a later try
@@ -384,6 +391,7 @@ class Popper:
             raise
         self.progress.done(st, qid, offset)
         self.metrics["dlq"] += 1
+        self.dead_letters[(group, st.topic)] += 1
         if inf is not None and inf.message_group:
             self.polls.wake(st.topic, None)
         return res

@@ -450,6 +450,16 @@ class Store:
             free = st.f_bavail * st.f_frsize
         return {"disk_alarm": int(fs.low), "disk_free_bytes": free, "disk_free_limit_bytes": fs.limit}
 
+    def observed(self) -> dict[str, float]:
+        """Numbers for /metrics, flat so that CLUSTER mode can sum them over nodes: `commitlog_bytes`
+        (retained commit log, tiered segments included), the fsync histogram (`fsync_seconds_*`,
+        Histogram.flat) and `dead_letters:<group>\t<topic>` (messages moved to a DLQ since start)."""
+        out: dict[str, float] = {"commitlog_bytes": self.commitlog.write_pos - self.commitlog.min_offset}
+        out.update(self._writer.fsync_seconds.flat("fsync_seconds"))
+        for (group, topic), n in self._pops.dead_letters.items():
+            out[f"dead_letters:{group}\t{topic}"] = n
+        return out
+
     def search_offset(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         """The first queue offset stored at or after `timestamp_ms`."""
         return self._reader.search_offset(topic, queue_id, timestamp_ms)
@@ -493,6 +503,11 @@ class Store:
 
         Returns where the committed message landed, or None for a rollback."""
         return await self._transactions.end(transaction_id, commit)
+
+    def set_dead_letter_listener(self, fn: Callable[[str, Message, str], None] | None) -> None:
+        """`fn(group, message, reason)` for each message a pop moves to `%DLQ%<group>` after the
+        group's last attempt (a client's own forward_to_dlq is not reported: its caller knows)."""
+        self._pops.on_dead_letter = fn
 
     @property
     def transaction_checker(self) -> Callable[[Message], Awaitable[None] | None] | None:

@@ -10,7 +10,7 @@ from fastapi import APIRouter, FastAPI
 from adapters.base import Adapter
 from messaging_processor import MessagingProcessor
 
-from . import admin, health, metrics, read_api, security_api, shadows
+from . import admin, console, health, messages_api, metrics, read_api, security_api, shadows, trace_api
 from .auth import AuthMiddleware
 from .errors import install_error_handlers
 
@@ -42,9 +42,12 @@ def create_app(
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.include_router(admin.router)
+    app.include_router(trace_api.router)  # before messages_api: /admin/messages/trace is no id
+    app.include_router(messages_api.router)
     app.include_router(security_api.router)
     app.include_router(read_api.router)
     app.include_router(shadows.router)
+    app.include_router(console.router)
     for router in extra_routers:
         app.include_router(router)
     if processor.security is not None:  # auth on: every route but /healthz needs credentials

@@ -236,6 +236,10 @@ NON_DEFAULT = {
     "mqtt_max_keep_alive": 120,
     "disk_free_limit": "500MiB,2%",
     "tombstone_retention": "90s",
+    "metrics_per_object": False,
+    "metrics_max_objects": 50,
+    "trace_retention": "2h",
+    "otlp_endpoint": "http://127.0.0.1:4318",
     "tier_s3_endpoint": "http://127.0.0.1:9000",
     "tier_bucket": "segments",
     "tier_after": "10GiB",
@@ -305,7 +309,8 @@ def test_every_setting_has_a_flag_env_var_and_toml_key(tmp_path):
     argv = ["start"]
     for k, v in NON_DEFAULT.items():
         if k not in STORE_ONLY:
-            argv += [f"--{k.replace('_', '-')}"] if v is True else [f"--{k.replace('_', '-')}", str(v)]
+            flag = k.replace("_", "-")
+            argv += [f"--{flag}"] if v is True else [f"--no-{flag}"] if v is False else [f"--{flag}", str(v)]
     # Flags of `gateway store` for the store-only ones, through a config file holding the rest.
     rest = [line for line in lines if line.split(" ")[0] not in STORE_ONLY]
     store_argv = ["store", "--config", str(write_toml(tmp_path, "\n".join(rest).replace("'", '"') + "\n"))]

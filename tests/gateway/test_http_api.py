@@ -43,7 +43,11 @@ async def fail(kind: str) -> dict:
 
 @pytest.fixture
 async def gw(tmp_path):
-    settings = Settings(data_dir=str(tmp_path / "data"), flush="async", protocols="http", http_port=0)
+    # no message trace: the store counters some tests read count their own appends only (the trace
+    # appends records of its own, in the background)
+    settings = Settings(
+        data_dir=str(tmp_path / "data"), flush="async", protocols="http", http_port=0, trace_retention="0"
+    )
     gateway = Gateway(settings, extra_routers=[extra])
     await gateway.start()
     try:
@@ -324,7 +328,7 @@ LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 def parse_metrics(text: str) -> dict[tuple[str, frozenset], float]:
     """Strict enough for the text format: every sample belongs to a family declared by a TYPE line
-    before it (summary samples may add _count/_sum), label sets are well formed, values are floats."""
+    before it (summaries and histograms: _count/_sum/_bucket), label sets well formed, values floats."""
     assert text.endswith("\n")
     types: dict[str, str] = {}
     samples: dict[tuple[str, frozenset], float] = {}
@@ -340,7 +344,7 @@ def parse_metrics(text: str) -> dict[tuple[str, frozenset], float]:
         m = SAMPLE.match(line)
         assert m, f"malformed sample line {line!r}"
         name, labels, value = m.groups()
-        family = name if name in types else re.sub(r"_(count|sum)$", "", name)
+        family = name if name in types else re.sub(r"_(count|sum|bucket)$", "", name)
         assert family in types, f"sample {name} has no TYPE"
         if family != name:
             assert types[family] in ("summary", "histogram")
