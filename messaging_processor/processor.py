@@ -45,6 +45,7 @@ from .security import AuthFailure, Grant, Security
 from .store_client import StoreClient
 from .tracing import (
     DELIVERED,
+    DELIVERED_FIELDS,
     HANDLED,
     STORED,
     TRACE_TOPIC,
@@ -443,7 +444,9 @@ class MessagingProcessor:
             return []
         tracer = self.tracer
         if tracer is not None:
-            tracer.pending.append((DELIVERED, time_ns() // 1_000_000, ctx, group, popped))
+            tracer.pending.append(
+                (DELIVERED, time_ns() // 1_000_000, ctx, group, list(map(DELIVERED_FIELDS, popped)))
+            )
             if len(tracer.pending) >= tracer.max_buffered:
                 tracer.wake()
         m = self.metrics

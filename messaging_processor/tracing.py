@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import operator
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from random import getrandbits
@@ -59,8 +60,22 @@ EVENTS = (
 )
 _MAX_RECORD_KEY_BYTES = 32_000  # a record's keys are joined into a u16-sized field
 _MAX_RECORD_ROWS = 256
-_MAX_HANDLES = 65_536  # unsettled deliveries remembered (receipt handle -> message), oldest dropped
+_MAX_HANDLES = 4096  # unsettled deliveries remembered (receipt handle -> message), oldest dropped (then
+# an ack is recorded by the position its handle names: tests/limits/test_memory.py bounds the memory)
 STORED, DELIVERED, HANDLED, EVENT = range(4)  # kinds of `TraceRecorder.pending` entries
+# what a DELIVERED entry keeps of each popped message: its metadata, never its body (the buffer
+# would otherwise hold every delivered body until the next write: tests/limits/test_memory.py).
+# A C-level getter: `list(map(DELIVERED_FIELDS, popped))` runs no Python frame per message.
+DELIVERED_FIELDS = operator.attrgetter(
+    "message.topic",
+    "message.queue_id",
+    "message.queue_offset",
+    "message.commitlog_offset",
+    "message.properties",
+    "message.reconsume_times",
+    "message.message_id",
+    "receipt_handle",
+)
 # C-level callables, so that the processor's hot path enters no Python frame of this module:
 match_traceparent = re.compile(
     r"(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}"
@@ -168,7 +183,7 @@ class TraceRecorder:
     # The processor appends tuples to `pending` itself (a list append: no Python frame on its hot
     # path, docs/architecture.md); rows are built when they are written, in the order appended:
     #   (STORED, ms, ctx, traceparents, results)    a send stored messages with these at `results`
-    #   (DELIVERED, ms, ctx, group, popped)         a pop handed `popped` out to `group`
+    #   (DELIVERED, ms, ctx, group, [DELIVERED_FIELDS(p) for p in popped])  a pop handed them to `group`
     #   (HANDLED, ms, ctx, event, handle, new handle | None, detail | None)
     #   (EVENT, ms, ctx, event, message id, detail | None)
     # and calls `wake()` when len(pending) reaches `max_buffered`. The methods below do the same.
@@ -182,7 +197,7 @@ class TraceRecorder:
     def delivered(self, ctx: ClientContext, group: str, popped: Sequence[PoppedMessage]) -> None:
         """A pop handed `popped` out to `group`; a redelivery is also `retried` (after a nack) or
         `expired` (its invisible time passed)."""
-        self._add((DELIVERED, time_ns() // 1_000_000, ctx, group, popped))
+        self._add((DELIVERED, time_ns() // 1_000_000, ctx, group, list(map(DELIVERED_FIELDS, popped))))
 
     def handled(
         self,
@@ -248,23 +263,20 @@ class TraceRecorder:
         self, out: list, t: int, proto: str, client: str, user: str | None, group: str, popped: Sequence
     ) -> None:
         handles, nacked = self._handles, self._nacked
-        for p in popped:
-            m = p.message
-            topic, qid, off, clo = m.topic, m.queue_id, m.queue_offset, m.commitlog_offset
+        for topic, qid, off, clo, props, reconsumed, mid, handle in popped:  # (DELIVERED_FIELDS)
             keys = (CLO_KEY_PREFIX + str(clo >> _CLO_BITS),)
-            tp = m.properties.get(TRACEPARENT)
-            attempt = m.reconsume_times + 1
+            tp = props.get(TRACEPARENT)
+            attempt = reconsumed + 1
             if attempt > 1:
                 ev = "retried" if clo in nacked else "expired"
                 nacked.discard(clo)
-                mid = m.message_id
                 out.append(((ev, t, proto, client, user, group, qid, off, attempt - 1, None, mid, tp,
                              topic, clo), keys))  # fmt: skip
-            out.append((("delivered", t, proto, client, user, group, qid, off, attempt, None, m.message_id,
+            out.append((("delivered", t, proto, client, user, group, qid, off, attempt, None, mid,
                          tp, topic, clo), keys))  # fmt: skip
             if len(handles) >= _MAX_HANDLES:
                 del handles[next(iter(handles))]
-            handles[p.receipt_handle] = (topic, qid, off, tp, clo, m.message_id)
+            handles[handle] = (topic, qid, off, tp, clo, mid)
 
     def _handled_row(
         self,
