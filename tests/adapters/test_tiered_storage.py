@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 
 import grpc
@@ -24,7 +25,7 @@ import pytest
 from adapters.grpc.generated import definition_pb2 as d
 from adapters.grpc.generated import service_pb2 as s
 from adapters.grpc.generated import service_pb2_grpc
-from analytics.client import ReadClient
+from analytics.client import GatewayError, ReadClient
 from messaging_processor import ClientContext
 from tests.adapters.grpc.support import MD, ack, msg, receive
 from tests.adapters.remoting.support import needs_alions, received, run
@@ -200,4 +201,14 @@ def test_unreachable_object_store_local_traffic_goes_on_tiered_reads_fail_then_r
         assert "tiered storage" in r.json()["detail"]
     finally:
         s3.resume()
-    assert offset_reads(gw)[:5] == tiered[2][:5]  # back: the same rows as before the upload
+    # back: the same rows as before the upload, once the server has worked off what queued up
+    # while it was paused (the tier's uploads retry meanwhile)
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            rows = offset_reads(gw)
+            break
+        except GatewayError as e:
+            assert e.status == 503 and time.monotonic() < deadline, e
+            time.sleep(0.5)
+    assert rows[:5] == tiered[2][:5]
