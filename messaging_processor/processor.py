@@ -870,15 +870,11 @@ class MessagingProcessor:
 
     async def find_by_key(self, key: str) -> list[Message]:
         """Every stored record whose keys include `key` (the store's key index)."""
-        by_key = getattr(self.store, "get_by_key", None)  # not (yet) part of the StoreClient port
-        local = getattr(self.store, "store", None)  # LocalStoreClient: the in-process store.Store
+        by_key = getattr(self.store, "get_by_key", None)  # LocalStoreClient's; not (yet) on the port
+        if by_key is None:
+            raise ProcessorError(ErrorKind.UNSUPPORTED, "this store client cannot find messages by key")
         with StoreCall(None, "", ""):
-            if by_key is not None:
-                found = await by_key(key)
-            elif local is not None and hasattr(local, "get_by_key"):
-                found = local.get_by_key(key)
-            else:
-                raise ProcessorError(ErrorKind.UNSUPPORTED, "this store client cannot find messages by key")
+            found = await by_key(key)
         return [m for m in found if m.topic != TRACE_TOPIC]  # (the trace's own records are keyed too)
 
     async def dead_letters(

@@ -232,6 +232,10 @@ class LocalStoreClient:
     async def inflight_count(self, group: str, topic: str) -> int:
         return self.store.inflight_count(group, topic)
 
+    async def get_by_key(self, key: str) -> list[Message]:
+        """Messages whose keys include `key` (LOCAL mode; not yet on the StoreClient port)."""
+        return await self._tiered(self.store.get_by_key, key)
+
     async def get_by_id(self, message_id: str) -> list[Message]:
         return await self._tiered(self.store.get_by_id, message_id)
 

@@ -489,15 +489,9 @@ def _event_json(r: Row) -> dict[str, Any]:
 
 
 def recorder_for(store: Any, retention_ms: int) -> TraceRecorder:
-    """A TraceRecorder over a StoreClient. Key lookups use its `get_by_key`, or the in-process
-    store's (LOCAL mode); a client with neither (CLUSTER mode today) records but cannot answer."""
+    """A TraceRecorder over a StoreClient. Key lookups use its `get_by_key` (LocalStoreClient's);
+    a client without one (CLUSTER mode today) records but cannot answer."""
     by_key = getattr(store, "get_by_key", None)
-    local = getattr(store, "store", None)
-    if by_key is None and local is not None and hasattr(local, "get_by_key"):
-
-        async def by_key(key: str) -> list[Message]:
-            return local.get_by_key(key)
-
     return TraceRecorder(
         store.append_many,
         store.create_topic,

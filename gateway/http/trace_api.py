@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel
 
 from messaging_processor import ErrorKind, MessagingProcessor, ProcessorError
-from messaging_processor.tracing import TraceRecorder
+from messaging_processor.tracing import EVENTS, TraceRecorder
 
 from .deps import get_processor
 
@@ -24,18 +24,7 @@ _ERRORS: dict[int | str, dict] = {
     501: {"description": "message tracing is off (problem+json)"},
 }
 
-EventName = Literal[
-    "received",
-    "stored",
-    "delivered",
-    "acked",
-    "nacked",
-    "invisible_time_changed",
-    "expired",
-    "retried",
-    "dead_lettered",
-    "redriven",
-]
+EventName = Literal[EVENTS]  # (Literal of a tuple: one literal per event name)
 
 
 class TraceEvent(BaseModel):
