@@ -321,6 +321,17 @@ class ClusterStoreClient:
             out += [await self.ids.globalize(node, m) for m in w.decode_messages(r.body)]
         return out
 
+    async def get_by_key(self, key: str) -> list[Message]:
+        """Every node's records whose keys include `key` (the store's key index on each node)."""
+        out: list[Message] = []
+        for node in self.members.need_readable():
+            try:
+                r = await node.call("get_by_key", {"key": key})
+            except NodeUnavailable:
+                continue
+            out += [await self.ids.globalize(node, m) for m in w.decode_messages(r.body)]
+        return out
+
     async def latest(self, topic: str, key: str, tombstones: bool = False) -> Message | None:
         """The newest (by store time) of each node's latest record of `key`."""
         best: Message | None = None

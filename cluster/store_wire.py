@@ -86,6 +86,7 @@ OPS: dict[str, int] = {
             "latest_items",
             "compact",
             "resize_topic",
+            "get_by_key",
         )
     )
 }
@@ -93,7 +94,9 @@ OP_NAMES = {code: name for name, code in OPS.items()}
 CANCEL = 9198  # oneway: extField `opaque` = a pending request of this connection to abandon
 TXN_CHECK = 9199  # store node -> proxy, oneway: body = one encoded message (a half message)
 # Operations whose reply body is encoded messages instead of JSON.
-MESSAGE_REPLIES = frozenset({"pop", "read", "get_by_id", "get_message", "latest", "latest_items"})
+MESSAGE_REPLIES = frozenset(
+    {"pop", "read", "get_by_id", "get_by_key", "get_message", "latest", "latest_items"}
+)
 # Operations that append to the commit log (a primary then wakes its replicas' pulls).
 WRITES = frozenset({"append", "forward_to_dlq", "end_transaction", "nack"})
 # Operations a replica serves (they change nothing); every other one needs the primary.
@@ -112,6 +115,7 @@ READS = frozenset(
         "backlog",
         "inflight_count",
         "get_by_id",
+        "get_by_key",
         "get_message",
         "kv_get",
         "kv_scan",
@@ -358,6 +362,7 @@ SERVE: dict[str, Op] = {
     "backlog": lambda c, a, b: c.backlog(a["group"], a["topic"]),
     "inflight_count": lambda c, a, b: c.inflight_count(a["group"], a["topic"]),
     "get_by_id": lambda c, a, b: c.get_by_id(a["id"]),
+    "get_by_key": lambda c, a, b: c.get_by_key(a["key"]),
     "get_message": lambda c, a, b: _then(c.get_message(a["offset"]), lambda m: [m]),
     "latest": lambda c, a, b: _then(c.latest(a["topic"], a["key"], True), lambda m: [] if m is None else [m]),
     "latest_items": lambda c, a, b: c.latest_items(a["topic"], True),

@@ -26,6 +26,7 @@ from contextlib import asynccontextmanager
 import aio_pika
 import aiomqtt
 import grpc
+import httpx
 import pika
 import pytest
 
@@ -274,6 +275,41 @@ async def test_topic_update_resizes_the_queues_of_every_store(cluster):
         assert sorted(per_queue) == list(range(12))  # every queue of the grown topic was used
         for offs in per_queue.values():  # each queue's offsets dense from 0: none moved or restarted
             assert sorted(offs) == list(range(len(offs)))
+
+
+async def test_message_trace_and_key_lookup_across_proxies_and_stores(cluster):
+    """The message trace in CLUSTER mode: messages sent through one proxy land on both stores and are
+    consumed through the other; either proxy's admin API answers each message's trace (received and
+    stored by the first proxy, delivered and acked by the second: both write `%TRACE%`, and a query
+    reads every store's key index) and finds the messages by key."""
+    (_, l0), (_, l1) = cluster.proxies[:2]
+    bodies = [b"traced-%d" % i for i in range(6)]
+    async with stub(l0) as s0, stub(l1) as s1:
+        for i, b in enumerate(bodies):
+            r = await g.send(s0, g.msg("traced", b, keys=[f"order-{i}"]))
+            assert r.status.code == d.OK, r.status
+        got = await receive_until(s1, "G-TRACED", "traced", len(bodies))
+        assert sorted(m.body for m in got) == bodies
+        assert len({store_of(m) for m in got}) == 2  # both store nodes hold some
+        r = await g.ack(s1, "G-TRACED", "traced", *(m.system_properties.receipt_handle for m in got))
+        assert r.status.code == d.OK, r.status
+    ids = {m.body: m.system_properties.message_id for m in got}
+
+    def trace(listeners: dict[str, str], mid: str) -> list[tuple]:
+        resp = httpx.get(f"http://{listeners['http']}/admin/messages/{mid}/trace", timeout=10)
+        if resp.status_code != 200:
+            return []
+        return [(e["event"], e["protocol"], e["group"]) for e in resp.json()["events"]]
+
+    want = [("received", "grpc", None), ("stored", "grpc", None), ("delivered", "grpc", "G-TRACED"),
+            ("acked", "grpc", "G-TRACED")]  # fmt: skip
+    for at, mid in itertools.product((l0, l1), ids.values()):  # (each proxy writes within 200 ms)
+        wait_for(lambda at=at, mid=mid: trace(at, mid) == want, what=f"the trace of {mid}: {trace(at, mid)}")
+    found = httpx.get(f"http://{l1['http']}/admin/messages/trace", params={"key": "order-3"}, timeout=10)
+    assert [t["message_id"] for t in found.json()] == [ids[b"traced-3"]]
+    r = admin_cli("message", "find", "--key", "order-5", "--url", f"http://{l0['http']}", "--json")
+    assert r.returncode == 0, r.stderr
+    assert [(m["id"], m["body"]) for m in json.loads(r.stdout)] == [(ids[b"traced-5"], "traced-5")]
 
 
 async def test_proxies_register_their_endpoints_with_the_name_server(cluster):
