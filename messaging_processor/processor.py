@@ -51,9 +51,11 @@ from .tracing import (
     TRACE_TOPIC,
     TRACEPARENT,
     TraceRecorder,
+    derivable_id,
     format_traceparent,
     match_traceparent,
     next_trace_sequence,
+    traceparent_of,
 )
 from .validation import Limits, check_group, check_invisible_time, check_message, check_topic
 
@@ -88,18 +90,34 @@ DLQ_PROPS = (
 REDRIVEN_NS = "dlq.redriven"
 
 
-def ensure_traceparents(messages: Sequence[Message]) -> list[str]:
-    """Give every message without a valid `traceparent` (messaging_processor/tracing.py) a new one,
-    set in its properties in place (messages sharing one dict, an adapter's copies of one publish,
-    share it); returns each message's traceparent. Here, with tracing.py's C-level callables, so
-    that the send path enters no other module (tests/architecture/test_message_path.py)."""
-    out = []
-    for m in messages:
+def ensure_traceparents(messages: Sequence[Message]) -> list[tuple[int, str]] | None:
+    """Keep a valid client `traceparent`, drop any other; a message left without one derives its
+    trace context from its id when read (messaging_processor/tracing.py `traceparent_of`), unless
+    its id is not hex or it shares its properties dict with the message before it (an adapter's
+    copies of one publish: they must share one trace), which get a new one, set in place. Returns
+    [(index, traceparent)] of the messages that carry one (None when none does). Here, with
+    tracing.py's C-level callables, so that the send path enters no other module
+    (tests/architecture/test_message_path.py)."""
+    out = None
+    prev = None
+    for i, m in enumerate(messages):
         p = m.properties
         tp = p.get(TRACEPARENT)
-        if tp is None or len(tp) != 55 or match_traceparent(tp) is None:
+        if tp is not None and (len(tp) != 55 or match_traceparent(tp) is None):
+            del p[TRACEPARENT]
+            tp = None
+        if tp is None:
+            mid = m.message_id
+            if p is not prev and (not mid or derivable_id(mid[-32:]) is not None):
+                prev = p
+                continue
             tp = p[TRACEPARENT] = format_traceparent(next_trace_sequence())
-        out.append(tp)
+            if p is prev:  # (the copy before shares it)
+                out = out or []
+                out.append((i - 1, tp))
+        prev = p
+        out = out or []
+        out.append((i, tp))
     return out
 
 
@@ -688,14 +706,19 @@ class MessagingProcessor:
         end: int | None = None,
         max_messages: int = 32,
         filter: Filter = ALL,
+        *,
+        group: str | None = None,
     ) -> list[Message]:
-        """Messages of one queue with offsets in [start, end): replayable range reads."""
+        """Messages of one queue with offsets in [start, end): replayable range reads. `group`: a
+        pull consumer's group, which reads them to consume them (traced as deliveries)."""
         if self.authorizer is not None:
             await self.authorize(ctx.identity, Action.SUBSCRIBE, Resource("topic", topic))
         with StoreCall(None, "", ""):
             msgs = await self.store.read(topic, queue_id, start, end, max_messages, filter)
         if msgs:
             self.metrics.messages_out[(ctx.protocol, topic)] += len(msgs)
+            if group is not None and self.tracer is not None:
+                self.tracer.pulled(ctx, group, topic, queue_id, msgs)
         return msgs
 
     async def read_raw(
@@ -746,6 +769,8 @@ class MessagingProcessor:
         check_group(group, self.limits)
         with StoreCall(None, "", ""):
             await self.store.commit_offset(group, topic, queue_id, offset)
+        if self.tracer is not None:  # (the messages a pull consumer read below it are consumed)
+            self.tracer.committed(ctx, group, topic, queue_id, offset)
 
     async def committed_offset(self, group: str, topic: str, queue_id: int) -> int:
         with StoreCall(None, "", ""):
@@ -870,11 +895,8 @@ class MessagingProcessor:
 
     async def find_by_key(self, key: str) -> list[Message]:
         """Every stored record whose keys include `key` (the store's key index)."""
-        by_key = getattr(self.store, "get_by_key", None)  # LocalStoreClient's; not (yet) on the port
-        if by_key is None:
-            raise ProcessorError(ErrorKind.UNSUPPORTED, "this store client cannot find messages by key")
         with StoreCall(None, "", ""):
-            found = await by_key(key)
+            found = await self.store.get_by_key(key)
         return [m for m in found if m.topic != TRACE_TOPIC]  # (the trace's own records are keyed too)
 
     async def dead_letters(
@@ -949,6 +971,8 @@ class MessagingProcessor:
         if await self.store.kv_put_if_absent(REDRIVEN_NS, key, b"") is not None:
             return  # redriven before (or by a redrive running now)
         props = {k: v for k, v in dead.properties.items() if k not in DLQ_PROPS}
+        if TRACEPARENT not in props and (tp := traceparent_of(dead)) is not None:
+            props[TRACEPARENT] = tp  # (the copy gets a new id: it keeps the original's trace)
         copy = Message(
             topic=origin,
             body=dead.body,

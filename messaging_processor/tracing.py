@@ -1,17 +1,20 @@
 """Message tracing: W3C `traceparent` handling and the per-message lifecycle record.
 
-Every message carries its W3C trace context in the store property `traceparent`
-(`00-<32 hex trace id>-<16 hex span id>-<2 hex flags>`): a valid one from the client is kept, any
-other is replaced by a new one (the processor's `ensure_traceparents`). Adapters only map their
-protocol's field to and from that property.
+Every message carries a W3C trace context (`00-<32 hex trace id>-<16 hex span id>-<2 hex flags>`).
+A valid one from the client is kept in the store property `traceparent`; any other is dropped. A
+message without one has its context derived from its message id when it is read
+(`traceparent_of`: trace id = the last 32 hex digits of the id, span id = the last 16), so the send
+path makes and stores nothing for it; only a message whose id is not hex (or copies of one publish
+that share one properties dict) gets a new one stored (the processor's `ensure_traceparents`).
+Adapters only map their protocol's field to and from `traceparent_of`.
 
 `TraceRecorder` keeps what happens to each message (received and stored, delivered, acked, nacked,
 ...) as compact records in the system topic `%TRACE%` (one queue, retention = the trace retention).
 The processor hands it small tuples; they are buffered and written every 200 ms (or 512 events) with
-one `append_many`, so the send path never waits on the trace. A record holds many events (orjson
-rows) and the store's key index makes them findable: `trace:<trace id>` and a bucket of positions
-(`<topic>/<queue>/<offset>`: the events after `stored` know only a receipt handle, which names the
-position); a query by message id finds the message's position through the store's id index.
+one `append_many`, so the send path never waits on the trace. A record holds many rows (orjson) and
+the store's key index makes them findable by commit log position (`trace-clo:<offset >> 16>`): a
+send is one row naming the commit log ranges it filled, a pop one row of (offset, attempt) pairs, an
+ack one pair in a row of acks; a query finds the message (by id, key or trace id) and then its rows.
 
 Hand-written rather than the OpenTelemetry SDK: the SDK exports spans to a collector, it does not
 keep a queryable per-message history in our store, which is what the admin API answers from.
@@ -62,7 +65,8 @@ _MAX_RECORD_KEY_BYTES = 32_000  # a record's keys are joined into a u16-sized fi
 _MAX_RECORD_ROWS = 256
 _MAX_HANDLES = 4096  # unsettled deliveries remembered (receipt handle -> message), oldest dropped (then
 # an ack is recorded by the position its handle names: tests/limits/test_memory.py bounds the memory)
-STORED, DELIVERED, HANDLED, EVENT = range(4)  # kinds of `TraceRecorder.pending` entries
+STORED, DELIVERED, HANDLED, EVENT, PULLED, COMMITTED = range(6)  # kinds of `TraceRecorder.pending` entries
+_MAX_PULLED = 4096  # per group and queue: pulled offsets remembered until a commit passes them
 # what a DELIVERED entry keeps of each popped message: its metadata, never its body (the buffer
 # would otherwise hold every delivered body until the next write: tests/limits/test_memory.py).
 # A C-level getter: `list(map(DELIVERED_FIELDS, popped))` runs no Python frame per message.
@@ -76,6 +80,8 @@ DELIVERED_FIELDS = operator.attrgetter(
     "message.message_id",
     "receipt_handle",
 )
+# what a PULLED entry keeps of each message read by a pull consumer (4.x PULL_MESSAGE)
+PULLED_FIELDS = operator.attrgetter("queue_offset", "commitlog_offset", "reconsume_times")
 # C-level callables, so that the processor's hot path enters no Python frame of this module:
 match_traceparent = re.compile(
     r"(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}"
@@ -86,6 +92,9 @@ match_traceparent = re.compile(
 TRACE_ID_PREFIX = f"{getrandbits(64) | 1 << 63:016x}"
 next_trace_sequence = itertools.count(1).__next__
 format_traceparent = ("00-" + TRACE_ID_PREFIX + "{0:016x}-{0:016x}-01").format  # (sequence number)
+# A message id a traceparent can be derived from: its last 32 characters hex (store-made ids, 4.x
+# UNIQ_KEYs and RocketMQ 5 client ids are), the last 16 of them not all zero.
+derivable_id = re.compile(r"[0-9A-Fa-f]{16}(?!0{16})[0-9A-Fa-f]{16}").fullmatch  # (of id[-32:])
 
 # An event row: [event, time ms, protocol, client id, user, group, queue id, offset, attempt, detail,
 # message id, traceparent, topic, commit log offset] (None where unknown)
@@ -100,6 +109,22 @@ def valid_traceparent(value: str | None) -> bool:
 def new_traceparent() -> str:
     """A new sampled traceparent of this process (see `format_traceparent`)."""
     return format_traceparent(next_trace_sequence())
+
+
+def derived_traceparent(message_id: str) -> str | None:
+    """The traceparent of a message stored without one: from its id (None: the id is not hex)."""
+    t = message_id[-32:]
+    if derivable_id(t) is None:
+        return None
+    t = t.lower()
+    return f"00-{t}-{t[16:]}-01"
+
+
+def traceparent_of(message: Message) -> str | None:
+    """The trace context a message is delivered with: its `traceparent` property, or the one derived
+    from its id."""
+    tp = message.properties.get(TRACEPARENT)
+    return derived_traceparent(message.message_id) if tp is None else tp
 
 
 def trace_id_of(traceparent: str) -> str:
@@ -144,6 +169,8 @@ class TraceRecorder:
         # receipt handle -> (topic, queue id, offset, traceparent), for the events that know only a handle
         self._handles: dict[str, tuple[str, int, int, str | None]] = {}
         self._nacked: set[tuple[str, int, int]] = set()
+        # (group, topic, queue) -> {offset: commit log offset} of pulled messages not yet committed
+        self._pulled: dict[tuple[str, str, int], dict[int, int]] = {}
         self.sinks: list[Callable[[list[Row]], None]] = []  # also handed every flushed batch (OTLP)
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -182,17 +209,21 @@ class TraceRecorder:
     # ------------------------------------------------------------------ events
     # The processor appends tuples to `pending` itself (a list append: no Python frame on its hot
     # path, docs/architecture.md); rows are built when they are written, in the order appended:
-    #   (STORED, ms, ctx, traceparents, results)    a send stored messages with these at `results`
+    #   (STORED, ms, ctx, [(index, traceparent), ...] | None, results)  a send stored messages at
+    #       `results`; those at `index` with that (explicit) traceparent, the others derive theirs
     #   (DELIVERED, ms, ctx, group, [DELIVERED_FIELDS(p) for p in popped])  a pop handed them to `group`
     #   (HANDLED, ms, ctx, event, handle, new handle | None, detail | None)
     #   (EVENT, ms, ctx, event, message id, detail | None)
+    #   (PULLED, ms, ctx, group, topic, queue id, [PULLED_FIELDS(m) for m in read])  a pull consumer
+    #       (reading by offset) got these; (COMMITTED, ms, ctx, group, topic, queue id, offset) it
+    #       committed its offset: the pulled messages below it are `acked`
     # and calls `wake()` when len(pending) reaches `max_buffered`. The methods below do the same.
     def stored(
         self, ctx: ClientContext, messages: Sequence[Message], results: Sequence[AppendResult]
     ) -> None:
-        """A send stored `messages` (with `traceparent`s) at `results`: received + stored events."""
-        tps = [m.properties.get(TRACEPARENT) or "" for m in messages]
-        self._add((STORED, time_ns() // 1_000_000, ctx, tps, results))
+        """A send stored `messages` at `results`: received + stored events."""
+        explicit = [(i, tp) for i, m in enumerate(messages) if (tp := m.properties.get(TRACEPARENT))]
+        self._add((STORED, time_ns() // 1_000_000, ctx, explicit, results))
 
     def delivered(self, ctx: ClientContext, group: str, popped: Sequence[PoppedMessage]) -> None:
         """A pop handed `popped` out to `group`; a redelivery is also `retried` (after a nack) or
@@ -216,114 +247,195 @@ class TraceRecorder:
         """`event` (e.g. redriven, dead_lettered) of the message `message_id` known only by its id."""
         self._add((EVENT, time_ns() // 1_000_000, ctx, event, message_id, detail))
 
+    def pulled(
+        self, ctx: ClientContext, group: str, topic: str, queue_id: int, read: Sequence[Message]
+    ) -> None:
+        """A pull consumer of `group` read `read` (by offset) to consume them: delivered events."""
+        self._add(
+            (PULLED, time_ns() // 1_000_000, ctx, group, topic, queue_id, list(map(PULLED_FIELDS, read)))
+        )
+
+    def committed(self, ctx: ClientContext, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """`group` committed its offset of a queue: the messages it pulled below it are acked."""
+        self._add((COMMITTED, time_ns() // 1_000_000, ctx, group, topic, queue_id, offset))
+
     def _add(self, entry: tuple) -> None:
         self.pending.append(entry)
         if len(self.pending) >= self.max_buffered:
             self._wake.set()
 
     # ------------------------------------------------------------------ writing
-    # A record's body is an orjson list of rows, its keys what finds them (few keys per message:
-    # the key index is the costly part):
-    #   ["S", received ms, protocol, client id, user, [AppendResult as a list, ...], [traceparent, ...]]
-    #       one send; keyed by the commit log buckets of its messages (`trace-clo:<offset >> 16>`) and
-    #       `trace:<trace id>` for a client's trace id, `trace-seq:<29 hex digits>` (4096 trace ids a
-    #       key) for one made here
-    #   Row (see `Row`, its last field the message's commit log offset)
-    #       a later event; keyed by that commit log bucket, or, when only the receipt handle names
-    #       the message (another proxy popped it), by `trace-pos:<topic>/<queue>/<offset >> 8>`; an
-    #       event known only by message id by `trace-msg:<id>`
-    def _take_rows(self) -> list[tuple[Any, Any]]:
-        """The rows (with their record keys) of everything pending, which is then cleared."""
+    # A record's body is an orjson list of rows, its keys what finds them (few keys per record:
+    # the key index is the costly part). Every row is keyed by the commit log buckets
+    # (`trace-clo:<offset >> 16>`) of the messages it names; the message (found by id, key or trace
+    # id) gives its topic, queue, offset, id and trace context, so no row repeats them:
+    #   ["R", ms, protocol, client id, user, [[first, end], ...], [[message id, traceparent], ...]]
+    #       one send: it stored the messages whose commit log offsets lie in [first, end) (each
+    #       range holds only this send's records: consecutive results, sizes adding up); the second
+    #       list names the messages stored with a traceparent (a client's: also keyed
+    #       `trace:<trace id>`; one made here: `trace-seq:<first 29 hex digits of its trace id>`)
+    #   ["D", ms, protocol, client id, user, group, [[commit log offset, attempt, redelivery], ...]]
+    #       one pop; redelivery "retried" (after a nack) or "expired", else None
+    #   ["H", event, protocol, client id, user, group, [[commit log offset, ms, detail], ...]]
+    #       consecutive acks (nacks, ...) of one client and group
+    #   Row (see `Row`): an event known only by the position a receipt handle names (another proxy
+    #       popped it; keyed `trace-pos:<topic>/<queue>/<offset >> 8>`) or by message id
+    #       (`trace-msg:<id>`)
+    # (Records written before these rows hold "S" rows and a Row per event: still read.)
+    def _take_rows(self, expand: bool = False) -> tuple[list[tuple[Any, Any]], list[Row]]:
+        """The rows (with their record keys) of everything pending, which is then cleared; with
+        `expand`, also every event as a full Row (for the exporters)."""
         pending, self.pending = self.pending, []
         out: list[tuple[Any, Any]] = []
+        full: list[Row] = []
         add = out.append
+        acks: list | None = None  # the items of the "H" row being filled
+        last_h: tuple = ()
         for e in pending:
             kind, t, ctx = e[0], e[1], e[2]
             proto, client, user = ctx.protocol, ctx.client_id, ctx.identity.username or None
-            if kind == STORED:
-                tps, results = e[3], e[4]
-                keys = {CLO_KEY_PREFIX + str(r[4] >> _CLO_BITS) for r in results}
-                for tp in tps:  # (no per-message work but this: a made trace id is one slice compare)
-                    if tp[3:19] == TRACE_ID_PREFIX:
-                        keys.add(SEQUENCE_KEY_PREFIX + tp[3:32])
-                    elif tp:
-                        keys.add(TRACE_KEY_PREFIX + tp[3:35])
-                add((("S", t, proto, client, user, list(map(tuple, results)), tps), keys))
+            if kind == HANDLED:
+                known = self._handles.pop(e[4], None)
+                if known is not None:
+                    event, handle, new_handle, detail = e[3:]
+                    topic, qid, off, tp, clo, mid = known
+                    if new_handle is not None:
+                        self._handles[new_handle] = known
+                    if event == "nacked":
+                        if len(self._nacked) >= _MAX_HANDLES:
+                            self._nacked.clear()
+                        self._nacked.add(clo)
+                    group = _group_of_handle(handle)
+                    head = (event, ctx, group)
+                    if acks is None or head != last_h:
+                        acks, last_h = [], head
+                        add((["H", event, proto, client, user, group, acks], set()))
+                    acks.append((clo, t, detail))
+                    out[-1][1].add(CLO_KEY_PREFIX + str(clo >> _CLO_BITS))
+                    if expand:
+                        full.append([event, t, proto, client, user, group, qid, off, None, detail, mid,
+                                     tp, topic, clo])  # fmt: skip
+                    continue
+                self._unknown_handle_row(out, t, proto, client, user, *e[3:])
+            elif kind == STORED:
+                self._send_row(out, full if expand else None, t, proto, client, user, e[3], e[4])
             elif kind == DELIVERED:
-                self._delivered_rows(out, t, proto, client, user, e[3], e[4])
-            elif kind == HANDLED:
-                self._handled_row(out, t, proto, client, user, *e[3:])
+                self._delivered_row(out, full if expand else None, t, proto, client, user, e[3], e[4])
+            elif kind == PULLED:
+                self._pulled_row(out, t, proto, client, user, *e[3:])
+            elif kind == COMMITTED:
+                self._committed_row(out, t, proto, client, user, *e[3:])
             else:
                 event, mid, detail = e[3:]
-                row = (event, t, proto, client, user, None, None, None, None, detail, mid, None, None, None)
+                row = [event, t, proto, client, user, None, None, None, None, detail, mid, None, None, None]
                 add((row, (MESSAGE_KEY_PREFIX + mid,)))
-        return out
+                if expand:
+                    full.append(row)
+            acks = None
+        return out, full
 
-    def _delivered_rows(
-        self, out: list, t: int, proto: str, client: str, user: str | None, group: str, popped: Sequence
-    ) -> None:
+    @staticmethod
+    def _send_row(
+        out: list, full: list[Row] | None, t: int, proto: str, client: str, user: str | None,
+        explicit: Sequence[tuple[int, str]] | None, results: Sequence[AppendResult],
+    ) -> None:  # fmt: skip
+        first = results[0]
+        last = results[-1]
+        if last[4] + last[5] - first[4] == sum(r[5] for r in results):  # (the usual case: one range)
+            runs = [(first[4], last[4] + last[5])]
+        else:
+            runs = []
+            for r in results:
+                clo, end = r[4], r[4] + r[5]
+                if runs and runs[-1][0] <= clo <= runs[-1][1]:
+                    runs[-1][1] = max(runs[-1][1], end)
+                else:
+                    runs.append([clo, end])
+        bits = _CLO_BITS
+        keys = {CLO_KEY_PREFIX + str(b) for a, z in runs for b in range(a >> bits, ((z - 1) >> bits) + 1)}
+        tagged = []
+        for i, tp in explicit or ():
+            tagged.append((results[i][0], tp))
+            made = tp[3:19] == TRACE_ID_PREFIX
+            keys.add(SEQUENCE_KEY_PREFIX + tp[3:32] if made else TRACE_KEY_PREFIX + tp[3:35])
+        out.append((("R", t, proto, client, user, runs, tagged), keys))
+        if full is not None:
+            tps = dict(explicit or ())
+            for i, res in enumerate(results):
+                tp = tps.get(i) or derived_traceparent(res[0])
+                full += _send_events(t, proto, client, user, res, tp)
+
+    def _delivered_row(
+        self, out: list, full: list[Row] | None, t: int, proto: str, client: str, user: str | None,
+        group: str, popped: Sequence,
+    ) -> None:  # fmt: skip
         handles, nacked = self._handles, self._nacked
+        items = []
+        keys = set()
         for topic, qid, off, clo, props, reconsumed, mid, handle in popped:  # (DELIVERED_FIELDS)
-            keys = (CLO_KEY_PREFIX + str(clo >> _CLO_BITS),)
-            tp = props.get(TRACEPARENT)
-            attempt = reconsumed + 1
-            if attempt > 1:
-                ev = "retried" if clo in nacked else "expired"
+            redelivery = None
+            if reconsumed:
+                redelivery = "retried" if clo in nacked else "expired"
                 nacked.discard(clo)
-                out.append(((ev, t, proto, client, user, group, qid, off, attempt - 1, None, mid, tp,
-                             topic, clo), keys))  # fmt: skip
-            out.append((("delivered", t, proto, client, user, group, qid, off, attempt, None, mid,
-                         tp, topic, clo), keys))  # fmt: skip
+            items.append((clo, reconsumed + 1, redelivery))
+            keys.add(CLO_KEY_PREFIX + str(clo >> _CLO_BITS))
+            tp = props.get(TRACEPARENT)
             if len(handles) >= _MAX_HANDLES:
                 del handles[next(iter(handles))]
             handles[handle] = (topic, qid, off, tp, clo, mid)
+            if full is not None:
+                tp = tp or derived_traceparent(mid)
+                if redelivery:
+                    full.append([redelivery, t, proto, client, user, group, qid, off, reconsumed, None, mid,
+                                 tp, topic, clo])  # fmt: skip
+                full.append(["delivered", t, proto, client, user, group, qid, off, reconsumed + 1, None, mid,
+                             tp, topic, clo])  # fmt: skip
+        out.append((("D", t, proto, client, user, group, items), keys))
 
-    def _handled_row(
-        self,
-        out: list,
-        t: int,
-        proto: str,
-        client: str,
-        user: str | None,
-        event: str,
-        handle: str,
-        new_handle: str | None,
-        detail: str | None,
-    ) -> None:
-        known = self._handles.pop(handle, None)
-        if known is None:  # popped before a restart, or through another proxy: the handle names it
-            where = _position_of_handle(handle)
-            if where is None:
-                return
-            topic, qid, off = where
-            group = _group_of_handle(handle)
-            row = (event, t, proto, client, user, group, qid, off, None, detail, None, None, topic, None)
-            out.append((row, (f"{POSITION_KEY_PREFIX}{topic}/{qid}/{off >> 8}",)))
+    def _pulled_row(
+        self, out: list, t: int, proto: str, client: str, user: str | None,
+        group: str, topic: str, qid: int, read: Sequence[tuple[int, int, int]],
+    ) -> None:  # fmt: skip
+        items = [(clo, reconsumed + 1, None) for _off, clo, reconsumed in read]
+        keys = {CLO_KEY_PREFIX + str(clo >> _CLO_BITS) for _off, clo, _r in read}
+        out.append((("D", t, proto, client, user, group, items), keys))
+        key = (group, topic, qid)
+        pulled = self._pulled.pop(key, None) or {}
+        self._pulled[key] = pulled  # (most recently pulled last: the oldest key goes first)
+        pulled.update((off, clo) for off, clo, _r in read)
+        while len(pulled) > _MAX_PULLED:
+            del pulled[next(iter(pulled))]
+        while len(self._pulled) > _MAX_PULLED:
+            del self._pulled[next(iter(self._pulled))]
+
+    def _committed_row(
+        self, out: list, t: int, proto: str, client: str, user: str | None,
+        group: str, topic: str, qid: int, offset: int,
+    ) -> None:  # fmt: skip
+        pulled = self._pulled.get((group, topic, qid))
+        if not pulled:
             return
-        topic, qid, off, tp, clo, mid = known
-        if new_handle is not None:
-            self._handles[new_handle] = known
-        if event == "nacked":
-            if len(self._nacked) >= _MAX_HANDLES:
-                self._nacked.clear()
-            self._nacked.add(clo)
-        row = (
-            event,
-            t,
-            proto,
-            client,
-            user,
-            _group_of_handle(handle),
-            qid,
-            off,
-            None,
-            detail,
-            mid,
-            tp,
-            topic,
-            clo,
-        )
-        out.append((row, (CLO_KEY_PREFIX + str(clo >> _CLO_BITS),)))
+        done = [off for off in pulled if off < offset]
+        if not done:
+            return
+        items = [(pulled.pop(off), t, "offset committed") for off in done]
+        keys = {CLO_KEY_PREFIX + str(clo >> _CLO_BITS) for clo, _t, _d in items}
+        out.append((("H", "acked", proto, client, user, group, items), keys))
+
+    @staticmethod
+    def _unknown_handle_row(
+        out: list, t: int, proto: str, client: str, user: str | None,
+        event: str, handle: str, new_handle: str | None, detail: str | None,
+    ) -> None:  # fmt: skip
+        """An event on a delivery this recorder did not see (popped before a restart, or through
+        another proxy): the handle names the message's position."""
+        where = _position_of_handle(handle)
+        if where is None:
+            return
+        topic, qid, off = where
+        row = (event, t, proto, client, user, _group_of_handle(handle), qid, off, None, detail, None, None,
+               topic, None)  # fmt: skip
+        out.append((row, (f"{POSITION_KEY_PREFIX}{topic}/{qid}/{off >> 8}",)))
 
     @staticmethod
     def _records(rows: list[tuple[Any, Any]]) -> list[Message]:
@@ -346,14 +458,17 @@ class TraceRecorder:
         """Write every buffered event now (one `append_many`)."""
         if not self.pending:
             return
-        rows = self._take_rows()
+        rows, full = self._take_rows(expand=bool(self.sinks))
         for sink in self.sinks:
             try:
-                sink([x for r, _ in rows for x in _expanded(r)])
+                sink(full)
             except Exception as e:  # noqa: BLE001 - an exporter never stops the record
                 log.warning("message trace export failed: %s", e)
+        del full
         records = self._records(rows)
         del rows
+        if not records:  # (e.g. offset commits past no pulled message)
+            return
         if not self._topic_ready:
             if await self._get_topic(TRACE_TOPIC) is None:
                 await self._create_topic(TRACE_TOPIC, 1, self.retention_ms, None)
@@ -376,21 +491,41 @@ class TraceRecorder:
         return out
 
     async def _rows_of(self, m: Message) -> list[list]:
-        """The rows of the stored message `m`, the events of a send as Rows."""
-        mid, clo = m.message_id, m.commitlog_offset
+        """The events (Rows) of the stored message `m`."""
+        mid, clo, topic, qid, off = m.message_id, m.commitlog_offset, m.topic, m.queue_id, m.queue_offset
+        tp = traceparent_of(m)
+
+        def row(event: str, t: int, who: list, group: Any = None, at: bool = True, attempt: Any = None,
+                detail: Any = None) -> Row:  # fmt: skip
+            # `who`: [protocol, client id, user]; `at`: with the message's queue and offset
+            return [event, t, *who, group, qid if at else None, off if at else None, attempt, detail, mid, tp,
+                    topic, clo]  # fmt: skip
+
         out: list[list] = []
         for r in await self._rows_by_key(CLO_KEY_PREFIX + str(clo >> _CLO_BITS)):
-            if r[0] == "S":
-                for res, tp in zip(r[5], r[6], strict=False):
+            tag = r[0]
+            if tag == "R":
+                if any(a <= clo < z for a, z in r[5]):
+                    stored_at = m.store_timestamp or r[1]
+                    out.append(row("received", min(r[1], stored_at), r[2:5], at=False))
+                    out.append(row("stored", stored_at, r[2:5]))
+            elif tag == "D":
+                for c, attempt, redelivery in r[6]:
+                    if c == clo:
+                        if redelivery:
+                            out.append(row(redelivery, r[1], r[2:5], r[5], attempt=attempt - 1))
+                        out.append(row("delivered", r[1], r[2:5], r[5], attempt=attempt))
+            elif tag == "H":
+                out += [row(r[1], t, r[2:5], r[5], detail=detail) for c, t, detail in r[6] if c == clo]
+            elif tag == "S":  # (the older send row: one result and traceparent per message)
+                for res, rtp in zip(r[5], r[6], strict=False):
                     if res[0] == mid and res[4] == clo:
-                        out += _send_events(r, res, tp)
+                        out += _send_events(r[1], r[2], r[3], r[4], res, rtp or tp)
             elif r[13] == clo:
                 out.append(r)
-        at = [m.topic, m.queue_id, m.queue_offset]
-        for r in await self._rows_by_key(
-            f"{POSITION_KEY_PREFIX}{m.topic}/{m.queue_id}/{m.queue_offset >> 8}"
-        ):
-            if r[0] != "S" and r[13] is None and [r[12], r[6], r[7]] == at:
+        where = [topic, qid, off]
+        for r in await self._rows_by_key(f"{POSITION_KEY_PREFIX}{topic}/{qid}/{off >> 8}"):
+            if len(r) == 14 and r[13] is None and [r[12], r[6], r[7]] == where:
                 out.append(r)
         return out
 
@@ -399,21 +534,31 @@ class TraceRecorder:
         rows = [
             r
             for r in await self._rows_by_key(MESSAGE_KEY_PREFIX + message_id)
-            if r[0] != "S" and r[10] == message_id and r[12] is None  # (known only by id)
+            if len(r) == 14 and r[10] == message_id and r[12] is None  # (known only by id)
         ]
+        msg = None
         for m in await self._get_by_id(message_id):
             if m.message_id == message_id and not m.topic.startswith("%"):
                 rows += await self._rows_of(m)
-        return _trace_json(message_id, rows)
+                msg = m
+        return _trace_json(message_id, rows, msg)
 
     async def traces_of_trace_id(self, trace_id: str) -> list[dict[str, Any]]:
-        """The traces of every message of a trace id."""
+        """The traces of every message of a trace id: those stored with it (their send rows are
+        keyed by it), and the message whose id it was derived from."""
         tid = trace_id.lower()
         ids: dict[str, None] = {}
         for key in (TRACE_KEY_PREFIX + tid, SEQUENCE_KEY_PREFIX + tid[:29]):
             for r in await self._rows_by_key(key):
-                if r[0] == "S":
+                if r[0] == "R":
+                    ids.update((mid, None) for mid, tp in r[6] if tp[3:35] == tid)
+                elif r[0] == "S":
                     ids.update((res[0], None) for res, tp in zip(r[5], r[6], strict=False) if tp[3:35] == tid)
+        if len(tid) == 32 and derivable_id(tid) is not None:
+            for mid in (tid.upper(), "01" + tid.upper(), tid, "01" + tid):  # (store-made, RocketMQ 5 clients)
+                for m in await self._get_by_id(mid):
+                    if m.message_id == mid and not m.topic.startswith("%") and traceparent_of(m)[3:35] == tid:
+                        ids[mid] = None
         return [t for mid in ids if (t := await self.trace(mid)) is not None]
 
     async def traces_of_key(self, key: str) -> list[dict[str, Any]]:
@@ -424,9 +569,8 @@ class TraceRecorder:
         return [t for mid in ids if (t := await self.trace(mid)) is not None]
 
 
-def _send_events(r: Any, res: Any, tp: str) -> list[Row]:
-    """The received and stored events (Rows) of one message of a send row."""
-    _, t_in, proto, client, user = r[:5]
+def _send_events(t_in: int, proto: str, client: str, user: str | None, res: Any, tp: str | None) -> list[Row]:
+    """The received and stored events (Rows) of one message of a send (`res`: its AppendResult)."""
     mid, topic, qid, off, clo, _size, at = res
     at = at or t_in
     return [
@@ -435,20 +579,15 @@ def _send_events(r: Any, res: Any, tp: str) -> list[Row]:
     ]
 
 
-def _expanded(r: Any) -> list[Row]:
-    """A send row as its messages' received and stored events; any other row as it is."""
-    if r[0] != "S":
-        return [r]
-    return [e for res, tp in zip(r[5], r[6], strict=False) for e in _send_events(r, res, tp)]
-
-
-def _trace_json(message_id: str, rows: list) -> dict[str, Any] | None:
+def _trace_json(message_id: str, rows: list, msg: Message | None) -> dict[str, Any] | None:
     if not rows:
         return None
     rows.sort(key=lambda r: r[1])  # stable: events of one ms stay in the order recorded
-    stored = next((r for r in rows if r[0] == "stored"), None)
-    tp = (stored[11] if stored is not None else next((r[11] for r in rows if r[11]), None)) or ""
-    topic = stored[12] if stored is not None else next((r[12] for r in rows if r[12]), "")
+    if msg is not None:
+        tp, topic = traceparent_of(msg) or "", msg.topic
+    else:
+        tp = next((r[11] for r in rows if r[11]), None) or ""
+        topic = next((r[12] for r in rows if r[12]), "")
     return {
         "message_id": message_id,
         "trace_id": trace_id_of(tp) if tp else "",
@@ -489,14 +628,12 @@ def _event_json(r: Row) -> dict[str, Any]:
 
 
 def recorder_for(store: Any, retention_ms: int) -> TraceRecorder:
-    """A TraceRecorder over a StoreClient. Key lookups use its `get_by_key` (LocalStoreClient's);
-    a client without one (CLUSTER mode today) records but cannot answer."""
-    by_key = getattr(store, "get_by_key", None)
+    """A TraceRecorder over a StoreClient (LOCAL or CLUSTER: both look messages up by key)."""
     return TraceRecorder(
         store.append_many,
         store.create_topic,
         store.get_topic,
         store.get_by_id,
-        by_key,
+        store.get_by_key,
         retention_ms=retention_ms,
     )

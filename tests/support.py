@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from messaging_processor import LocalStoreClient, MessagingProcessor
 from messaging_processor.security import Security
+from messaging_processor.tracing import recorder_for
 from store import Store, StoreConfig
 
 T = 10.0  # seconds any single awaited event may take
@@ -47,22 +48,31 @@ class Core:
 
     @classmethod
     async def open(
-        cls, data_dir: str, *, processor_kw: dict[str, Any] | None = None, auth: bool = False, **store_kw: Any
+        cls,
+        data_dir: str,
+        *,
+        processor_kw: dict[str, Any] | None = None,
+        auth: bool = False,
+        traced: bool = False,
+        **store_kw: Any,
     ) -> Core:
         """Open the store (`StoreConfig(data_dir=data_dir, **store_kw)`; topics are not auto-created
         unless `auto_create_topics` says so) and start `MessagingProcessor(store, **processor_kw)`.
         `auth`: with authentication and ACLs on (`processor.security`; add users and rules through
-        `core.security` / `core.security.directory`)."""
+        `core.security` / `core.security.directory`). `traced`: with the message trace on (1 h)."""
         store_kw.setdefault("auto_create_topics", False)
         processor_kw = dict(processor_kw or {})
         store = await Store.open(StoreConfig(data_dir=data_dir, **store_kw))
         kw = dict(processor_kw)
         if auth:
             kw["security"] = Security(LocalStoreClient(store), poll_s=0.5)
+        if traced:
+            kw["tracer"] = recorder_for(LocalStoreClient(store), 3_600_000)
         processor = MessagingProcessor(LocalStoreClient(store), **kw)
         await processor.start()
         core = cls(store, processor, store_kw, processor_kw)
         core._auth = auth
+        core._traced = traced
         return core
 
     @property
@@ -91,7 +101,11 @@ class Core:
         """Close this core and open a new one on the same data directory with the same settings."""
         await self.close()
         return await Core.open(
-            self.data_dir, processor_kw=self._processor_kw, auth=self._auth, **self._store_kw
+            self.data_dir,
+            processor_kw=self._processor_kw,
+            auth=self._auth,
+            traced=self._traced,
+            **self._store_kw,
         )
 
 

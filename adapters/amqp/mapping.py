@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 from messaging_processor import Message
-from messaging_processor.tracing import TRACEPARENT
+from messaging_processor.tracing import TRACEPARENT, traceparent_of
 
 from .codec import BasicProperties, Timestamp, decode_properties, encode_properties
 
@@ -140,7 +140,7 @@ def present(m: Message) -> tuple[str, str, bytes]:
         raw = p.get(P_PROPS)
         rk = p.get(P_RK)
         out = raw.encode("latin-1") if raw else EMPTY_PROPS
-        tp = p.get(TRACEPARENT)
+        tp = traceparent_of(m)
         return (
             p.get(P_EXCHANGE, ""),
             m.tag if rk is None else rk,
@@ -149,6 +149,8 @@ def present(m: Message) -> tuple[str, str, bytes]:
     path = p.get("mqtt.topic")
     rk = path.replace("/", ".") if path else (m.tag or m.topic)
     headers: dict[str, Any] = {k: v for k, v in p.items() if not k.startswith("__")}
+    if TRACEPARENT not in headers and (tp := traceparent_of(m)) is not None:
+        headers[TRACEPARENT] = tp
     props = BasicProperties(
         content_type=p.get("mqtt.content_type") or p.get("ce_datacontenttype"),
         headers=headers or None,

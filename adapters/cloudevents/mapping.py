@@ -34,7 +34,7 @@ import contextlib
 from datetime import UTC, datetime
 
 from messaging_processor import Message
-from messaging_processor.tracing import TRACEPARENT
+from messaging_processor.tracing import TRACEPARENT, traceparent_of
 
 from .event import SPECVERSION, AttrValue, Event, is_json_type
 
@@ -124,7 +124,7 @@ def attributes_of(msg: Message) -> dict[str, AttrValue]:
         base = synthesized(msg)
         attrs.setdefault("source", base["source"])
         attrs.setdefault("type", base["type"])
-    tp = props.get(TRACEPARENT)
+    tp = traceparent_of(msg)
     if tp is not None:
         attrs[TRACEPARENT] = tp
     types = props.get(P_TYPES)
@@ -162,7 +162,7 @@ def synthesized(msg: Message) -> dict[str, AttrValue]:
     ct = props.get(MQTT_CONTENT_TYPE)
     if ct:
         attrs["datacontenttype"] = ct
-    tp = props.get(TRACEPARENT)
+    tp = traceparent_of(msg)
     if tp is not None:
         attrs[TRACEPARENT] = tp
     return attrs

@@ -24,7 +24,7 @@ from adapters.grpc.codes import Code
 from adapters.grpc.generated import definition_pb2 as d
 from messaging_processor import Delivery, ErrorKind, Identity, Message, MessageType, ProcessorError
 from messaging_processor.properties import P_USER_PROPERTIES, user_property_pairs
-from messaging_processor.tracing import TRACEPARENT
+from messaging_processor.tracing import TRACEPARENT, traceparent_of
 
 Timestamp = timestamp_pb2.Timestamp
 Duration = duration_pb2.Duration
@@ -207,9 +207,9 @@ def split_properties(props: dict[str, str]) -> tuple[list[tuple[str, str]], str 
 
 
 def _user_properties(m: Message, out: d.Message) -> None:
-    if not m.properties:
-        return
-    user, trace, recovery = split_properties(m.properties)
+    user, trace, recovery = split_properties(m.properties) if m.properties else ((), None, None)
+    if trace is None:
+        trace = traceparent_of(m)
     up = out.user_properties
     for k, v in user:
         up[k] = v

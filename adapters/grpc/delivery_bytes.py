@@ -20,7 +20,8 @@ from typing import Any
 
 from adapters.grpc.convert import proto_type, split_properties
 from adapters.grpc.generated import definition_pb2 as d
-from messaging_processor import Delivery
+from messaging_processor import Delivery, Message
+from messaging_processor.tracing import traceparent_of
 
 _SMALL = tuple(bytes((i,)) for i in range(128))
 _MD5 = hashlib.md5
@@ -123,9 +124,7 @@ def delivery_response(dl: Delivery, store_host: str = "") -> bytes:
         _varint(dl.delivery_attempt),
         _groups[m.message_group] if m.message_group else b"",
     ]
-    user = b""
-    if m.properties:
-        user = _properties(m.properties, sp)
+    user = _properties(m, sp)
     sysprops = b"".join(sp)
     n = len(sysprops)
     msg = b"".join(
@@ -141,10 +140,12 @@ def delivery_response(dl: Delivery, store_host: str = "") -> bytes:
     return _field(b"\x12", msg)
 
 
-def _properties(props: dict[str, str], sp: list[bytes]) -> bytes:
-    """User properties as map entries (returned); the system properties kept among the properties
-    are appended to `sp`."""
-    user, trace, recovery = split_properties(props)
+def _properties(m: Message, sp: list[bytes]) -> bytes:
+    """User properties as map entries (returned); the trace context and the system properties kept
+    among the properties are appended to `sp`."""
+    user, trace, recovery = split_properties(m.properties) if m.properties else ((), None, None)
+    if trace is None:
+        trace = traceparent_of(m)
     if trace is not None:
         sp.append(_string_field(_TRACE_CONTEXT, trace))
     if recovery is not None:

@@ -204,7 +204,7 @@ class Fanout:
             if not s.writable.is_set():
                 continue  # over its outbound bound: a clean session's delivery is dropped (docs/limits.md)
             if s.version == MQTT_5 and props is False:
-                props = v5_properties(sp, now or None)
+                props = v5_properties(msg, now or None)
             pp = with_sub_ids(props or None, ids.get(s)) if ids is not None else props or None
             q = sub.qos if sub.qos < pub_qos else pub_qos
             s.deliver(path, body, q, retained and sub.rap, pp)
@@ -357,7 +357,7 @@ class Fanout:
             if expired(sp, now):
                 return Outcome.ACK
             q = min(sub.qos, qos_of(m))
-            props = with_sub_ids(v5_properties(sp, now), ids) if conn.version == MQTT_5 else None
+            props = with_sub_ids(v5_properties(m, now), ids) if conn.version == MQTT_5 else None
             retain = sub.rap and sp.get(P_RETAIN) == "1"
             if q == 0:
                 conn.deliver(path, m.body, 0, retain, props)

@@ -33,7 +33,7 @@ import json
 import time
 
 from messaging_processor import Message
-from messaging_processor.tracing import TRACEPARENT
+from messaging_processor.tracing import TRACEPARENT, traceparent_of
 
 from .codec import PropertyId
 
@@ -126,9 +126,10 @@ def qos_of(msg: Message) -> int:
     return 1 if q is None else (ord(q[0]) - 48 if q in _QOS_STR else 1)
 
 
-def v5_properties(sp: dict[str, str], now_ms: int | None = None) -> dict | None:
-    """MQTT 5.0 PUBLISH properties from stored properties; None if none apply. An expired message
+def v5_properties(msg: Message, now_ms: int | None = None) -> dict | None:
+    """MQTT 5.0 PUBLISH properties of a stored message; None if none apply. An expired message
     gives the Message Expiry Interval 0 ... callers drop it (see `expired`)."""
+    sp = msg.properties
     out: dict = {}
     v = sp.get(P_CONTENT_TYPE)
     if v is not None:
@@ -149,7 +150,7 @@ def v5_properties(sp: dict[str, str], now_ms: int | None = None) -> dict | None:
     v = sp.get(P_USER)
     if v is not None:
         out[PropertyId.USER_PROPERTY] = [tuple(kv) for kv in json.loads(v)]
-    v = sp.get(TRACEPARENT)
+    v = traceparent_of(msg)
     if v is not None:
         out.setdefault(PropertyId.USER_PROPERTY, []).append((TRACEPARENT, v))
     return out or None

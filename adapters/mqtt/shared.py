@@ -159,7 +159,7 @@ class ShareGroup:
         q = min(m.qos, qos_of(msg))
         props = None
         if s.version == MQTT_5:
-            props = with_sub_ids(v5_properties(sp, now), [m.sub_id] if m.sub_id else None)
+            props = with_sub_ids(v5_properties(msg, now), [m.sub_id] if m.sub_id else None)
         if q == 0:
             s.deliver(path, msg.body, 0, False, props)
             return Outcome.ACK

@@ -145,7 +145,7 @@ class Subscriptions:
                 q = min(sub.qos, qos_of(m))
                 props = None
                 if s.version == MQTT_5:
-                    props = with_sub_ids(v5_properties(m.properties), [sub.sub_id] if sub.sub_id else None)
+                    props = with_sub_ids(v5_properties(m), [sub.sub_id] if sub.sub_id else None)
                 s.deliver(path, m.body, q, True, props)
 
         return suback, after if to_send else None

@@ -19,6 +19,7 @@ from adapters.remoting import message_codec as wm
 from adapters.remoting.message_codec import MessageExt
 from messaging_processor import Message, MessageType
 from messaging_processor.properties import P_USER_PROPERTIES, user_property_pairs
+from messaging_processor.tracing import TRACEPARENT, traceparent_of
 from remoting import parse_host_port
 from remoting.codes import SYSFLAG_TRANSACTION_MASK, SYSFLAG_TRANSACTION_PREPARED
 
@@ -145,6 +146,8 @@ def wire_properties(msg: Message) -> dict[str, str]:
         out[wm.PROPERTY_KEYS] = wm.KEY_SEPARATOR.join(msg.keys)
     if msg.message_id:
         out[wm.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = msg.message_id
+    if TRACEPARENT not in out and (tp := traceparent_of(msg)) is not None:
+        out[TRACEPARENT] = tp  # (the W3C trace context, derived from the id when not stored)
     if msg.message_group:
         out[wm.PROPERTY_SHARDING_KEY] = msg.message_group
     return out

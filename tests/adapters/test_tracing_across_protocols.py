@@ -37,7 +37,7 @@ from adapters.remoting.message_codec import decode_messages
 from gateway.config import Settings
 from gateway.server import Gateway
 from messaging_processor import ClientContext
-from messaging_processor.tracing import valid_traceparent
+from messaging_processor.tracing import derived_traceparent, valid_traceparent
 from remoting import RequestCode, ResponseCode
 from remoting.client import RemotingClient
 from tests.adapters.grpc.support import ack, msg, receive
@@ -239,7 +239,9 @@ async def test_traceparent_crosses_protocols_and_the_trace_shows_every_hop(gw):
         for m in await gw.processor.read(ClientContext("test"), TOPIC, 0, 0, max_messages=n + 1)
     }
     assert len(stored) == n
-    made = next(m for m in stored.values() if m.body == BODIES["none"]).properties["traceparent"]
+    untraced = next(m for m in stored.values() if m.body == BODIES["none"])
+    assert "traceparent" not in untraced.properties  # nothing stored: derived from the id when read
+    made = derived_traceparent(untraced.message_id)
     assert valid_traceparent(made) and made not in TP.values()
     expected = {BODIES[p]: tp for p, tp in TP.items()} | {BODIES["none"]: made}
     assert by_mqtt == expected

@@ -11,10 +11,12 @@ from messaging_processor.store_client import LocalStoreClient
 from messaging_processor.tracing import (
     TRACE_TOPIC,
     TRACEPARENT,
+    derived_traceparent,
     new_traceparent,
     position_of_handle,
     recorder_for,
     trace_id_of,
+    traceparent_of,
     valid_traceparent,
 )
 from store import Store, StoreConfig
@@ -52,18 +54,42 @@ def test_new_traceparents_are_valid_sampled_and_distinct() -> None:
     assert trace_id_of(TP) == "0af7651916cd43dd8448eb211c80319c"
 
 
-def test_ensure_keeps_a_valid_traceparent_and_replaces_others() -> None:
+def test_ensure_keeps_a_valid_traceparent_and_derives_or_makes_the_others() -> None:
     shared = {"a": "1"}
     kept = Message("t", b"", properties={TRACEPARENT: TP})
     bad = Message("t", b"", properties={TRACEPARENT: "garbage", "b": "2"})
+    odd_id = Message("t", b"", properties={}, message_id="order-17")  # not hex: nothing to derive from
     s1, s2 = Message("t", b"", properties=shared), Message("t", b"", properties=shared)
-    tps = ensure_traceparents([kept, bad, s1, s2])
+    tagged = ensure_traceparents([kept, bad, odd_id, s1, s2])
     assert kept.properties[TRACEPARENT] == TP
-    assert valid_traceparent(bad.properties[TRACEPARENT]) and bad.properties["b"] == "2"
+    # an invalid one is dropped: the message's context is derived from the id the store gives it
+    assert TRACEPARENT not in bad.properties and bad.properties["b"] == "2"
+    made = odd_id.properties[TRACEPARENT]
+    assert valid_traceparent(made)
     # copies of one publish (one shared dict) share one new traceparent
     assert s1.properties is s2.properties and valid_traceparent(s1.properties[TRACEPARENT])
-    assert tps == [TP, bad.properties[TRACEPARENT], s1.properties[TRACEPARENT], s1.properties[TRACEPARENT]]
-    assert len(set(tps)) == 3
+    shared_tp = s1.properties[TRACEPARENT]
+    assert tagged == [(0, TP), (2, made), (3, shared_tp), (4, shared_tp)]
+    assert len({TP, made, shared_tp}) == 3
+    assert ensure_traceparents([Message("t", b"x"), Message("t", b"y", message_id="AB" * 16)]) is None
+
+
+@pytest.mark.parametrize(
+    ("message_id", "expected"),
+    [
+        ("7F0000010F2C18B4AAC2536A4C1B0001", "00-7f0000010f2c18b4aac2536a4c1b0001-aac2536a4c1b0001-01"),
+        ("01" + "A1" * 16, "00-" + "a1" * 16 + "-" + "a1" * 8 + "-01"),  # a RocketMQ 5 client id
+        ("order-17", None),
+        ("AB" * 8 + "0" * 16, None),  # the span id would be zero
+        ("", None),
+    ],
+)
+def test_traceparent_derived_from_the_message_id(message_id: str, expected: str | None) -> None:
+    assert derived_traceparent(message_id) == expected
+    m = Message("t", b"", message_id=message_id)
+    assert traceparent_of(m) == expected
+    m.properties[TRACEPARENT] = TP  # a stored one wins
+    assert traceparent_of(m) == TP
 
 
 def test_position_of_handle_local_and_cluster() -> None:
@@ -94,8 +120,10 @@ async def test_send_pop_ack_nack_are_recorded_and_queryable(traced) -> None:
     got = await processor.pop(CONSUMER, "g1", "orders", max_messages=2, invisible_time_ms=60_000)
     by_id = {d.message.message_id: d for d in got}
     assert by_id[r1.message_id].message.properties[TRACEPARENT] == TP  # kept as sent
-    made = by_id[r2.message_id].message.properties[TRACEPARENT]
-    assert valid_traceparent(made) and made != TP  # created for a message without one
+    second = by_id[r2.message_id].message
+    assert TRACEPARENT not in second.properties  # nothing stored for a message sent without one ...
+    made = traceparent_of(second)  # ... its context is derived from its id
+    assert valid_traceparent(made) and made == derived_traceparent(r2.message_id) and made != TP
     await processor.ack(CONSUMER, by_id[r1.message_id].receipt_handle)
     await processor.nack(CONSUMER, by_id[r2.message_id].receipt_handle)
     await tracer.flush()
@@ -116,7 +144,7 @@ async def test_send_pop_ack_nack_are_recorded_and_queryable(traced) -> None:
     assert t2["traceparent"] == made
 
     assert [t["message_id"] for t in await tracer.traces_of_trace_id(trace_id_of(TP))] == [r1.message_id]
-    # a trace id made here is found too (its records are keyed per 4096 sequence numbers)
+    # a derived trace id is found too (through the id it was derived from)
     assert [t["message_id"] for t in await tracer.traces_of_trace_id(trace_id_of(made))] == [r2.message_id]
     assert await tracer.traces_of_trace_id(trace_id_of(new_traceparent())) == []
     assert [t["message_id"] for t in await tracer.traces_of_key("order-1")] == [r1.message_id]
@@ -196,3 +224,27 @@ async def test_tracing_goes_on_after_the_trace_topic_is_deleted(traced) -> None:
     await processor.tracer.flush()
     t = await processor.tracer.trace(r.message_id)
     assert [e["event"] for e in t["events"]] == ["received", "stored"]
+
+
+async def test_a_made_traceparent_and_a_derived_one_keep_their_trace_through_a_redrive(traced) -> None:
+    processor, _ = traced
+    await processor.create_group("g-re", 3)
+    [odd] = await processor.send(PRODUCER, [Message("redo", b"a", message_id="order-17")])
+    [plain] = await processor.send(PRODUCER, [Message("redo", b"b")])
+    got = await processor.pop(CONSUMER, "g-re", "redo", max_messages=2)
+    tps = {d.message.message_id: traceparent_of(d.message) for d in got}
+    assert tps[plain.message_id] == derived_traceparent(plain.message_id)
+    made = tps[odd.message_id]
+    assert valid_traceparent(made) and made != derived_traceparent(plain.message_id)
+    for d in got:
+        await processor.forward_to_dlq(CONSUMER, d.receipt_handle, "poison")
+    redriven = dict(await processor.redrive("g-re"))
+    await processor.tracer.flush()
+    for original, tp in tps.items():
+        [copy] = await processor.get_message_by_id(redriven[original])
+        assert traceparent_of(copy) == tp  # the copy has a new id but continues the same trace
+        found = await processor.tracer.traces_of_trace_id(trace_id_of(tp))
+        by_id = {t["message_id"]: t for t in found}
+        assert set(by_id) == {original, copy.message_id}  # both messages of the trace
+        assert [e["event"] for e in by_id[original]["events"]][-2:] == ["dead_lettered", "redriven"]
+        assert [e["event"] for e in by_id[copy.message_id]["events"]] == ["received", "stored"]

@@ -75,7 +75,7 @@ async def pull_message(svc: RemotingService, req: Request) -> RemotingCommand:
                 continue
             return _result(req, R.PULL_NOT_FOUND, offset, lo, hi)
         end = min(offset + SCAN_WINDOW, hi)
-        msgs = await p.read(req.ctx, topic, qid, offset, end, max_n, filt)
+        msgs = await p.read(req.ctx, topic, qid, offset, end, max_n, filt, group=group)
         if not msgs:
             return _result(req, R.PULL_RETRY_IMMEDIATELY, end, lo, hi)
         parts: list[bytes] = []

@@ -12,6 +12,7 @@ from aio_pika import ExchangeType, Message
 
 from adapters.mqtt import MqttAdapter
 from messaging_processor import Message as StoreMessage
+from messaging_processor.tracing import derived_traceparent
 from tests.adapters.amqp.support import CTX, T, get_message
 
 
@@ -87,12 +88,13 @@ async def test_processor_send_is_consumed_over_amqp(env):
     async with await env.connect() as conn:
         ch = await conn.channel()
         q = await ch.declare_queue("payments", durable=True)
-        await env.processor.send(
+        [r] = await env.processor.send(
             CTX, [StoreMessage("payments", b"from grpc", tag="paid", keys=("k1",), properties={"a": "b"})]
         )
         m = await get_message(q)
         assert (m.body, m.routing_key, m.exchange) == (b"from grpc", "paid", "")
-        assert m.headers == {"a": "b"}
+        # its properties as headers, with the trace context derived from its id
+        assert m.headers == {"a": "b", "traceparent": derived_traceparent(r.message_id)}
         assert not m.redelivered
         await m.ack()
         assert (await q.declare()).message_count == 0

@@ -63,12 +63,14 @@ async def open_env(
     grpc: bool = False,
     amqp: bool = False,
     auth: bool = False,
+    traced: bool = False,
     store_kw: dict | None = None,
     **adapter_kw,
 ) -> Env:
     core = await Core.open(
         data_dir,
         auth=auth,
+        traced=traced,
         processor_kw={"auto_create_topics": auto_create},
         default_queues=queues,
         **(store_kw or {}),

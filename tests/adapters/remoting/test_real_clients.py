@@ -273,3 +273,43 @@ async def test_a_new_4x_consumer_reads_a_compacted_topic_from_its_current_state(
         assert sorted(ev["body"] for ev in received(got)) == ["k0@4", "k1@4", "k2@4"]
     finally:
         await close_env(e)
+
+
+@needs_alions
+async def test_a_4x_pull_consumer_is_traced(tmp_path):
+    """ali-ons consumes with PULL_MESSAGE (reads by offset) and commits offsets: each message's
+    trace shows its delivery to the group over remoting, and its ack once the committed offset
+    passed it."""
+    env = await open_env(str(tmp_path / "data"), queues=2, traced=True)
+    try:
+        home = tmp_path / "home"
+        sent = await run("alions", "produce", *ns(env), "--topic", "pulled", "--count", "3", home=home)
+        got = await run(
+            "alions",
+            "consume",
+            *ns(env),
+            "--topic",
+            "pulled",
+            "--group",
+            "g-pull",
+            "--expect",
+            "3",
+            home=home,
+        )
+        assert {e["body"] for e in received(got)} == {e["body"] for e in sent}
+        tracer = env.core.processor.tracer
+        await tracer.flush()
+        for m in await env.core.processor.read(CTX, "pulled", 0, 0, None, 10) + await env.core.processor.read(
+            CTX, "pulled", 1, 0, None, 10
+        ):
+            t = await tracer.trace(m.message_id)
+            events = [(e["event"], e["protocol"], e["group"]) for e in t["events"]]
+            assert events[:3] == [
+                ("received", "remoting", None),
+                ("stored", "remoting", None),
+                ("delivered", "remoting", "g-pull"),
+            ]
+            acked = [e for e in t["events"] if e["event"] == "acked"]
+            assert [(e["group"], e["detail"]) for e in acked] == [("g-pull", "offset committed")]
+    finally:
+        await close_env(env)
