@@ -312,21 +312,18 @@ class ClusterStoreClient:
         return sum(await self._all("inflight_count", {"group": group, "topic": topic}))
 
     async def get_by_id(self, message_id: str) -> list[Message]:
-        out: list[Message] = []
-        for node in self.members.need_readable():
-            try:
-                r = await node.call("get_by_id", {"id": message_id})
-            except NodeUnavailable:
-                continue
-            out += [await self.ids.globalize(node, m) for m in w.decode_messages(r.body)]
-        return out
+        return await self._messages_of_every_node("get_by_id", {"id": message_id})
 
     async def get_by_key(self, key: str) -> list[Message]:
         """Every node's records whose keys include `key` (the store's key index on each node)."""
+        return await self._messages_of_every_node("get_by_key", {"key": key})
+
+    async def _messages_of_every_node(self, op: str, args: dict[str, Any]) -> list[Message]:
+        """The messages `op` answers on every readable node (a node that is down is left out)."""
         out: list[Message] = []
         for node in self.members.need_readable():
             try:
-                r = await node.call("get_by_key", {"key": key})
+                r = await node.call(op, args)
             except NodeUnavailable:
                 continue
             out += [await self.ids.globalize(node, m) for m in w.decode_messages(r.body)]

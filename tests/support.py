@@ -14,13 +14,17 @@ tests that drive `data_received` directly and read back what it wrote. No socket
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from messaging_processor import LocalStoreClient, MessagingProcessor
 from messaging_processor.security import Security
 from messaging_processor.tracing import recorder_for
 from store import Store, StoreConfig
+
+if TYPE_CHECKING:
+    from gateway.server import Gateway
 
 T = 10.0  # seconds any single awaited event may take
 
@@ -181,3 +185,22 @@ async def wait_until(cond: Callable[[], bool], timeout: float = T) -> None:
             await asyncio.sleep(0.01)
 
     await asyncio.wait_for(poll(), timeout)
+
+
+@contextlib.asynccontextmanager
+async def running_gateway(
+    data_dir: str, protocols: tuple[str, ...], **settings: Any
+) -> AsyncIterator[Gateway]:
+    """An in-process gateway (`gateway.server.Gateway`, LOCAL mode) with `protocols` listening on
+    ephemeral ports, `flush="async"` and 4 MiB segments unless `settings` say otherwise; stopped
+    on exit."""
+    from gateway.config import Settings
+    from gateway.server import Gateway
+
+    kw: dict[str, Any] = {f"{p}_port": 0 for p in protocols} | {"flush": "async", "segment_size_mib": 4}
+    g = Gateway(Settings(data_dir=data_dir, protocols=protocols, **(kw | settings)))
+    await g.start()
+    try:
+        yield g
+    finally:
+        await g.stop()

@@ -30,14 +30,13 @@ from adapters.grpc.generated import definition_pb2 as d
 from adapters.grpc.generated import service_pb2 as s
 from adapters.grpc.generated import service_pb2_grpc
 from adapters.remoting.message_codec import MessageExt, decode_messages
-from gateway.config import Settings
 from gateway.server import Gateway
 from messaging_processor import ClientContext, Message
 from remoting import RequestCode, ResponseCode
 from remoting.client import RemotingClient
 from tests.adapters.grpc.support import ack, change_invisible, msg, receive
 from tests.adapters.remoting.support import needs_cpp, run
-from tests.support import T, wait_until
+from tests.support import T, running_gateway, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -48,23 +47,10 @@ CTX = ClientContext("test", client_id="batch-records-test")
 
 @pytest.fixture
 async def gw(tmp_path):
-    settings = Settings(
-        data_dir=str(tmp_path / "data"),
-        protocols=("grpc", "remoting", "amqp", "http"),
-        grpc_port=0,
-        remoting_port=0,
-        amqp_port=0,
-        http_port=0,
-        flush="async",
-        default_queues=QUEUES,
-        segment_size_mib=4,
-    )
-    g = Gateway(settings)
-    await g.start()
-    try:
+    async with running_gateway(
+        str(tmp_path / "data"), ("grpc", "remoting", "amqp", "http"), default_queues=QUEUES
+    ) as g:
         yield g
-    finally:
-        await g.stop()
 
 
 def listener(gw: Gateway, name: str):

@@ -21,13 +21,12 @@ from adapters.grpc.generated import definition_pb2 as d
 from adapters.grpc.generated import service_pb2 as s
 from adapters.grpc.generated import service_pb2_grpc
 from analytics.client import ReadClient
-from gateway.config import Settings
 from gateway.server import Gateway
 from messaging_processor import ClientContext
 from remoting import RequestCode, ResponseCode
 from remoting.client import RemotingClient
 from tests.adapters.grpc.support import MD, ack, msg, receive
-from tests.support import wait_until
+from tests.support import running_gateway, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -40,23 +39,10 @@ CTX = ClientContext("test", client_id="logic-queues-test")
 
 @pytest.fixture
 async def gw(tmp_path):
-    settings = Settings(
-        data_dir=str(tmp_path / "data"),
-        protocols=("grpc", "mqtt", "remoting", "http"),
-        grpc_port=0,
-        mqtt_port=0,
-        remoting_port=0,
-        http_port=0,
-        flush="async",
-        default_queues=4,
-        segment_size_mib=4,
-    )
-    g = Gateway(settings)
-    await g.start()
-    try:
+    async with running_gateway(
+        str(tmp_path / "data"), ("grpc", "mqtt", "remoting", "http"), default_queues=4
+    ) as g:
         yield g
-    finally:
-        await g.stop()
 
 
 def address(gw: Gateway, name: str) -> str:

@@ -42,7 +42,7 @@ from remoting import RequestCode, ResponseCode
 from remoting.client import RemotingClient
 from tests.adapters.grpc.support import ack, msg, receive
 from tests.adapters.mqtt.support import V5, next_message
-from tests.support import T
+from tests.support import T, running_gateway
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -59,24 +59,10 @@ MD = (("x-mq-client-id", "trace-host@1@0@grpc"), ("x-mq-language", "PYTHON"))
 
 @pytest.fixture
 async def gw(tmp_path):
-    settings = Settings(
-        data_dir=str(tmp_path / "data"),
-        protocols=("mqtt", "amqp", "http", "grpc", "remoting"),
-        mqtt_port=0,
-        amqp_port=0,
-        http_port=0,
-        grpc_port=0,
-        remoting_port=0,
-        flush="async",
-        default_queues=1,
-        segment_size_mib=4,
-    )
-    g = Gateway(settings)
-    await g.start()
-    try:
+    async with running_gateway(
+        str(tmp_path / "data"), ("mqtt", "amqp", "http", "grpc", "remoting"), default_queues=1
+    ) as g:
         yield g
-    finally:
-        await g.stop()
 
 
 def listener(gw: Gateway, name: str):

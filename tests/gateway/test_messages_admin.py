@@ -21,10 +21,9 @@ import pika
 import pytest
 
 from gateway import admin_client as ac
-from gateway.config import Settings
 from gateway.server import Gateway
 from messaging_processor import ClientContext, Message
-from tests.support import T
+from tests.support import T, running_gateway
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -35,20 +34,8 @@ CTX = ClientContext("test", client_id="messages-admin-test")
 
 @pytest.fixture
 async def gw(tmp_path):
-    settings = Settings(
-        data_dir=str(tmp_path / "data"),
-        protocols=("amqp", "http"),
-        amqp_port=0,
-        http_port=0,
-        flush="async",
-        segment_size_mib=4,
-    )
-    g = Gateway(settings)
-    await g.start()
-    try:
+    async with running_gateway(str(tmp_path / "data"), ("amqp", "http")) as g:
         yield g
-    finally:
-        await g.stop()
 
 
 def address(gw: Gateway, name: str) -> str:

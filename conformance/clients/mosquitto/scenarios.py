@@ -47,25 +47,12 @@ from mqtt_harness import (  # noqa: E402
     expect_exact,
     qos_texts,
     run,
+    without_traceparent,
 )
 
 CLIENT = "mosquitto"
 MSG_FORMAT = "MSG|%x|%j"  # '@' starts a strftime code in -F, so no '@' here
 MAX_SHARED_BATCHES = 3
-
-
-_TRACEPARENT = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
-
-
-def _without_traceparent(pairs):  # noqa: ANN001, ANN202 - the client's user property pairs
-    """User properties minus the W3C `traceparent` the gateway gives a message published without one
-    (docs/observability.md): it must be well formed, and is then set aside."""
-    if not pairs:
-        return pairs
-    for k, v in pairs:
-        if k == "traceparent":
-            check(_TRACEPARENT.fullmatch(str(v)) is not None, f"traceparent user property {v!r}")
-    return [list(p) if isinstance(p, list) else p for p in pairs if p[0] != "traceparent"]
 
 
 def version_args(ctx: Ctx, version: int | None) -> list[str]:
@@ -460,7 +447,7 @@ def sc_properties(ctx: Ctx) -> None:
     req = responder.inbox.snapshot()[0]
     ctx.details["request_properties"] = {k: str(v) for k, v in req.props.items()}
     check(req.payload == b'{"q": 1}', f"request payload {req.payload!r}")
-    ups = _without_traceparent(req.props.get("user_properties"))
+    ups = without_traceparent(req.props.get("user_properties"))
     check(ups == user, f"user properties {req.props.get('user_properties')}")
     check(
         req.props.get("content_type") == "application/json", f"content type {req.props.get('content_type')!r}"
@@ -483,7 +470,7 @@ def sc_properties(ctx: Ctx) -> None:
     resp = requester.inbox.snapshot()[0]
     check(resp.payload == b"answer", f"response payload {resp.payload!r}")
     check(resp.props.get("correlation_data") == corr.encode(), f"response correlation data {resp.props}")
-    resp_ups = _without_traceparent(resp.props.get("user_properties"))
+    resp_ups = without_traceparent(resp.props.get("user_properties"))
     check(resp_ups == [["status", "ok"]], f"response user properties {resp.props}")
     check("content_type" not in resp.props, "request properties leaked into the response")
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import sys
 import threading
@@ -38,26 +37,13 @@ from mqtt_harness import (  # noqa: E402
     expect_exact,
     qos_texts,
     run,
+    without_traceparent,
 )
 
 CLIENT = "paho"
 SESSION_TAKEN_OVER = 0x8E
 DISCONNECT_WITH_WILL = 0x04
 MAX_SHARED_BATCHES = 3
-
-
-_TRACEPARENT = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
-
-
-def _without_traceparent(pairs):  # noqa: ANN001, ANN202 - the client's user property pairs
-    """User properties minus the W3C `traceparent` the gateway gives a message published without one
-    (docs/observability.md): it must be well formed, and is then set aside."""
-    if not pairs:
-        return pairs
-    for k, v in pairs:
-        if k == "traceparent":
-            check(_TRACEPARENT.fullmatch(str(v)) is not None, f"traceparent user property {v!r}")
-    return [list(p) if isinstance(p, list) else p for p in pairs if p[0] != "traceparent"]
 
 
 def props_of(p: Properties | None) -> dict:
@@ -459,7 +445,7 @@ def sc_properties(ctx: Ctx) -> None:
         "correlation_data": repr(req.props.get("correlation_data")),
     }
     check(req.payload == b'{"q": 1}', f"request payload {req.payload!r}")
-    ups = _without_traceparent(req.props.get("user_properties"))
+    ups = without_traceparent(req.props.get("user_properties"))
     check(ups == user, f"user properties {req.props.get('user_properties')}")
     check(
         req.props.get("content_type") == "application/json", f"content type {req.props.get('content_type')!r}"
@@ -485,7 +471,7 @@ def sc_properties(ctx: Ctx) -> None:
         resp.props.get("correlation_data") == corr,
         f"response correlation data {resp.props.get('correlation_data')!r}",
     )
-    resp_ups = _without_traceparent(resp.props.get("user_properties"))
+    resp_ups = without_traceparent(resp.props.get("user_properties"))
     check(resp_ups == [["status", "ok"]], f"response user properties {resp.props}")
     check("content_type" not in resp.props, "request properties leaked into the response")
 
