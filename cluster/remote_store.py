@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from remoting.cluster_auth import ClusterAuth
@@ -107,6 +107,34 @@ class ClusterStoreClient:
     async def ack(self, handle: str) -> None:
         node, local = self.ids.node_of_handle(handle)
         await node.call("ack", {"handle": local})
+
+    async def ack_many(self, handles: Sequence[str]) -> list[Exception | None]:
+        """One `ack_many` call per store node the handles name (in parallel); per handle None or
+        the error (a node that cannot be reached fails its handles)."""
+        out: list[Exception | None] = [None] * len(handles)
+        by_node: dict[str, tuple[Any, list[int], list[str]]] = {}
+        for i, h in enumerate(handles):
+            try:
+                node, local = self.ids.node_of_handle(h)
+            except Exception as e:  # noqa: BLE001 - a malformed or foreign handle: its own error
+                out[i] = e
+                continue
+            entry = by_node.setdefault(node.name, (node, [], []))
+            entry[1].append(i)
+            entry[2].append(local)
+
+        async def one(node: Any, at: list[int], local: list[str]) -> None:
+            try:
+                errors = await node.value("ack_many", {"handles": local})
+            except Exception as e:  # noqa: BLE001 - every handle of that node failed
+                for i in at:
+                    out[i] = e
+                return
+            for i, err in zip(at, errors, strict=True):
+                out[i] = None if err is None else w.make_error(*err)  # type: ignore[assignment]
+
+        await asyncio.gather(*(one(*entry) for entry in by_node.values()))
+        return out
 
     async def change_invisible_time(self, handle: str, invisible_time_ms: int) -> str:
         node, local = self.ids.node_of_handle(handle)

@@ -87,6 +87,7 @@ OPS: dict[str, int] = {
             "compact",
             "resize_topic",
             "get_by_key",
+            "ack_many",
         )
     )
 }
@@ -306,6 +307,10 @@ async def _append(c: StoreClient, a: dict[str, Any], body: bytes) -> Any:
     return [result_json(r) for r in await c.append_many(msgs)]
 
 
+async def _ack_many(c: StoreClient, a: dict[str, Any], body: bytes) -> Any:
+    return [None if e is None else list(error_fields(e)) for e in await c.ack_many(a["handles"])]
+
+
 async def _kv_put_many(c: StoreClient, a: dict[str, Any], body: bytes) -> Any:
     items = {k: (None if v is None else unb64(v)) for k, v in a["items"].items()}
     await c.kv_put_many(a["ns"], items)
@@ -363,6 +368,7 @@ SERVE: dict[str, Op] = {
     "inflight_count": lambda c, a, b: c.inflight_count(a["group"], a["topic"]),
     "get_by_id": lambda c, a, b: c.get_by_id(a["id"]),
     "get_by_key": lambda c, a, b: c.get_by_key(a["key"]),
+    "ack_many": _ack_many,
     "get_message": lambda c, a, b: _then(c.get_message(a["offset"]), lambda m: [m]),
     "latest": lambda c, a, b: _then(c.latest(a["topic"], a["key"], True), lambda m: [] if m is None else [m]),
     "latest_items": lambda c, a, b: c.latest_items(a["topic"], True),

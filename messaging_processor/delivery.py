@@ -93,6 +93,10 @@ class DeliveryLoop:
         self._task: asyncio.Task | None = None
         self._handlers: set[asyncio.Task] = set()
         self._stopping = False
+        # the acks of the deliveries settled in one event-loop iteration go to the store together
+        # (one `ack_many`): the handles waiting, and the future their errors arrive on
+        self._acks: list[str] | None = None
+        self._acked: asyncio.Future[list[ProcessorError | None]] | None = None
 
     @property
     def inflight(self) -> int:
@@ -199,6 +203,35 @@ class DeliveryLoop:
                 t.add_done_callback(self._handlers.discard)
             self._update_room()
 
+    async def _ack(self, handle: str) -> None:
+        """Ack `handle` together with the other deliveries settled in this event-loop iteration (an
+        AMQP `multiple` ack, a burst of MQTT PUBACKs, a handler batch): the first one waits one
+        iteration for the others to join, then acks them all with one `ack_many`."""
+        if self._acks is not None:  # a batch is forming: join it
+            i = len(self._acks)
+            self._acks.append(handle)
+            assert self._acked is not None
+            err = (await asyncio.shield(self._acked))[i]
+        else:
+            batch = self._acks = [handle]
+            done = self._acked = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.sleep(0)  # (the deliveries settled in this iteration run first)
+                self._acks = self._acked = None
+                errors = await self.processor.ack_many(self.ctx, batch)
+            except BaseException as e:
+                if self._acked is done:  # (not yet closed: no later batch has started)
+                    self._acks = self._acked = None
+                # the joiners' messages are not acked: redelivered after their invisible time
+                if not isinstance(e, ProcessorError):
+                    e = ProcessorError(ErrorKind.UNAVAILABLE, "ack cancelled")  # noqa: PLW2901
+                done.set_result([e] * len(batch))
+                raise
+            done.set_result(errors)
+            err = errors[0]
+        if err is not None:
+            raise err
+
     async def _deliver(self, d: Delivery) -> None:
         p, ctx = self.processor, self.ctx
         try:
@@ -211,7 +244,7 @@ class DeliveryLoop:
                 outcome = Outcome.RETRY
             try:
                 if outcome is Outcome.ACK:
-                    await p.ack(ctx, d.receipt_handle)
+                    await self._ack(d.receipt_handle)
                 elif outcome is Outcome.RETRY:
                     await p.nack(ctx, d.receipt_handle)
                 elif outcome is Outcome.REQUEUE:

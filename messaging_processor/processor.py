@@ -493,6 +493,31 @@ class MessagingProcessor:
             if len(tracer.pending) >= tracer.max_buffered:
                 tracer.wake()
 
+    async def ack_many(self, ctx: ClientContext, handles: Sequence[str]) -> list[ProcessorError | None]:
+        """Acknowledge several deliveries with one store call (one per store node in CLUSTER mode);
+        per handle None (acked) or the ProcessorError it failed with (the others are acked all the
+        same). An error of the whole call (the store is closing, a node is down) is raised."""
+        if not handles:
+            return []
+        try:
+            errors = await self.store.ack_many(handles)
+        except Exception as e:  # noqa: BLE001 - mapped and counted
+            store_failed(self.metrics, ctx.protocol, "ack", e)
+        out: list[ProcessorError | None] = []
+        tracer = self.tracer
+        ms = time_ns() // 1_000_000
+        for handle, e in zip(handles, errors, strict=True):
+            if e is None:
+                out.append(None)
+                if tracer is not None:
+                    tracer.pending.append((HANDLED, ms, ctx, "acked", handle, None, None))
+                continue
+            out.append(StoreCall.failure(self.metrics, ctx.protocol, "ack", e))
+        self.metrics.acks[ctx.protocol] += out.count(None)
+        if tracer is not None and len(tracer.pending) >= tracer.max_buffered:
+            tracer.wake()
+        return out
+
     async def change_invisible_time(self, ctx: ClientContext, handle: str, invisible_time_ms: int) -> str:
         """Make a delivery visible again `invisible_time_ms` from now; returns the new handle
         (the old one stops working)."""

@@ -4,7 +4,7 @@ the processor and the adapters above it do not know which one they run on."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol, TypeVar
 
 from store import (
@@ -38,6 +38,8 @@ class StoreClient(Protocol):
         self, group: str, topic: str, max_messages: int, invisible_time_ms: int, filter: Filter, wait_ms: int
     ) -> list[PoppedMessage]: ...
     async def ack(self, handle: str) -> None: ...
+    # per handle None (acked) or the error; the others are acked all the same
+    async def ack_many(self, handles: Sequence[str]) -> list[Exception | None]: ...
     async def change_invisible_time(self, handle: str, invisible_time_ms: int) -> str: ...
     async def nack(self, handle: str) -> str: ...
     async def forward_to_dlq(self, handle: str, reason: str) -> AppendResult: ...
@@ -137,6 +139,9 @@ class LocalStoreClient:
 
     async def ack(self, handle: str) -> None:
         self.store.ack(handle)
+
+    async def ack_many(self, handles: Sequence[str]) -> list[Exception | None]:
+        return self.store.ack_many(handles)  # type: ignore[return-value]
 
     async def change_invisible_time(self, handle: str, invisible_time_ms: int) -> str:
         return self.store.change_invisible_time(handle, invisible_time_ms)

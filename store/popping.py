@@ -14,7 +14,7 @@ import logging
 import time
 import zlib
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from time import time_ns
 
 from .catalog import Catalog
@@ -335,6 +335,27 @@ class Popper:
         self.metrics["acks"] += 1
         if inf.message_group:
             self.polls.wake(st.topic, None)
+
+    def ack_many(self, handles: Sequence[str]) -> list[InvalidReceiptHandle | None]:
+        """`Store.ack_many`: `ack` each handle; per handle None or the error (the others still
+        count). The waiting pops of a topic with message groups are woken once."""
+        out: list[InvalidReceiptHandle | None] = []
+        woken: set[str] = set()
+        done = self.progress.done
+        for handle in handles:
+            try:
+                st, qid, offset, inf = self._resolve(handle)
+            except InvalidReceiptHandle as e:
+                out.append(e)
+                continue
+            done(st, qid, offset)
+            out.append(None)
+            if inf.message_group:
+                woken.add(st.topic)
+        self.metrics["acks"] += out.count(None)
+        for topic in woken:
+            self.polls.wake(topic, None)
+        return out
 
     def change_invisible_time(self, handle: str, invisible_time_ms: int) -> str:
         if invisible_time_ms < 0:

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from .appending import Appender
@@ -25,7 +25,7 @@ from .consumequeue import ConsumeQueue
 from .consumer import ConsumerProgress
 from .diskspace import CHECK_INTERVAL_MS
 from .epochs import EpochLog
-from .errors import StoreError, TieredRangeNotCached, TieredStorageUnavailable
+from .errors import InvalidReceiptHandle, StoreError, TieredRangeNotCached, TieredStorageUnavailable
 from .filters import ALL, Filter
 from .index import MessageIndex
 from .kv import KeyValueStore
@@ -50,11 +50,12 @@ class Store:
 
     # The hot calls are the parts' own methods, bound by `open` (no delegating frame): append(msg),
     # a future done once durable, and append_many(msgs) are Appender's; pop(group, topic,
-    # max_messages, invisible_time_ms, filter, wait_ms) and ack(handle) are Popper's.
+    # max_messages, invisible_time_ms, filter, wait_ms), ack(handle) and ack_many(handles) are Popper's.
     append: Callable[[Message], asyncio.Future[AppendResult]]
     append_many: Callable[[list[Message]], Awaitable[list[AppendResult]]]
     pop: Callable[..., Awaitable[list[PoppedMessage]]]
     ack: Callable[[str], None]
+    ack_many: Callable[[Sequence[str]], list[InvalidReceiptHandle | None]]
     # made by `open` once recovery is done
     progress: ConsumerProgress
     _writer: GroupCommitWriter
@@ -147,7 +148,7 @@ class Store:
         appender.on_delayed = delays.schedule
         appender.on_half = transactions.track
         self.append, self.append_many = appender.append, appender.append_many
-        self.pop, self.ack = self._pops.pop, self._pops.ack
+        self.pop, self.ack, self.ack_many = self._pops.pop, self._pops.ack, self._pops.ack_many
         self._compactor = compactor = Compactor(
             config, catalog, cl, run_io, cl.read_message, checkpoints.checkpoint
         )

@@ -86,9 +86,12 @@ def router(service: CloudEvents) -> APIRouter:
     @r.post(BASE + "/ack", response_model=AckResult, summary="Acknowledge popped events")
     async def ack(topic: str, group: str, body: HandlesRequest, request: Request) -> AckResult:
         ctx = context(request)
-        results = await asyncio.gather(*(p.ack(ctx, h) for h in body.receipt_handles), return_exceptions=True)
-        pairs = zip(body.receipt_handles, results, strict=True)
-        failed = [_failure(h, e) for h, e in pairs if isinstance(e, Exception)]
+        handles = body.receipt_handles
+        try:  # (one store call for the whole batch)
+            results: list[Exception | None] = list(await p.ack_many(ctx, handles))
+        except ProcessorError as e:
+            results = [e] * len(handles)
+        failed = [_failure(h, e) for h, e in zip(handles, results, strict=True) if e is not None]
         return AckResult(acked=len(results) - len(failed), failed=failed)
 
     @r.post(

@@ -587,15 +587,17 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             return s.AckMessageResponse(status=st)
         if not request.entries:
             return s.AckMessageResponse(status=codes.status(Code.BAD_REQUEST, "no entries to acknowledge"))
-        ack = self.processor.ack
+        entries = request.entries
+        try:  # (one store call for the whole batch)
+            errors = await self.processor.ack_many(ctx, [e.receipt_handle for e in entries])
+        except ProcessorError as err:
+            errors = [err] * len(entries)
         resp = s.AckMessageResponse()
         add = resp.entries.add
         failed: list[d.Status] = []
-        for e in request.entries:
+        for e, err in zip(entries, errors, strict=True):
             h = e.receipt_handle
-            try:
-                await ack(ctx, h)
-            except ProcessorError as err:
+            if err is not None:
                 st = status_of(err)
                 failed.append(st)
                 add(message_id=e.message_id, receipt_handle=h, status=st)
