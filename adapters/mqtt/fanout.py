@@ -134,9 +134,9 @@ class TopicLoop:
                     dispatch(d.message)
                 except Exception:  # noqa: BLE001
                     log.exception("mqtt dispatch of %s failed", d.message.message_id)
-            for d in ds:
+            if ds:  # (one store call for the batch; a handle that expired meanwhile is redelivered)
                 with contextlib.suppress(ProcessorError):
-                    await p.ack(ctx, d.receipt_handle)
+                    await p.ack_many(ctx, [d.receipt_handle for d in ds])
 
     async def stop(self) -> None:
         if self.task is not None:
