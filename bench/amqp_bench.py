@@ -1,7 +1,8 @@
 """AMQP 0-9-1 broker benchmark: our gateway against RabbitMQ, same load generator, same machine.
 
     .venv/bin/python bench/amqp_bench.py [--brokers gateway,rabbitmq] [--duration S] [--warmup S]
-        [--publishers N] [--procs K] [--window W] [--prefetch P] [--latency-rate R] [--quick] [--json]
+        [--publishers N] [--procs K] [--window W] [--prefetch P] [--latency-rate R] [--fixed-rate R]
+        [--fixed-publishers N] [--fixed-inflight W] [--phases P,...] [--quick] [--json]
 
 For each broker (bench/amqp_servers.py: started on loopback in a fresh directory, pinned to
 `--server-cpu`, default CPU 0) the load generator (bench/amqp_loadgen.py: `--procs` processes
@@ -21,6 +22,19 @@ this process is pinned there too) measures, in this order:
    consumer (prefetch 100, acking) on another generator process; latency = receive time - write
    time stamped in the body (CLOCK_MONOTONIC); p50/p99 over messages written in the window.
 
+4. Fixed rate (phase `fixed`, in the default `--phases`; about 25 s more for the two brokers):
+   `--fixed-publishers` (4) confirmed persistent publishers paced together at `--fixed-rate`
+   (3,000) msg/s in total with at most `--fixed-inflight` (100) unconfirmed messages in total
+   (a publisher held back by its share of the window falls behind the pace, counted in `behind`),
+   and one consumer (basic.consume, prefetch 100, manual ack) on the same durable queue
+   `amqpbench.fixed`: publish + consume + ack. After `--warmup` s, over `--duration` s: confirmed
+   and delivered msg/s, publish→receive latency p50/p99 (stamped as in phase 3), `other_util`,
+   `host_steal`, and server CPU µs per confirmed message over the whole server process tree
+   (`cpu_us_per_fixed_msg`: the gateway and its children; beam.smp and its children such as
+   erl_child_setup, whereas phases 1-3 count beam.smp alone; the main process alone in
+   `cpu_us_per_fixed_msg_main_process`). `cpu_ratio_vs_rabbitmq_at_3k` = gateway / RabbitMQ CPU
+   per message (target <= 0.5).
+
 Authentication (`--auth-rounds N`, default 3; `--quick`: 1): phase 1 again on fresh gateways
 started with `--auth` (first admin from GATEWAY_ADMIN_PASSWORD), whose load generator logs in as
 the `user`-role user `bench` (created through the admin API, POST /admin/users) under `--acl-rules`
@@ -39,14 +53,19 @@ beam.smp (epmd negligible, reported as `epmd_cpu_s`).
 
 Shared machines: before each measured run the bench waits (at most `--quiet-wait` s) until the
 machine uses < 0.3 CPUs besides itself, and reports per run `other_util` (CPUs used by anything
-but the server and the generator during the window, from /proc/stat) and the load average.
+but the server and the generator during the window, from /proc/stat), `host_steal` (the share of
+all CPU time the hypervisor gave to other guests then; phases 1, 3 and 4) and the load average.
 
 Output: a table (figures, gateway / RabbitMQ ratios, targets: ≥ 1.0× RabbitMQ on confirms and no
-more CPU per message, auth on ≥ 0.9× off); `--json` prints one JSON object instead (progress on
-stderr) with `confirms_ratio_vs_rabbitmq`, `consume_ratio_vs_rabbitmq`, `cpu_us_per_msg` (gateway,
-phase 1), `rabbitmq_cpu_us_per_msg`, `cpu_ratio_vs_rabbitmq`, `confirms_auth_ratio` (its rounds in
-`auth`), `ratios`, `brokers` (figures and details per broker), `config`. A broker that cannot start
-or a phase that fails gives null figures and an `error`; the run goes on.
+more CPU per message, auth on ≥ 0.9× off, at the fixed rate ≤ 0.5× RabbitMQ's CPU per message);
+`--json` prints one JSON object instead (progress on stderr) with `confirms_ratio_vs_rabbitmq`,
+`consume_ratio_vs_rabbitmq`, `cpu_us_per_msg` (gateway, phase 1), `rabbitmq_cpu_us_per_msg`,
+`cpu_ratio_vs_rabbitmq`, `confirms_auth_ratio` (its rounds in `auth`),
+`cpu_ratio_vs_rabbitmq_at_3k`, `fixed_cpu_us_per_msg` and `rabbitmq_fixed_cpu_us_per_msg` (phase
+4; per broker in `figures` as `fixed_publish_msgs_per_s`, `fixed_delivered_msgs_per_s`,
+`fixed_p50_ms`, `fixed_p99_ms`, `cpu_us_per_fixed_msg`), `targets`, `ratios`, `brokers` (figures
+and details per broker), `config`. A broker that cannot start or a phase that fails gives null
+figures and an `error`; the run goes on.
 """
 
 from __future__ import annotations
@@ -64,6 +83,7 @@ import sys
 import tempfile
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -73,13 +93,16 @@ from common import (
     ServerError,
     admin_call,
     cpu_s,
+    cpu_ticks,
     descendants,
+    fmt,
     fs_type,
     log,
     pct_ms,
     policy_toml,
     sleep_until,
     start_gateway,
+    steal_since,
     system_busy_s,
     tree_cpu_s,
     wait_idle,
@@ -96,6 +119,11 @@ FIGURES: list[tuple[str, str, bool]] = [
     ("p99_ms", "p99 latency ms", False),
     ("cpu_us_per_msg", "server CPU µs/confirmed msg", False),
     ("cpu_us_per_consumed_msg", "server CPU µs/consumed msg", False),
+    ("fixed_publish_msgs_per_s", "fixed rate: confirmed msg/s", True),
+    ("fixed_delivered_msgs_per_s", "fixed rate: delivered msg/s", True),
+    ("fixed_p50_ms", "fixed rate: p50 latency ms", False),
+    ("fixed_p99_ms", "fixed rate: p99 latency ms", False),
+    ("cpu_us_per_fixed_msg", "fixed rate: server CPU µs/msg", False),
 ]
 
 
@@ -227,10 +255,14 @@ class BrokerBench:
         if not self.server.alive():
             raise ServerError(f"{self.server.name} died:\n{self.server.log_tail()}")
 
-    def _cpu(self) -> tuple[float, float]:
-        return cpu_s(self.server.pid), tree_cpu_s(self.server.pid, self.kids)
+    def _cpu(self, kids: list[int] | None = None) -> tuple[float, float]:
+        return cpu_s(self.server.pid), tree_cpu_s(self.server.pid, self.kids if kids is None else kids)
 
-    def _window(self, gen: Generator, warm: float, dur: float) -> dict[str, Any]:
+    def _window(
+        self, gen: Generator, warm: float, dur: float, kids: list[int] | None = None
+    ) -> dict[str, Any]:
+        """One run: load from t_start, measured window [t0, t1] after `warm` s; `kids`: the processes
+        counted with the server in `server_tree_cpu_s` (default `self.kids`)."""
         a = self.args
         waited = wait_quiet(a.quiet_wait) if a.quiet_wait > 0 else 0.0
         if waited > 1:
@@ -240,11 +272,13 @@ class BrokerBench:
         t0, t1 = t_start + warm, t_start + warm + dur
         gen.start_run(t_start, t0, t1)
         sleep_until(t0)
-        c0, ct0 = self._cpu()
+        c0, ct0 = self._cpu(kids)
         s0 = system_busy_s()
+        ticks0 = cpu_ticks()
         sleep_until(t1)
-        c1, ct1 = self._cpu()
+        c1, ct1 = self._cpu(kids)
         s1 = system_busy_s()
+        steal = steal_since(ticks0)
         res = gen.results(timeout=60)
         gen_cpu = res["gen_cpu_s"] * (dur / (warm + dur)) if warm + dur else 0.0
         res.update(
@@ -257,6 +291,8 @@ class BrokerBench:
                 "server_util": (c1 - c0) / dur,
                 "gen_util": gen_cpu / (dur * max(1, len(a.gen_cpu_list or [0]))),
                 "other_util": max(0.0, (s1 - s0) - (ct1 - ct0) - gen_cpu) / dur,
+                # share of all CPU time the hypervisor gave to other guests during the window
+                "host_steal": steal,
             }
         )
         self._check()
@@ -344,6 +380,49 @@ class BrokerBench:
             **_details(r),
         }
 
+    def fixed(self) -> dict[str, Any]:
+        """Phase `fixed`: `--fixed-publishers` confirmed persistent publishers paced together at
+        `--fixed-rate` msg/s with at most `--fixed-inflight` unconfirmed in total, and one consumer
+        (manual ack) on the same queue. CPU per message counts the whole server process tree."""
+        a = self.args
+        n = max(1, min(a.fixed_publishers, a.fixed_inflight))
+        q = "amqpbench.fixed"
+        specs = [Spec("fixpub", i, q) for i in range(n)] + [Spec("latsub", 0, q)]
+        base = replace(self.base, rate=a.fixed_rate / n, window=a.fixed_inflight // n)
+        gen = Generator(base, specs, a.procs, [0] * n + [1 % max(1, a.procs)])
+        # the gateway and its children (fsync helper, if any); beam.smp and its children (erl_child_setup...)
+        kids = descendants(self.server.pid)
+        try:
+            gen.ready()
+            r = self._window(gen, a.warmup, a.duration, kids=kids)
+        finally:
+            gen.stop()
+        dur = r["duration_s"]
+        pub, sub = r["roles"]["fixpub"], r["roles"]["latsub"]
+        published, delivered = pub["window"], sub["window"]
+        lat = r["lat_ns"]
+        return {
+            "rate_target": a.fixed_rate,
+            "publishers": n,
+            "inflight_max": base.window * n,
+            "published": published,
+            "delivered": delivered,
+            "nacks": pub["nacks"],
+            "behind": pub["behind"],
+            "fixed_publish_msgs_per_s": published / dur,
+            "fixed_delivered_msgs_per_s": delivered / dur,
+            "kept_up": published >= 0.95 * a.fixed_rate * dur and delivered >= 0.95 * a.fixed_rate * dur,
+            "cpu_us_per_fixed_msg": r["server_tree_cpu_s"] / published * 1e6 if published else None,
+            "cpu_us_per_fixed_msg_main_process": r["server_cpu_s"] / published * 1e6 if published else None,
+            "server_processes": 1 + len(kids),
+            "latency_samples": len(lat),
+            "fixed_p50_ms": pct_ms(lat, 50),
+            "fixed_p99_ms": pct_ms(lat, 99),
+            "fixed_max_ms": lat[-1] / 1e6 if lat else None,
+            "host_steal": r["host_steal"],
+            **_details(r),
+        }
+
 
 def _details(r: dict[str, Any]) -> dict[str, Any]:
     keys = ("server_util", "gen_util", "other_util", "loadavg_1m", "quiet_wait_s")
@@ -385,7 +464,12 @@ def run_broker(
         if auth:
             out["info"].update(provision(server, args))
         b = BrokerBench(server, args, auth)
-        for phase, fn in (("confirms", b.confirms), ("consume", b.consume), ("latency", b.latency)):
+        for phase, fn in (
+            ("confirms", b.confirms),
+            ("consume", b.consume),
+            ("latency", b.latency),
+            ("fixed", b.fixed),
+        ):
             if phase not in phase_list:
                 continue
             log(f"{name}: {phase} ...")
@@ -464,7 +548,7 @@ def auth_rounds(args: argparse.Namespace, first_off: dict[str, Any] | None) -> d
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--brokers", default=",".join(BROKERS))
-    p.add_argument("--phases", default="confirms,consume,latency")
+    p.add_argument("--phases", default="confirms,consume,latency,fixed")
     p.add_argument("--duration", type=float, default=8.0)
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--publishers", type=int, default=4)
@@ -473,6 +557,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefetch", type=int, default=100)
     p.add_argument("--payload", type=int, default=100)
     p.add_argument("--latency-rate", type=int, default=2000)
+    p.add_argument("--fixed-rate", type=float, default=3000.0, help="paced msg/s of phase fixed (total)")
+    p.add_argument("--fixed-publishers", type=int, default=4, help="confirmed publishers of phase fixed")
+    p.add_argument("--fixed-inflight", type=int, default=100, help="unconfirmed messages at most, in total")
     p.add_argument("--consume-max", type=float, default=60.0)
     p.add_argument("--server-cpu", type=int, default=0)
     p.add_argument("--gen-cpus", default="1")
@@ -515,6 +602,10 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_us_per_msg": g.get("cpu_us_per_msg"),
         "rabbitmq_cpu_us_per_msg": r.get("cpu_us_per_msg"),
         "cpu_ratio_vs_rabbitmq": ratios["cpu_us_per_msg"],
+        # phase fixed: server process tree CPU per message, gateway / RabbitMQ (beam.smp and children)
+        "cpu_ratio_vs_rabbitmq_at_3k": ratios["cpu_us_per_fixed_msg"],
+        "fixed_cpu_us_per_msg": g.get("cpu_us_per_fixed_msg"),
+        "rabbitmq_fixed_cpu_us_per_msg": r.get("cpu_us_per_fixed_msg"),
         "confirms_auth_ratio": auth["confirms_auth_ratio"],
         "auth": auth,
         "cpu_us_per_consumed_msg": g.get("cpu_us_per_consumed_msg"),
@@ -527,6 +618,7 @@ def main(argv: list[str] | None = None) -> int:
             "confirms_ratio_vs_rabbitmq": ">= 1.0",
             "cpu_ratio_vs_rabbitmq": "<= 1.0",
             "confirms_auth_ratio": ">= 0.9",
+            "cpu_ratio_vs_rabbitmq_at_3k": "<= 0.5",
         },
         "ratios": ratios,
         "brokers": results,
@@ -574,8 +666,25 @@ def main(argv: list[str] | None = None) -> int:
         if car is not None
         else "confirms_auth_ratio: -"
     )
-    print("targets: confirms >= 1.0x RabbitMQ; server CPU per message <= RabbitMQ; auth on >= 0.9x off")
+    print_fixed(results, doc["cpu_ratio_vs_rabbitmq_at_3k"])
+    print("targets: confirms >= 1.0x RabbitMQ; server CPU per message <= RabbitMQ; auth on >= 0.9x off;")
+    print(f"  fixed {a.fixed_rate:.0f} msg/s: server CPU per message <= 0.5x RabbitMQ")
     return 0
+
+
+def print_fixed(results: dict[str, dict[str, Any]], cpu_ratio: float | None) -> None:
+    """The fixed-rate phase's lines of the text output."""
+    for n, res in results.items():
+        d = res.get("phases", {}).get("fixed")
+        if not d or "error" in d:
+            continue
+        print(
+            f"{n} fixed {d['rate_target']:.0f} msg/s: confirmed {d['fixed_publish_msgs_per_s']:.0f}/s, "
+            f"delivered {d['fixed_delivered_msgs_per_s']:.0f}/s, server CPU {fmt(d['cpu_us_per_fixed_msg'])} "
+            f"µs/msg ({d['server_processes']} processes), p50 {fmt(d['fixed_p50_ms'])} ms, p99 "
+            f"{fmt(d['fixed_p99_ms'])} ms, other {d['other_util']:.2f} CPUs, steal {d['host_steal']}"
+        )
+    print(f"cpu_ratio_vs_rabbitmq_at_3k: {fmt(cpu_ratio)} (target <= 0.5)")
 
 
 if __name__ == "__main__":

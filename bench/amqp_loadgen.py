@@ -16,6 +16,8 @@ Roles (one AMQP connection and one channel each):
   delivery, written once per socket read); stops when it has the backlog (`target`) or at t1.
 - `latpub` / `latsub`: a confirmed publisher paced at `rate` msg/s stamping CLOCK_MONOTONIC ns in the
   body, and a consumer (prefetch 100) recording receive - stamp for messages stamped in [t0, t1].
+- `fixpub`: a `latpub` that also keeps at most `window` messages unconfirmed (it falls behind the pace
+  rather than exceed it: `behind` counts the writes the window held back), for the fixed-rate phase.
 
 Each worker process runs its specs in one event loop and talks to the bench over a Pipe:
 ("ready", info) after setup, then ("run", t_start, t0, t1) -> ("result", {...}).
@@ -55,7 +57,7 @@ FRAME_MAX = 131072
 
 @dataclass
 class Spec:
-    role: str  # pub | cons | latpub | latsub
+    role: str  # pub | cons | latpub | latsub | fixpub
     index: int
     queue: str
 
@@ -68,7 +70,7 @@ class Job:
     payload: int = 100
     window: int = 200
     prefetch: int = 100
-    rate: int = 2000
+    rate: float = 2000
     cpus: list[int] | None = None
     user: str = "guest"
     password: str = "guest"
@@ -180,12 +182,14 @@ class Role:
         self.lat_ns: list[int] = []
         self.error: str | None = None
         self.t0 = self.t1 = 0.0
+        self.behind = 0  # fixpub: writes held back by the window
+        self.confirmed = asyncio.Event()  # fixpub: set by the confirm loop on every confirm
 
     async def setup(self) -> None:
         await self.conn.open(self.job)
         self.backlog = await declare(self.conn, self.spec.queue)
         role = self.spec.role
-        if role in ("pub", "latpub"):
+        if role in ("pub", "latpub", "fixpub"):
             await self.conn.call(ConfirmSelect(), 85, 11)
         else:
             await self.conn.call(
@@ -204,6 +208,8 @@ class Role:
                 await self._cons(t1)
             elif role == "latpub":
                 await self._latpub(t1)
+            elif role == "fixpub":
+                await self._latpub(t1, self.job.window)
             else:
                 await self._latsub(t1)
         except Exception as e:  # noqa: BLE001
@@ -290,7 +296,8 @@ class Role:
         if self.final < target:
             self.error = f"cons{self.spec.index}: {self.final} of {target} messages by the deadline"
 
-    async def _latpub(self, t1: float) -> None:
+    async def _latpub(self, t1: float, window: int | None = None) -> None:
+        """Publish at `rate` msg/s until t1; with `window`, at most that many unconfirmed."""
         pad = b"x" * max(0, self.job.payload - 8)
         interval = 1.0 / self.job.rate
         reader = asyncio.ensure_future(self._confirm_loop())
@@ -305,6 +312,16 @@ class Role:
                     continue
                 # catch up in small bursts when the loop was late
                 k = min(50, int((now - nxt) / interval) + 1)
+                if window is not None:
+                    room = window - (self.sent - self.final)
+                    if room < k:
+                        self.behind += 1
+                    if room <= 0:
+                        self.confirmed.clear()
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(self.confirmed.wait(), max(0.001, t1 - now))
+                        continue
+                    k = room if room < k else k
                 self.conn.writer.write(
                     b"".join(
                         self._publish_frame(struct.pack(">Q", time.monotonic_ns()) + pad) for _ in range(k)
@@ -322,7 +339,8 @@ class Role:
 
     async def _confirm_loop(self) -> None:
         while True:
-            await self._read_confirms()
+            if await self._read_confirms():
+                self.confirmed.set()
 
     async def _latsub(self, t1: float) -> None:
         await self.conn.call(BasicConsume(queue=self.spec.queue, consumer_tag="l"), 60, 21)
@@ -356,6 +374,7 @@ class Role:
             "nacks": self.nacks,
             "backlog": self.backlog,
             "done_at": self.done_at,
+            "behind": self.behind,
         }
 
 

@@ -25,6 +25,11 @@ FIGURES: list[tuple[str, str, bool]] = [
     ("cpu_us_per_qos0_msg", "server CPU µs/QoS0 msg", False),
     ("cpu_us_per_qos1_msg", "server CPU µs/QoS1 msg", False),
     ("cpu_us_per_fanout_delivery", "server CPU µs/delivery", False),
+    ("fixed_publish_msgs_per_s", "fixed rate: published msg/s", True),
+    ("fixed_delivered_msgs_per_s", "fixed rate: delivered msg/s", True),
+    ("fixed_p50_ms", "fixed rate: p50 latency ms", False),
+    ("fixed_p99_ms", "fixed rate: p99 latency ms", False),
+    ("cpu_us_per_fixed_msg", "server CPU µs/fixed-rate msg", False),
     ("idle_conns_per_gib", "idle conns per GiB RSS", True),
     ("idle_conn_rss_mib_per_10k", "RSS MiB / 10k idle", False),
 ]
@@ -48,6 +53,13 @@ TARGETS: list[tuple[str, str, Callable[[dict[str, Any]], Any], str, float]] = [
     ("cpu_per_qos1", "server CPU per QoS 1 msg <= 20 µs", lambda r: r["cpu_us_per_qos1_msg"], "<=", 20.0),
     ("p99_at_5k", "p99 latency at 5k msg/s <= 10 ms", lambda r: r["p99_ms_at_5k"], "<=", 10.0),
     (
+        "cpu_fixed_vs_mosquitto",
+        "server CPU/msg at 10k msg/s <= 1.0x Mosquitto",
+        lambda r: r["cpu_ratio_vs_mosquitto_at_10k"],
+        "<=",
+        1.0,
+    ),
+    (
         "idle_rss",
         "10k idle connections <= 500 MiB RSS",
         lambda r: r["idle_conn_rss_mib_per_10k"],
@@ -70,6 +82,8 @@ def build_report(brokers: dict[str, dict[str, Any]], args: argparse.Namespace) -
         "cpu_us_per_qos1_msg": ours.get("cpu_us_per_qos1_msg"),
         "p99_ms_at_5k": ours.get("p99_ms_at_5k"),
         "idle_conn_rss_mib_per_10k": ours.get("idle_conn_rss_mib_per_10k"),
+        # fixed-rate phase (QoS 1 publish + deliver at --fixed-rate): gateway / Mosquitto CPU per message
+        "cpu_ratio_vs_mosquitto_at_10k": ratios.get("mosquitto", {}).get("cpu_us_per_fixed_msg"),
     }
     targets = {}
     for key, label, get, op, bound in TARGETS:
@@ -89,6 +103,9 @@ def build_report(brokers: dict[str, dict[str, Any]], args: argparse.Namespace) -
         "payload_bytes": args.payload,
         "qos1_window": args.window,
         "latency_rate": args.latency_rate,
+        "fixed_rate": args.fixed_rate,
+        "fixed_publishers": args.fixed_publishers,
+        "p99_runs": args.p99_runs,
         "generator_procs": args.procs,
         "server_cpu": args.server_cpu,
         "gen_cpus": args.gen_cpu_list,
@@ -133,10 +150,13 @@ def print_table(report: dict[str, Any]) -> None:
                     f"{n} {phase}: other processes used {d['other_util']:.2f} CPUs during the run: "
                     "figures disturbed"
                 )
-            if d.get("behind_ticks"):
+            if d.get("skipped"):
+                print(f"{n} {phase}: skipped: {d['skipped']}")
+            elif d.get("behind_ticks"):
+                acked = d.get("rate_acked", d.get("fixed_publish_msgs_per_s", 0))
                 print(
                     f"{n} {phase}: could not keep {d.get('rate_target', 0):.0f} msg/s "
-                    f"(acked {d.get('rate_acked', 0):.0f}/s): latency includes queueing"
+                    f"(acked {acked:.0f}/s): latency includes queueing"
                 )
     print("\ntargets (our gateway):")
     for t in report["targets"].values():

@@ -58,6 +58,11 @@ def test_mqtt_bench_quick_json(tmp_path: Path) -> None:
             "0",
             "--trace-rounds",  # (the trace on/off A/B: 4 more fresh gateways; `make bench` runs it)
             "0",
+            # the phases before `fixed` and no repeated p99 runs: test_mqtt_fixed_smoke.py runs those
+            "--phases",
+            "idle,qos0,qos1,fanout,latency",
+            "--p99-runs",
+            "0",
             "--brokers",
             brokers,
             "--json",
