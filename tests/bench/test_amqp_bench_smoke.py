@@ -6,15 +6,12 @@ included (`confirms_auth_ratio`), within 45 s (one gateway more for the auth rou
 from __future__ import annotations
 
 import asyncio
-import json
-import math
 import os
-import signal
 import struct
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+from tests.bench.support import positive, run_bench
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "amqp_bench.py"
 LIMIT_S = 45  # gateway only
@@ -29,10 +26,6 @@ FIGURES = [
 ]
 
 
-def _positive(v: object) -> bool:
-    return isinstance(v, int | float) and math.isfinite(v) and v > 0
-
-
 def test_amqp_bench_quick_json(tmp_path: Path) -> None:
     brokers = "gateway"
     sys.path.insert(0, str(SCRIPT.parent))
@@ -40,25 +33,8 @@ def test_amqp_bench_quick_json(tmp_path: Path) -> None:
 
     if os.environ.get("AMQP_BENCH_RABBITMQ") == "1" and rabbitmq_script():
         brokers = "gateway,rabbitmq"
-    t = time.monotonic()
-    # its own process group, so a timeout also kills the brokers it started
-    proc = subprocess.Popen(
-        [sys.executable, str(SCRIPT), "--quick", "--brokers", brokers, "--json", "--dir", str(tmp_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=LIMIT_S + (30 if "rabbitmq" in brokers else 0))
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(f"bench timed out:\n{err[-3000:]}") from None
-    proc.stdout, proc.stderr = out, err  # type: ignore[assignment]
-    elapsed = time.monotonic() - t
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(proc.stdout)  # exactly one JSON object on stdout
+    cmd = [sys.executable, str(SCRIPT), "--quick", "--brokers", brokers, "--json", "--dir", str(tmp_path)]
+    res, err, elapsed = run_bench(cmd, LIMIT_S + (30 if "rabbitmq" in brokers else 0))
     for key in [
         "confirms_ratio_vs_rabbitmq",
         "consume_ratio_vs_rabbitmq",
@@ -67,28 +43,28 @@ def test_amqp_bench_quick_json(tmp_path: Path) -> None:
         "confirms_auth_ratio",
     ]:
         assert key in res, key
-    assert _positive(res["cpu_us_per_msg"]), proc.stderr[-3000:]
+    assert positive(res["cpu_us_per_msg"]), err[-3000:]
     for name in brokers.split(","):
         b = res["brokers"][name]
         assert "error" not in b, b["error"]
         for phase, d in b["phases"].items():
             assert "error" not in d and not d.get("errors"), (name, phase, d)
         for key in FIGURES:
-            assert _positive(b["figures"][key]), (name, key, b["figures"][key])
+            assert positive(b["figures"][key]), (name, key, b["figures"][key])
     g = res["brokers"]["gateway"]["phases"]
     assert g["confirms"]["nacks"] == 0
     assert g["consume"]["consumed"] == g["consume"]["backlog"] > 0  # every confirmed message consumed
     if "rabbitmq" in brokers:
-        assert _positive(res["confirms_ratio_vs_rabbitmq"]) and _positive(res["rabbitmq_cpu_us_per_msg"])
+        assert positive(res["confirms_ratio_vs_rabbitmq"]) and positive(res["rabbitmq_cpu_us_per_msg"])
     else:
         assert res["confirms_ratio_vs_rabbitmq"] is None
     auth = res["auth"]
-    assert _positive(res["confirms_auth_ratio"]) and len(auth["rounds"]) == 1, auth
+    assert positive(res["confirms_auth_ratio"]) and len(auth["rounds"]) == 1, auth
     on = auth["rounds"][0]["on"]
     assert "error" not in on and on["info"]["acl_rules"] == 1000, on
     assert "--auth" in on["info"]["command"]
     c = on["phases"]["confirms"]
-    assert c["nacks"] == 0 and not c["errors"] and _positive(c["confirms_msgs_per_s"]), c
+    assert c["nacks"] == 0 and not c["errors"] and positive(c["confirms_msgs_per_s"]), c
     assert elapsed < LIMIT_S + (30 if "rabbitmq" in brokers else 0)
     assert list(tmp_path.iterdir()) == []  # work directories are removed
 

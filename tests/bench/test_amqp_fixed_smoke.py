@@ -6,15 +6,13 @@ never has more than its window unconfirmed."""
 from __future__ import annotations
 
 import asyncio
-import json
-import math
 import os
-import signal
 import struct
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from tests.bench.support import positive, run_bench, share
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "amqp_bench.py"
 LIMIT_S = 45
@@ -29,14 +27,6 @@ FIXED_FIGURES = [
 ]
 
 
-def _positive(v: object) -> bool:
-    return isinstance(v, int | float) and math.isfinite(v) and v > 0
-
-
-def _share(v: object) -> bool:
-    return isinstance(v, int | float) and math.isfinite(v) and v >= 0
-
-
 def test_amqp_fixed_rate_json(tmp_path: Path) -> None:
     sys.path.insert(0, str(SCRIPT.parent))
     from amqp_servers import rabbitmq_script
@@ -47,39 +37,26 @@ def test_amqp_fixed_rate_json(tmp_path: Path) -> None:
     cmd = [sys.executable, str(SCRIPT), "--brokers", brokers, "--phases", "fixed"]
     cmd += ["--fixed-rate", str(RATE), "--duration", "1", "--warmup", "0.3", "--quiet-wait", "0"]
     cmd += ["--auth-rounds", "0", "--json", "--dir", str(tmp_path)]
-    t = time.monotonic()
-    # its own process group, so a timeout also kills the brokers it started
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        out, err = proc.communicate(timeout=limit)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(f"bench timed out:\n{err[-3000:]}") from None
-    elapsed = time.monotonic() - t
-    assert proc.returncode == 0, err[-3000:]
-    res = json.loads(out)  # exactly one JSON object on stdout
+    res, err, elapsed = run_bench(cmd, limit)
     for name in brokers.split(","):
         b = res["brokers"][name]
         assert "error" not in b, b["error"]
         d = b["phases"]["fixed"]
         assert "error" not in d and not d["errors"], (name, d)
         for key in FIXED_FIGURES:
-            assert _positive(b["figures"][key]), (name, key, b["figures"][key], err[-3000:])
+            assert positive(b["figures"][key]), (name, key, b["figures"][key], err[-3000:])
         assert d["nacks"] == 0 and d["inflight_max"] <= 100, (name, d)
         # paced, not flat out (a loose band: shared CI host)
         assert 0.5 * RATE <= d["fixed_publish_msgs_per_s"] <= 1.2 * RATE, (name, d)
         assert d["delivered"] > 0 and d["fixed_p50_ms"] <= d["fixed_p99_ms"], (name, d)
-        assert d["server_processes"] >= 1 and _positive(d["cpu_us_per_fixed_msg_main_process"]), (name, d)
+        assert d["server_processes"] >= 1 and positive(d["cpu_us_per_fixed_msg_main_process"]), (name, d)
         assert d["cpu_us_per_fixed_msg_main_process"] <= d["cpu_us_per_fixed_msg"], (name, d)
-        assert _share(d["other_util"]) and _share(d["host_steal"]), (name, d)
+        assert share(d["other_util"]) and share(d["host_steal"]), (name, d)
     assert res["fixed_cpu_us_per_msg"] == res["brokers"]["gateway"]["figures"]["cpu_us_per_fixed_msg"]
     assert res["targets"]["cpu_ratio_vs_rabbitmq_at_3k"] == "<= 0.5"
     if rabbit:
-        assert _positive(res["cpu_ratio_vs_rabbitmq_at_3k"])
-        assert _positive(res["rabbitmq_fixed_cpu_us_per_msg"])
+        assert positive(res["cpu_ratio_vs_rabbitmq_at_3k"])
+        assert positive(res["rabbitmq_fixed_cpu_us_per_msg"])
     else:
         assert res["cpu_ratio_vs_rabbitmq_at_3k"] is None
     assert elapsed < limit

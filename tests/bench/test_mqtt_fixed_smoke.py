@@ -5,14 +5,12 @@ and the p99 count agrees with the runs' list, within 60 s."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+from tests.bench.support import positive, run_bench, share
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "mqtt_bench.py"
 MOSQUITTO = "/usr/sbin/mosquitto"
@@ -30,14 +28,6 @@ FIXED_FIGURES = [
 ]
 
 
-def _positive(v: object) -> bool:
-    return isinstance(v, int | float) and math.isfinite(v) and v > 0
-
-
-def _share(v: object) -> bool:
-    return isinstance(v, int | float) and math.isfinite(v) and v >= 0
-
-
 def test_mqtt_fixed_rate_and_p99_runs(tmp_path: Path) -> None:
     have_mosquitto = os.access(MOSQUITTO, os.X_OK)
     brokers = "gateway,mosquitto" if have_mosquitto else "gateway"
@@ -46,20 +36,7 @@ def test_mqtt_fixed_rate_and_p99_runs(tmp_path: Path) -> None:
     cmd += ["--latency-rate", "1000", "--duration", "1", "--warmup", "0.3", "--quiet-wait", "0"]
     cmd += ["--auth-rounds", "0", "--trace-rounds", "0", "--tls-rounds", "0"]
     cmd += ["--json", "--dir", str(tmp_path)]
-    t = time.monotonic()
-    # its own process group, so a timeout also kills the brokers it started
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        out, err = proc.communicate(timeout=LIMIT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(f"bench timed out:\n{err[-3000:]}") from None
-    elapsed = time.monotonic() - t
-    assert proc.returncode == 0, err[-3000:]
-    res = json.loads(out)  # exactly one JSON object on stdout
+    res, err, elapsed = run_bench(cmd, LIMIT_S)
 
     for name in brokers.split(","):
         b = res["brokers"][name]
@@ -67,12 +44,12 @@ def test_mqtt_fixed_rate_and_p99_runs(tmp_path: Path) -> None:
         d = b["details"]["fixed"]
         assert "error" not in d and not d["errors"], (name, d)
         for key in FIXED_FIGURES:
-            assert _positive(b[key]), (name, key, b[key], err[-3000:])
+            assert positive(b[key]), (name, key, b[key], err[-3000:])
         # paced, not flat out: the publishers together keep the asked rate (a loose band: shared CI host)
         assert 0.5 * RATE <= d["fixed_publish_msgs_per_s"] <= 1.2 * RATE, (name, d)
         assert d["delivered"] > 0 and d["latency_samples"] > 0, (name, d)
         assert d["fixed_p50_ms"] <= d["fixed_p99_ms"], (name, d)
-        assert _share(d["other_util"]) and _share(d["host_steal"]), (name, d)
+        assert share(d["other_util"]) and share(d["host_steal"]), (name, d)
         assert res["fixed"]["brokers"][name]["cpu_us_per_fixed_msg"] == b["cpu_us_per_fixed_msg"]
     assert res["fixed"]["rate"] == RATE and res["config"]["fixed_rate"] == RATE
 
@@ -80,18 +57,18 @@ def test_mqtt_fixed_rate_and_p99_runs(tmp_path: Path) -> None:
     assert res["targets"]["cpu_fixed_vs_mosquitto"]["value"] == ratio
     if have_mosquitto:
         g, m = res["brokers"]["gateway"], res["brokers"]["mosquitto"]
-        assert _positive(ratio)
+        assert positive(ratio)
         assert math.isclose(ratio, g["cpu_us_per_fixed_msg"] / m["cpu_us_per_fixed_msg"])
     else:
         assert ratio is None
 
     # the repeated latency phase on fresh gateways; the main run's key stays as it was
-    assert _positive(res["p99_ms_at_5k"])
+    assert positive(res["p99_ms_at_5k"])
     runs = res["p99_ms_at_5k_runs"]
-    assert len(runs) == P99_RUNS and all(_positive(v) for v in runs), (runs, res["p99_runs"])
+    assert len(runs) == P99_RUNS and all(positive(v) for v in runs), (runs, res["p99_runs"])
     assert res["p99_at_5k_runs_met"] == sum(1 for v in runs if v <= 10.0)
     assert res["targets"]["p99_at_5k_runs"]["value"] == res["p99_at_5k_runs_met"]
     for run in res["p99_runs"]["runs"]:
-        assert "error" not in run and _share(run["other_util"]) and _share(run["host_steal"]), run
+        assert "error" not in run and share(run["other_util"]) and share(run["host_steal"]), run
     assert elapsed < LIMIT_S
     assert list(tmp_path.iterdir()) == []  # work directories are removed
