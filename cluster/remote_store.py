@@ -40,6 +40,7 @@ from .membership import Membership
 from .nodes import NodeClient, NodeUnavailable
 from .pops import Pops
 from .sends import Sends
+from .tails import Tails
 
 
 class ClusterStoreClient:
@@ -72,6 +73,8 @@ class ClusterStoreClient:
         self.request_timeout_s = request_timeout_s
         self.sends = Sends(self.members, self.ids, request_timeout_s)
         self.pops = Pops(self.members, self.ids, request_timeout_s)
+        self.tails = Tails(self.members, self.ids, request_timeout_s)
+        self.tail = self.tails.tail
         self.append = self.sends.append
         self.append_many = self.sends.append_many
         self._checker: Callable[[Message], Awaitable[None]] | None = None

@@ -38,6 +38,7 @@ from .state_replication import REPL_META, StateFeed
 
 log = logging.getLogger("cluster.store_node")
 POP = w.OPS["pop"]
+LONG_POLLS = frozenset({POP, w.OPS["tail"]})  # may wait for messages: answered at once on stop
 APPEND = w.OPS["append"]
 KV_WRITES = frozenset({"kv_put", "kv_put_many", "kv_delete", "kv_put_if_absent"})
 CATALOG_WRITES = frozenset({"create_topic", "resize_topic", "delete_topic", "create_group", "delete_group"})
@@ -83,7 +84,7 @@ class StoreNode:
         self.name = config.name
         max_frame = max(16 * 1024 * 1024, 2 * config.max_body_size + 1024 * 1024)
         self.frames = FrameServer(self, name="store", log=log, max_frame_size=max_frame, auth=config.auth)
-        self.polls: set[asyncio.Task] = set()  # pops under way (long polls end at once on stop)
+        self.polls: set[asyncio.Task] = set()  # pops and tail reads under way (end at once on stop)
         self._server: asyncio.Server | None = None
         self._address = f"{config.host}:{config.port}"
         self._rr = 0
@@ -184,7 +185,7 @@ class StoreNode:
             refused = self._refuse_unreplicated(cmd)
             if refused is not None:
                 return refused
-        if cmd.code == POP:
+        if cmd.code in LONG_POLLS:
             task = asyncio.current_task()
             assert task is not None
             self.polls.add(task)

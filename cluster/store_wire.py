@@ -88,6 +88,7 @@ OPS: dict[str, int] = {
             "resize_topic",
             "get_by_key",
             "ack_many",
+            "tail",
         )
     )
 }
@@ -96,7 +97,7 @@ CANCEL = 9198  # oneway: extField `opaque` = a pending request of this connectio
 TXN_CHECK = 9199  # store node -> proxy, oneway: body = one encoded message (a half message)
 # Operations whose reply body is encoded messages instead of JSON.
 MESSAGE_REPLIES = frozenset(
-    {"pop", "read", "get_by_id", "get_by_key", "get_message", "latest", "latest_items"}
+    {"pop", "read", "get_by_id", "get_by_key", "get_message", "latest", "latest_items", "tail"}
 )
 # Operations that append to the commit log (a primary then wakes its replicas' pulls).
 WRITES = frozenset({"append", "forward_to_dlq", "end_transaction", "nack"})
@@ -369,6 +370,9 @@ SERVE: dict[str, Op] = {
     "get_by_id": lambda c, a, b: c.get_by_id(a["id"]),
     "get_by_key": lambda c, a, b: c.get_by_key(a["key"]),
     "ack_many": _ack_many,
+    "tail": lambda c, a, b: c.tail(
+        a["topic"], {int(q): o for q, o in a["positions"].items()}, a["max"], a["wait_ms"]
+    ),
     "get_message": lambda c, a, b: _then(c.get_message(a["offset"]), lambda m: [m]),
     "latest": lambda c, a, b: _then(c.latest(a["topic"], a["key"], True), lambda m: [] if m is None else [m]),
     "latest_items": lambda c, a, b: c.latest_items(a["topic"], True),

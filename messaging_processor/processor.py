@@ -746,6 +746,30 @@ class MessagingProcessor:
                 self.tracer.pulled(ctx, group, topic, queue_id, msgs)
         return msgs
 
+    async def tail(
+        self,
+        ctx: ClientContext,
+        topic: str,
+        positions: dict[int, int],
+        max_messages: int = 128,
+        wait_ms: int = 0,
+        *,
+        group: str,
+    ) -> list[Message]:
+        """Offset reads of a whole topic for a subscriber that does not compete (StoreClient.tail):
+        no pop state and nothing to ack; the caller moves `positions` (queue id -> next offset) past
+        what it gets. Traced as deliveries to `group`, acked at once (the reader keeps no progress
+        in the store)."""
+        if self.authorizer is not None:
+            await self.authorize(ctx.identity, Action.SUBSCRIBE, Resource("topic", topic))
+        with StoreCall(None, "", ""):
+            msgs = await self.store.tail(topic, positions, max_messages, wait_ms)
+        if msgs:
+            self.metrics.messages_out[(ctx.protocol, topic)] += len(msgs)
+            if self.tracer is not None:
+                self.tracer.tailed(ctx, group, msgs)
+        return msgs
+
     async def read_raw(
         self,
         ctx: ClientContext,

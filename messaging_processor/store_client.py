@@ -37,6 +37,11 @@ class StoreClient(Protocol):
     async def pop(
         self, group: str, topic: str, max_messages: int, invisible_time_ms: int, filter: Filter, wait_ms: int
     ) -> list[PoppedMessage]: ...
+    # offset reads of a whole topic for subscribers that do not compete (Store.tail); positions:
+    # queue id -> next offset, kept and moved on by the caller
+    async def tail(
+        self, topic: str, positions: dict[int, int], max_messages: int, wait_ms: int
+    ) -> list[Message]: ...
     async def ack(self, handle: str) -> None: ...
     # per handle None (acked) or the error; the others are acked all the same
     async def ack_many(self, handles: Sequence[str]) -> list[Exception | None]: ...
@@ -106,6 +111,7 @@ class LocalStoreClient:
         self.append = store.append
         self.append_many = store.append_many
         self.pop = store.pop
+        self.tail = store.tail
 
     async def pop(
         self,
@@ -117,6 +123,11 @@ class LocalStoreClient:
         wait_ms: int = 0,
     ) -> list[PoppedMessage]:
         return await self.store.pop(group, topic, max_messages, invisible_time_ms, filter, wait_ms)
+
+    async def tail(
+        self, topic: str, positions: dict[int, int], max_messages: int = 128, wait_ms: int = 0
+    ) -> list[Message]:
+        return await self.store.tail(topic, positions, max_messages, wait_ms)
 
     async def _tiered(self, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)`, a synchronous read of the store; a read of a tiered range that is not cached

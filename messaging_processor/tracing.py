@@ -65,7 +65,8 @@ _MAX_RECORD_KEY_BYTES = 32_000  # a record's keys are joined into a u16-sized fi
 _MAX_RECORD_ROWS = 256
 _MAX_HANDLES = 4096  # unsettled deliveries remembered (receipt handle -> message), oldest dropped (then
 # an ack is recorded by the position its handle names: tests/limits/test_memory.py bounds the memory)
-STORED, DELIVERED, HANDLED, EVENT, PULLED, COMMITTED = range(6)  # kinds of `TraceRecorder.pending` entries
+# kinds of `TraceRecorder.pending` entries
+STORED, DELIVERED, HANDLED, EVENT, PULLED, COMMITTED, TAILED = range(7)
 _MAX_PULLED = 4096  # per group and queue: pulled offsets remembered until a commit passes them
 # what a DELIVERED entry keeps of each popped message: its metadata, never its body (the buffer
 # would otherwise hold every delivered body until the next write: tests/limits/test_memory.py).
@@ -82,6 +83,10 @@ DELIVERED_FIELDS = operator.attrgetter(
 )
 # what a PULLED entry keeps of each message read by a pull consumer (4.x PULL_MESSAGE)
 PULLED_FIELDS = operator.attrgetter("queue_offset", "commitlog_offset", "reconsume_times")
+# what a TAILED entry keeps of each message a tail read got (MessagingProcessor.tail)
+TAILED_FIELDS = operator.attrgetter(
+    "topic", "queue_id", "queue_offset", "commitlog_offset", "properties", "message_id"
+)
 # C-level callables, so that the processor's hot path enters no Python frame of this module:
 match_traceparent = re.compile(
     r"(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}"
@@ -217,6 +222,8 @@ class TraceRecorder:
     #   (PULLED, ms, ctx, group, topic, queue id, [PULLED_FIELDS(m) for m in read])  a pull consumer
     #       (reading by offset) got these; (COMMITTED, ms, ctx, group, topic, queue id, offset) it
     #       committed its offset: the pulled messages below it are `acked`
+    #   (TAILED, ms, ctx, group, [TAILED_FIELDS(m) for m in read])  a subscriber that does not
+    #       compete read these by offset: `delivered` and `acked` at once
     # and calls `wake()` when len(pending) reaches `max_buffered`. The methods below do the same.
     def stored(
         self, ctx: ClientContext, messages: Sequence[Message], results: Sequence[AppendResult]
@@ -254,6 +261,11 @@ class TraceRecorder:
         self._add(
             (PULLED, time_ns() // 1_000_000, ctx, group, topic, queue_id, list(map(PULLED_FIELDS, read)))
         )
+
+    def tailed(self, ctx: ClientContext, group: str, read: Sequence[Message]) -> None:
+        """A subscriber that does not compete read `read` by offset (MessagingProcessor.tail):
+        delivered to `group` and acked at once (nothing is left to ack)."""
+        self._add((TAILED, time_ns() // 1_000_000, ctx, group, list(map(TAILED_FIELDS, read))))
 
     def committed(self, ctx: ClientContext, group: str, topic: str, queue_id: int, offset: int) -> None:
         """`group` committed its offset of a queue: the messages it pulled below it are acked."""
@@ -325,6 +337,8 @@ class TraceRecorder:
                 self._pulled_row(out, t, proto, client, user, *e[3:])
             elif kind == COMMITTED:
                 self._committed_row(out, t, proto, client, user, *e[3:])
+            elif kind == TAILED:
+                self._tailed_row(out, full if expand else None, t, proto, client, user, e[3], e[4])
             else:
                 event, mid, detail = e[3:]
                 row = [event, t, proto, client, user, None, None, None, None, detail, mid, None, None, None]
@@ -407,6 +421,22 @@ class TraceRecorder:
             del pulled[next(iter(pulled))]
         while len(self._pulled) > _MAX_PULLED:
             del self._pulled[next(iter(self._pulled))]
+
+    @staticmethod
+    def _tailed_row(
+        out: list, full: list[Row] | None, t: int, proto: str, client: str, user: str | None,
+        group: str, read: Sequence[tuple],
+    ) -> None:  # fmt: skip
+        clos = [r[3] for r in read]  # (TAILED_FIELDS)
+        keys = {CLO_KEY_PREFIX + str(clo >> _CLO_BITS) for clo in clos}
+        out.append((("D", t, proto, client, user, group, [(clo, 1, None) for clo in clos]), keys))
+        out.append((("H", "acked", proto, client, user, group, [(clo, t, None) for clo in clos]), set(keys)))
+        if full is not None:
+            for topic, qid, off, clo, props, mid in read:
+                tp = props.get(TRACEPARENT) or derived_traceparent(mid)
+                for event, attempt in (("delivered", 1), ("acked", None)):
+                    full.append([event, t, proto, client, user, group, qid, off, attempt, None, mid,
+                                 tp, topic, clo])  # fmt: skip
 
     def _committed_row(
         self, out: list, t: int, proto: str, client: str, user: str | None,

@@ -76,6 +76,30 @@ class Reader:
             off += n
         return out
 
+    def tail(self, topic: str, positions: dict[int, int], max_messages: int) -> list[Message]:
+        """Up to `max_messages` messages of `topic` at or after each queue's position (queue id ->
+        next offset; a queue missing from `positions` is read from its first retained offset), the
+        oldest first across queues (by commit log offset: the order they were stored in, so a
+        publisher's messages spread over queues round robin come out in order, and no busy queue
+        starves the others). Records compaction removed are passed over."""
+        picked: list[tuple[int, int]] = []  # (commit log offset, size)
+        qs = self.catalog.readable(topic)
+        for cq in qs:
+            off = max(positions.get(cq.queue_id, 0), cq.min_offset)
+            end = cq.max_offset
+            got = 0
+            while off < end and got < max_messages:
+                n = min(end - off, max_messages - got)
+                for clo, size, _th, _ts in cq.entries(off, n):
+                    if size:
+                        picked.append((clo, size))
+                        got += 1
+                off += n
+        if len(qs) > 1:
+            picked.sort()
+        read = self.commitlog.read_message
+        return [m for clo, size in picked[:max_messages] if (m := read(clo, size)) is not None]
+
     # Raw range reads for bulk consumers (the gateway's read API for Spark): record bytes instead of
     # one decoded Message per record. Record layout: store/codec.py and docs/store.md.
     def queue_entries(

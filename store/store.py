@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -30,7 +31,7 @@ from .filters import ALL, Filter
 from .index import MessageIndex
 from .kv import KeyValueStore
 from .message import AppendResult, Message, PoppedMessage
-from .popping import LongPolling, Popper
+from .popping import MAX_TIER_FETCHES, LongPolling, Popper
 from .reading import Reader
 from .recovery import Recovery
 from .replication import LogReplica
@@ -390,6 +391,33 @@ class Store:
         Replayable: the same arguments return the same messages while they are retained.
         """
         return self._reader.read(topic, queue_id, start, end, max_messages, filter)
+
+    async def tail(
+        self, topic: str, positions: dict[int, int], max_messages: int = 128, wait_ms: int = 0
+    ) -> list[Message]:
+        """Offset reads for subscribers that do not compete: no pop state, nothing to ack. Up to
+        `max_messages` messages of `topic` at or after each queue's position (queue id -> next
+        offset; a queue missing from `positions` is read from its first retained offset); with none
+        there, wait up to `wait_ms` for an append to the topic. The caller keeps its positions and
+        moves each past the messages it got (`Message.queue_offset` + 1)."""
+        if max_messages < 1:
+            raise ValueError("max_messages must be positive")
+        self._catalog.topic(topic, create=False)
+        give_up = time.monotonic() + wait_ms / 1000
+        misses = 0
+        while True:
+            try:
+                out = self._reader.tail(topic, positions, max_messages)
+            except TieredRangeNotCached as miss:  # a queue read from its start reached a tiered range
+                misses += 1
+                if misses > MAX_TIER_FETCHES:
+                    raise TieredStorageUnavailable(f"tiered range {miss.offset} not cached") from None
+                await self.fetch_tiered(miss)
+                continue
+            if out or self._pops.closed or time.monotonic() >= give_up:
+                return out
+            await self._polls.wait(topic, ALL, give_up, None)
+            self._catalog.topic(topic, create=False)  # (deleted meanwhile: TopicNotFound)
 
     def queue_entries(
         self, topic: str, queue_id: int, start: int, end: int, max_entries: int

@@ -1,9 +1,11 @@
 """Fan-out: delivery of stored messages to this proxy's subscribers.
 
-Clean sessions: one `TopicLoop` per store topic that has local subscribers pops with the
-proxy-unique consumer group `%MQTT_FANOUT_<uuid>` (positioned at the current max offsets, so no
-history is replayed), acks at once and hands each message to `Fanout.dispatch`, which finds the
-matching subscriptions by full path in the subscription index (TopicTrie). A subscription whose
+Clean sessions: one `TopicLoop` per store topic that has local subscribers reads it by offset
+(`MessagingProcessor.tail`: no pop state, nothing to ack; positions kept in memory, starting at the
+current max offsets, so no history is replayed; traced as deliveries to the proxy-unique group
+`%MQTT_FANOUT_<uuid>`) and hands each message to `Fanout.dispatch`, which finds the matching
+subscriptions by full path in the subscription index (TopicTrie). A clean session keeps nothing
+across a restart, so positions that die with the proxy lose nothing it was promised. A subscription whose
 first level is a wildcard covers every store topic: while one exists the topic list is re-read
 every `scan_interval` seconds (and at once when an MQTT publish goes to a store topic without a
 loop, see publish.py); topics found after the first scan are read from their start.
@@ -95,6 +97,7 @@ class TopicLoop:
         self.on_deleted = on_deleted
         self.ready = asyncio.Event()
         self.task: asyncio.Task | None = None
+        self.positions: dict[int, int] = {}  # queue id -> next offset to read (a queue missing: its start)
 
     async def start(self, from_now: bool) -> None:
         p = self.processor
@@ -102,8 +105,7 @@ class TopicLoop:
             route = await p.query_route(self.ctx, self.topic, auto_create=True)
             if from_now:
                 for q in route.queues:
-                    _, hi = await p.queue_offsets(self.topic, q.queue_id)
-                    await p.commit_offset(self.ctx, self.group, self.topic, q.queue_id, hi)
+                    _, self.positions[q.queue_id] = await p.queue_offsets(self.topic, q.queue_id)
         finally:
             self.ready.set()
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"mqtt fanout {self.topic}")
@@ -112,31 +114,28 @@ class TopicLoop:
         p = self.processor
         ctx = self.ctx
         group = self.group
+        positions = self.positions
         backoff = 0.1
         while True:
             try:
-                ds = await p.pop(
-                    ctx, group, self.topic, max_messages=128, invisible_time_ms=60_000, long_poll_ms=20_000
-                )
+                msgs = await p.tail(ctx, self.topic, positions, 128, 20_000, group=group)
                 backoff = 0.1
             except ProcessorError as e:
                 if e.kind is ErrorKind.TOPIC_NOT_FOUND:
                     log.info("mqtt fan-out of %s ends: topic deleted", self.topic)
                     self.on_deleted(self)
                     return
-                log.warning("mqtt fan-out pop of %s failed: %s", self.topic, e)
+                log.warning("mqtt fan-out read of %s failed: %s", self.topic, e)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
             dispatch = self.dispatch
-            for d in ds:
+            for m in msgs:
+                positions[m.queue_id] = m.queue_offset + 1
                 try:
-                    dispatch(d.message)
+                    dispatch(m)
                 except Exception:  # noqa: BLE001
-                    log.exception("mqtt dispatch of %s failed", d.message.message_id)
-            if ds:  # (one store call for the batch; a handle that expired meanwhile is redelivered)
-                with contextlib.suppress(ProcessorError):
-                    await p.ack_many(ctx, [d.receipt_handle for d in ds])
+                    log.exception("mqtt dispatch of %s failed", m.message_id)
 
     async def stop(self) -> None:
         if self.task is not None:

@@ -380,3 +380,38 @@ async def test_compacted_topic_latest_values_across_nodes(env):
     assert [(m.keys[0], m.body) for m in items] == [(f"k{k}", b"%d@2" % k) for k in range(5)]
     stats = await c.compact()
     assert stats.records_in == 0  # nothing in a closed segment yet: nothing compacted
+
+
+async def test_tail_reads_every_node_by_global_queue_and_long_polls_all(env):
+    c = env.client
+    await c.create_topic("tl", 2, None, None)  # global queues 0..3 over two nodes
+    await c.create_group("g", 16, None)
+    first = [await c.append(Message("tl", b"a%d" % i, queue_id=i % 4)) for i in range(8)]
+    positions = {q: await c.max_offset("tl", q) for q in range(4)}
+    assert positions == {0: 2, 1: 2, 2: 2, 3: 2}
+    assert await c.tail("tl", dict(positions), 16, 0) == []
+    rs = [await c.append(Message("tl", b"b%d" % i, queue_id=i % 4)) for i in range(4)]
+    got = await c.tail("tl", positions, 16, 0)
+    assert {(m.queue_id, m.queue_offset, m.message_id) for m in got} == {
+        (r.queue_id, r.queue_offset, r.message_id) for r in rs
+    }
+    for m in got:
+        positions[m.queue_id] = m.queue_offset + 1
+    # From the start (no positions) every message of both nodes.
+    assert {m.message_id for m in await c.tail("tl", {}, 100, 0)} == {r.message_id for r in first + rs}
+    # A long poll waits on every node; an append straight into either wakes it.
+    for target in ("store-a", "store-b"):
+        t0 = time.monotonic()
+        waiting = asyncio.ensure_future(c.tail("tl", positions, 16, 5000))
+        await until(lambda: all(n.polls for n in env.nodes.values()))
+        assert not waiting.done()
+        await env.nodes[target].store.append(Message("tl", target.encode(), queue_id=0))
+        got = await asyncio.wait_for(waiting, 3)
+        assert [m.body for m in got] == [target.encode()] and time.monotonic() - t0 < 2.0
+        for m in got:
+            positions[m.queue_id] = m.queue_offset + 1
+    await until(lambda: not any(n.polls for n in env.nodes.values()))  # the losing poll was cancelled
+    # Tail reads hand nothing out: the pop group still has every message.
+    assert await c.inflight_count("g", "tl") == 0 and await c.backlog("g", "tl") == 14
+    with pytest.raises(TopicNotFound):
+        await c.tail("nothing", {}, 1, 1000)

@@ -248,3 +248,29 @@ async def test_a_made_traceparent_and_a_derived_one_keep_their_trace_through_a_r
         assert set(by_id) == {original, copy.message_id}  # both messages of the trace
         assert [e["event"] for e in by_id[original]["events"]][-2:] == ["dead_lettered", "redriven"]
         assert [e["event"] for e in by_id[copy.message_id]["events"]] == ["received", "stored"]
+
+
+async def test_a_tail_read_is_recorded_as_delivered_and_acked(traced) -> None:
+    processor, store = traced
+    fanout = ClientContext("mqtt", client_id="%MQTT_FANOUT_x")
+    exported: list = []
+    processor.tracer.sinks.append(exported.extend)  # what an OTLP exporter is handed
+    [r] = await processor.send(PRODUCER, [Message("sensors", b"21.5")])
+    got = await processor.tail(fanout, "sensors", {}, 16, group="%MQTT_FANOUT_x")
+    assert [m.message_id for m in got] == [r.message_id]
+    assert store.inflight_count("%MQTT_FANOUT_x", "sensors") == 0  # no pop state was made
+    await processor.tracer.flush()
+    t = await processor.tracer.trace(r.message_id)
+    events = [(e["event"], e["protocol"], e["group"]) for e in t["events"]]
+    assert events == [
+        ("received", "mqtt", None),
+        ("stored", "mqtt", None),
+        ("delivered", "mqtt", "%MQTT_FANOUT_x"),
+        ("acked", "mqtt", "%MQTT_FANOUT_x"),
+    ]
+    assert t["events"][2]["client_id"] == "%MQTT_FANOUT_x" and t["events"][2]["attempt"] == 1
+    tailed = [row for row in exported if row[5] == "%MQTT_FANOUT_x"]
+    assert [(row[0], row[10], row[11]) for row in tailed] == [
+        ("delivered", r.message_id, traceparent_of(got[0])),
+        ("acked", r.message_id, traceparent_of(got[0])),
+    ]

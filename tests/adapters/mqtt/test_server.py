@@ -172,6 +172,24 @@ async def test_history_before_subscribe_is_not_replayed(env):
             assert (await next_message(sub)).payload == b"new"
 
 
+async def test_clean_sessions_read_by_offset_with_no_pop_or_ack(env):
+    """The fan-out of clean sessions tails the store topic: no pop state, nothing acked."""
+    pops, acks = env.store.metrics["pops"], env.store.metrics["acks"]
+    async with env.client(V5) as pub, env.client(V3) as sub1, env.client(V5) as sub2:
+        await sub1.subscribe("tail/#", qos=1)
+        await sub2.subscribe("tail/+/x", qos=0)
+        for i in range(20):
+            await pub.publish(f"tail/{i % 3}/x", b"%d" % i, qos=1)
+        got1 = [(await next_message(sub1)).payload for _ in range(20)]
+        got2 = [(await next_message(sub2)).payload for _ in range(20)]
+    assert sorted(got1) == sorted(got2) == sorted(b"%d" % i for i in range(20))
+    for q in range(3):  # one publisher's messages to one path keep their order
+        mine = [b"%d" % i for i in range(q, 20, 3)]
+        assert [p for p in got1 if p in mine] == mine
+    assert (env.store.metrics["pops"], env.store.metrics["acks"]) == (pops, acks)
+    assert env.store.inflight_count(env.adapter.broker.group, "tail") == 0
+
+
 # ------------------------------------------------------------------ subscriptions
 
 
