@@ -1,0 +1,91 @@
+"""The delivery guarantees of MQTT subscriptions across a kill -9 of a real `gateway start`:
+
+- a persistent session (clean session off) gets every message the gateway acknowledged (PUBACK)
+  to its publisher, after the restart too (at least once: a copy may come twice);
+- a clean session gets what is stored while it is subscribed, read by offset from the store
+  (adapters/mqtt/fanout.py): its position lives only in the proxy, so after the crash the client
+  starts a new session that gets new messages only, nothing from before it subscribed again."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+
+import aiomqtt
+
+from tests.adapters.mqtt.support import V3, next_message
+from tests.gateway.support import start
+
+EXTRA = ("--protocols", "mqtt,http", "--mqtt-port", "0")
+
+
+def client(addr: str, ident: str, **kw) -> aiomqtt.Client:
+    host, port = addr.rsplit(":", 1)
+    return aiomqtt.Client(host, int(port), identifier=ident, protocol=V3, **kw)
+
+
+async def test_acknowledged_messages_reach_a_persistent_session_after_kill_9(tmp_path):
+    proc, listeners = await asyncio.to_thread(start, tmp_path, *EXTRA)
+    acked: list[int] = []
+    live: list[bytes] = []
+    try:
+        addr = listeners["mqtt"]
+        async with client(addr, "keeper", clean_session=False) as keeper:
+            await keeper.subscribe("k9/#", qos=1)  # then offline: the session keeps the messages
+        watcher = client(addr, "watcher")
+        await watcher.__aenter__()
+        await watcher.subscribe("k9/#", qos=1)
+        pub = client(addr, "pub")
+        await pub.__aenter__()
+
+        async def publish(i: int) -> None:
+            await pub.publish(f"k9/{i % 4}", str(i).encode(), qos=1)  # returns on PUBACK
+            acked.append(i)
+
+        async def flood() -> None:
+            i = 0
+            while True:  # 20 in flight at a time until the gateway dies
+                await asyncio.gather(*(publish(i + k) for k in range(20)), return_exceptions=True)
+                i += 20
+
+        async def watch() -> None:
+            async for m in watcher.messages:
+                live.append(m.payload)
+
+        tasks = [asyncio.ensure_future(flood()), asyncio.ensure_future(watch())]
+        while len(acked) < 300 or len(live) < 100:
+            await asyncio.sleep(0.01)
+        proc.p.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(proc.p.wait, 10)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for c in (pub, watcher):
+            with contextlib.suppress(Exception):  # the connection is gone, whichever way it says so
+                await c.__aexit__(None, None, None)
+    finally:
+        proc.kill()
+    # The clean session saw messages live, each once, oldest first per topic.
+    seen = [int(p) for p in live]
+    assert len(seen) == len(set(seen))
+    for q in range(4):
+        mine = [i for i in seen if i % 4 == q]
+        assert mine == sorted(mine)
+
+    proc, listeners = await asyncio.to_thread(start, tmp_path, *EXTRA)
+    try:
+        addr = listeners["mqtt"]
+        async with client(addr, "watcher") as watcher, client(addr, "pub") as pub:
+            await watcher.subscribe("k9/#", qos=1)
+            async with client(addr, "keeper", clean_session=False) as keeper:
+                got: set[int] = set()
+                while not set(acked) <= got:
+                    m = await next_message(keeper, timeout=30)
+                    got.add(int(m.payload))
+                    # (aiomqtt acknowledges each message as it is handed out)
+            await pub.publish("k9/new", b"new", qos=1)
+            m = await next_message(watcher)
+            assert m.payload == b"new"  # the new clean session: nothing from before the crash
+    finally:
+        proc.kill()
