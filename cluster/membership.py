@@ -14,7 +14,6 @@ restarted name server not refilled yet)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import ssl
 import time
@@ -23,6 +22,7 @@ from typing import Any
 
 from namesrv.client import NameServerClient
 from remoting.cluster_auth import ClusterAuth
+from runtime.tasks import cancel_and_wait
 from store import Message
 
 from .ids import node_tag
@@ -230,10 +230,7 @@ class Membership:
         self.stats = {**total, "store_nodes_live": len(self.live()), "store_nodes_known": len(self.nodes)}
 
     async def close(self) -> None:
-        if self._refresher is not None:
-            self._refresher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._refresher
+        await cancel_and_wait(self._refresher)
         for t in list(self._tasks):
             t.cancel()
         for node in self.nodes.values():

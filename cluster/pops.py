@@ -1,8 +1,7 @@
 """Pop in CLUSTER mode: every live node is read. First without waiting, in rotation, until
 `max_messages`; then, if nothing came and the caller long-polls, all nodes at once: the first
 non-empty answer wins, the other polls are cancelled (CANCEL) and whatever they still hand out is
-made visible again at once. Long polls are re-issued every LONG_POLL_SLICE_S so that a node that
-(re)joined is polled too.
+made visible again at once (long_poll.py).
 
 Filter predicates (Python callables) cannot travel: nodes filter by tags and the proxy applies the
 predicate, acking popped messages it does not match (what the store does for non-matching ones)."""
@@ -19,10 +18,9 @@ from store import ALL, Filter, PoppedMessage, TopicNotFound
 
 from . import store_wire as w
 from .ids import IdMap
+from .long_poll import first_answer
 from .membership import Membership
 from .nodes import NodeClient, NodeUnavailable
-
-LONG_POLL_SLICE_S = 5.0  # a long poll is re-issued this often, so (re)joined nodes are polled too
 
 
 class Pops:
@@ -78,39 +76,16 @@ class Pops:
         return await self._long_poll(args, max_n, wait_ms)
 
     async def _long_poll(self, args: dict[str, Any], max_n: int, wait_ms: int) -> list[PoppedMessage]:
-        """Long poll every live node at once; the first non-empty answer wins."""
-        deadline = time.monotonic() + wait_ms / 1000
+        """Long poll every live node at once; the first non-empty answer wins, whatever the
+        others hand out is released."""
         a = {**args, "max": max_n}
-        while (left := deadline - time.monotonic()) > 0:
-            slice_ms = int(min(left, LONG_POLL_SLICE_S) * 1000)
-            live = self.members.need_live()
-            opaques: dict[str, int] = {}
-            tasks = {asyncio.ensure_future(self._pop_node(n, a, slice_ms, opaques)): n for n in live}
-            winner: list[PoppedMessage] = []
-            pending = set(tasks)
-            failed: list[BaseException] = []
-            try:
-                while pending and not winner:
-                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                    for t in done:
-                        if t.exception() is not None:
-                            failed.append(t.exception())  # type: ignore[arg-type]
-                        elif t.result():
-                            if winner:
-                                self.members.spawn(self._release(t.result()))
-                            else:
-                                winner = t.result()
-                if not winner and len(failed) == len(tasks):
-                    raise failed[0]  # every node refused: do not spin until the deadline
-            finally:
-                for t in pending:
-                    node = tasks[t]
-                    if node.name in opaques:
-                        node.cancel(opaques[node.name])
-                    self.members.spawn(self._settle(t))
-            if winner:
-                return winner
-        return []
+        return await first_answer(
+            self.members,
+            lambda node, slice_ms, opaques: self._pop_node(node, a, slice_ms, opaques),
+            wait_ms,
+            lambda extra: self.members.spawn(self._release(extra)),
+            lambda t: self.members.spawn(self._settle(t)),
+        )
 
     async def _settle(self, t: asyncio.Future) -> None:
         """A cancelled long poll: release whatever it still hands out."""

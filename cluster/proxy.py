@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from namesrv.client import NameServerClient
 from remoting.cluster_auth import ClusterAuth
+from runtime.tasks import cancel_and_wait
 
 from .remote_store import ClusterStoreClient
 
@@ -86,10 +87,7 @@ class ProxyRegistration:
         log.info("proxy %s registers %s with the name server", self.name, self.endpoints)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.client.unregister_proxy(self.name), 2.0)
         await self.client.close()

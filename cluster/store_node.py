@@ -28,6 +28,7 @@ from namesrv.routeinfo import TopicQueues
 from remoting import RemotingCommand, ResponseCode
 from remoting.cluster_auth import ClusterAuth
 from remoting.server import FrameConnection, FrameServer, close_tcp, serve_tcp
+from runtime.tasks import cancel_and_wait
 from store import Message, Store, StoreError
 
 from . import store_wire as w
@@ -270,10 +271,7 @@ class StoreNode:
     async def stop(self, grace: float = 5.0) -> None:
         """Unregister, stop accepting, answer long polls at once (no messages), let other
         requests finish for up to `grace` s, close every connection."""
-        if self._registration is not None:
-            self._registration.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._registration
+        await cancel_and_wait(self._registration)
         if self.namesrv is not None:
             c = self.config
             with contextlib.suppress(Exception):

@@ -1,23 +1,21 @@
 """Tail reads (offset reads of a whole topic, `StoreClient.tail`) in CLUSTER mode: each live
 node is asked for its own queues, the caller's global positions split by node (global queue id =
 `local * nodes + ordinal`, ids.py). First every node without waiting, in parallel; if nothing
-came and the caller waits, every node long-polls at once and the first non-empty answer wins. The
-other polls are cancelled (CANCEL); a tail read changes nothing on a node, so what they still
-return is dropped, and the caller reads it again from its unchanged positions."""
+came and the caller waits, every node long-polls at once and the first non-empty answer wins
+(long_poll.py). A tail read changes nothing on a node, so what the other polls still return is
+dropped, and the caller reads it again from its unchanged positions."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 
 from store import Message, TopicNotFound
 
 from . import store_wire as w
 from .ids import IdMap
+from .long_poll import first_answer
 from .membership import Membership
 from .nodes import NodeClient, NodeUnavailable
-
-LONG_POLL_SLICE_S = 5.0  # a long poll is re-issued this often, so (re)joined nodes are read too
 
 
 class Tails:
@@ -73,34 +71,11 @@ class Tails:
     async def _long_poll(
         self, topic: str, positions: dict[int, int], max_n: int, wait_ms: int
     ) -> list[Message]:
-        deadline = time.monotonic() + wait_ms / 1000
-        while (left := deadline - time.monotonic()) > 0:
-            slice_ms = int(min(left, LONG_POLL_SLICE_S) * 1000)
-            live = self.members.need_live()
-            opaques: dict[str, int] = {}
-            tasks = {
-                asyncio.ensure_future(self._tail_node(n, topic, positions, max_n, slice_ms, opaques)): n
-                for n in live
-            }
-            pending = set(tasks)
-            failed: list[BaseException] = []
-            winner: list[Message] = []
-            try:
-                while pending and not winner:
-                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                    for t in done:
-                        if t.exception() is not None:
-                            failed.append(t.exception())  # type: ignore[arg-type]
-                        elif t.result():
-                            winner += t.result()
-                if not winner and len(failed) == len(tasks):
-                    raise failed[0]  # every node refused: do not spin until the deadline
-            finally:
-                for t in pending:
-                    node = tasks[t]
-                    if node.name in opaques:
-                        node.cancel(opaques[node.name])
-                    t.cancel()
-            if winner:
-                return winner
-        return []
+        # what a losing poll returned is dropped: the caller's positions still point at it
+        return await first_answer(
+            self.members,
+            lambda node, slice_ms, opaques: self._tail_node(node, topic, positions, max_n, slice_ms, opaques),
+            wait_ms,
+            lambda extra: None,
+            lambda t: t.cancel(),
+        )

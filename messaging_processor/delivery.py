@@ -15,6 +15,7 @@ import enum
 import logging
 from collections.abc import Awaitable, Callable
 
+from runtime.tasks import cancel_and_wait
 from store import ALL, Filter
 
 from .errors import ErrorKind, ProcessorError
@@ -138,10 +139,7 @@ class DeliveryLoop:
         """Stop popping; wait up to `drain_timeout` s for running handlers, then cancel them
         (their messages become visible again when their invisible time ends)."""
         self._stopping = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        await cancel_and_wait(self._task, errors=True)
         if self._handlers:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), drain_timeout)

@@ -35,6 +35,7 @@ from typing import Any
 
 import orjson
 
+from runtime.tasks import cancel_and_wait
 from store import AppendResult, Message, PoppedMessage
 
 from .model import ClientContext
@@ -188,11 +189,8 @@ class TraceRecorder:
 
     async def close(self) -> None:
         """Write what is buffered and stop."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         await self.flush()
 
     async def _run(self) -> None:

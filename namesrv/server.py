@@ -11,7 +11,6 @@ With a cluster secret (`auth`) every connection proves it before any of these is
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import ssl
@@ -31,6 +30,7 @@ from remoting import (
 from remoting import routes as rd
 from remoting.cluster_auth import ClusterAuth
 from remoting.server import FrameConnection, FrameServer, close_tcp, serve_tcp
+from runtime.tasks import cancel_and_wait
 
 from .body import BodyError, body_crc32, decode_register_body
 from .config import NamesrvSettings
@@ -99,10 +99,7 @@ class NameServer:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
-        if self._scanner is not None:
-            self._scanner.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._scanner
+        await cancel_and_wait(self._scanner)
         self.frames.abort()
         await close_tcp(self._server)
         self._server = None

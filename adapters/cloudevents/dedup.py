@@ -10,13 +10,13 @@ retried event twice (at-least-once, as without the option)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 import time
 from collections.abc import Sequence
 
 from messaging_processor import MessagingProcessor
+from runtime.tasks import cancel_and_wait
 
 from .event import Event
 
@@ -54,11 +54,8 @@ class Deduplicator:
         self._task = asyncio.get_running_loop().create_task(self._prune_loop(), name="ce dedup prune")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def claim(self, topic: str, events: Sequence[Event]) -> tuple[list[int], list[str]]:
         """Indices of the events to store (first of each key, not seen within the window) and their

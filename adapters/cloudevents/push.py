@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import email.utils
 import logging
 import socket
@@ -42,6 +41,7 @@ from messaging_processor import (
     Outcome,
     ProcessorError,
 )
+from runtime.tasks import cancel_and_wait
 
 from . import codec
 from .event import Event, canonical
@@ -148,11 +148,8 @@ class Dispatcher:
         """Stop popping, let running deliveries finish for up to `grace` s, then cancel them."""
         if self._loop is not None:
             await self._loop.stop(grace)
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         self.counters.state = "stopped"
 
     def status(self) -> SubscriptionStatus:

@@ -5,7 +5,6 @@ at each new handshake, which hands it the certificate again after a reload (SIGH
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 import grpc
@@ -16,6 +15,7 @@ from adapters.grpc.outbound import OutboundBudgets
 from adapters.grpc.service import RECEIVE_RAW, MessagingService
 from adapters.limits import Limiter
 from messaging_processor import MessagingProcessor
+from runtime.tasks import cancel_and_wait
 from runtime.tls import ServerTls
 
 log = logging.getLogger("adapters.grpc")
@@ -172,11 +172,8 @@ class GrpcAdapter:
     async def stop(self, grace: float) -> None:
         """Stop accepting at once; let in-flight calls finish for up to `grace` s, then cancel them."""
         self._listening = False
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
-            self._sweeper = None
+        await cancel_and_wait(self._sweeper)
+        self._sweeper = None
         if self._server is not None:
             await self._server.stop(grace)
             self._server = None

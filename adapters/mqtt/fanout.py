@@ -27,7 +27,6 @@ against that session's own rights (access.py) before it is delivered.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -43,6 +42,7 @@ from messaging_processor import (
     Outcome,
     ProcessorError,
 )
+from runtime.tasks import cancel_and_wait
 
 from . import access
 from .codec import MQTT_5, TopicTrie, topic_matches
@@ -138,10 +138,7 @@ class TopicLoop:
                     log.exception("mqtt dispatch of %s failed", m.message_id)
 
     async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self.task
+        await cancel_and_wait(self.task, errors=True)
 
 
 class Fanout:

@@ -12,6 +12,7 @@ import contextlib
 import logging
 
 from messaging_processor import MessagingProcessor, ProcessorError
+from runtime.tasks import cancel_and_wait
 
 log = logging.getLogger("adapters.remoting")
 
@@ -37,11 +38,8 @@ class PullHold:
     async def stop(self) -> None:
         """Answer every held pull now; later waits return at once."""
         self.closed = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         for ws in self._waiters.values():
             for _o, f in ws:
                 if not f.done():

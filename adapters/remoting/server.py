@@ -5,7 +5,6 @@ with `RemotingService` as its dispatch, and what a 4.x client connection holds
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import ssl as ssl_mod
 from collections.abc import Awaitable
@@ -23,6 +22,7 @@ from messaging_processor.security import remoting_content
 from remoting import RemotingCommand, RequestCode
 from remoting.codes import SYSFLAG_TRANSACTION_PREPARED
 from remoting.server import FrameConnection, FrameServer
+from runtime.tasks import cancel_and_wait
 
 log = logging.getLogger("adapters.remoting")
 PROTOCOL = "remoting"
@@ -239,9 +239,6 @@ class RemotingAdapter:
         await self.service.hold.stop()  # held pulls answer now (PULL_NOT_FOUND)
         await self.frames.drain(grace)
         await self.service.batcher.drain()
-        if self._housekeeping is not None:
-            self._housekeeping.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._housekeeping
+        await cancel_and_wait(self._housekeeping)
         self.frames.abort()
         await self.net.wait_closed()

@@ -7,12 +7,13 @@ it changed, so users and rules created through one proxy are enforced by the oth
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 import secrets
 import time
 from collections.abc import Iterable
+
+from runtime.tasks import cancel_and_wait
 
 from ..store_client import StoreClient
 from . import records
@@ -47,11 +48,8 @@ class Directory:
         self._task = asyncio.get_running_loop().create_task(self._poll())
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def _poll(self) -> None:
         while True:
