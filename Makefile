@@ -96,7 +96,7 @@ run: install
 # Lint first: a broken layer contract or unformatted file fails the run before the tests start.
 test: install install-system install-conformance install-remoting-clients
 	$(MAKE) --no-print-directory lint
-	$(VENV)/bin/pytest -q tests
+	$(VENV)/bin/pytest -q tests --durations=30
 
 # The long randomized fault test of a replica group (the short one runs in `make test`); replay a
 # failure with FAULT_SEED=<the printed seed>. Its pytest timeout grows with FAULT_ITERATIONS.
