@@ -3,7 +3,8 @@ node is asked for its own queues, the caller's global positions split by node (g
 `local * nodes + ordinal`, ids.py). First every node without waiting, in parallel; if nothing
 came and the caller waits, every node long-polls at once and the first non-empty answer wins
 (long_poll.py). A tail read changes nothing on a node, so what the other polls still return is
-dropped, and the caller reads it again from its unchanged positions."""
+dropped, and the caller reads it again from its unchanged positions. When the nodes seen change,
+the caller's positions are re-keyed in place to the new global queue ids (`_rekey`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from .long_poll import first_answer
 from .membership import Membership
 from .nodes import NodeClient, NodeUnavailable
 
+MAX_CALLERS = 4096  # positions dicts whose layout is remembered (one per fan-out loop and topic)
+
 
 class Tails:
     """`tail` of the cluster's StoreClient."""
@@ -25,6 +28,31 @@ class Tails:
         self.members = members
         self.ids = ids
         self.request_timeout_s = request_timeout_s
+        # (topic, id of a caller's positions) -> the node ordinals its global queue ids were made with
+        self._layouts: dict[tuple[str, int], dict[str, int]] = {}
+
+    def _rekey(self, topic: str, positions: dict[int, int]) -> None:
+        """A global queue id names another queue once the nodes seen change (`local * nodes +
+        ordinal`, ids.py): re-key the caller's positions (in place) from the layout they were
+        made with to the current one. A queue of a node no longer seen is dropped."""
+        layout = self.members.ordinal
+        key = (topic, id(positions))
+        old = self._layouts.pop(key, None)
+        self._layouts[key] = layout
+        while len(self._layouts) > MAX_CALLERS:
+            del self._layouts[next(iter(self._layouts))]
+        if old is None or old is layout or old == layout:
+            return
+        n_old, n_new = max(len(old), 1), max(len(layout), 1)
+        name_of = {o: name for name, o in old.items()}
+        moved = {}
+        for g, off in positions.items():
+            local, o = divmod(g, n_old)
+            name = name_of.get(o)
+            if name in layout:
+                moved[local * n_new + layout[name]] = off
+        positions.clear()
+        positions.update(moved)
 
     def _local_positions(self, node: NodeClient, positions: dict[int, int]) -> dict[str, int]:
         n = self.members.node_count()
@@ -49,6 +77,7 @@ class Tails:
     async def tail(
         self, topic: str, positions: dict[int, int], max_messages: int = 128, wait_ms: int = 0
     ) -> list[Message]:
+        self._rekey(topic, positions)
         live = self.members.need_live()
         got = await asyncio.gather(
             *(self._tail_node(n, topic, positions, max_messages, 0) for n in live), return_exceptions=True

@@ -415,3 +415,25 @@ async def test_tail_reads_every_node_by_global_queue_and_long_polls_all(env):
     assert await c.inflight_count("g", "tl") == 0 and await c.backlog("g", "tl") == 14
     with pytest.raises(TopicNotFound):
         await c.tail("nothing", {}, 1, 1000)
+
+
+async def test_tail_positions_follow_their_queues_when_a_node_joins(env):
+    c = env.client
+    await c.create_topic("tj", 2, None, None)  # global queues 0..3 over store-a, store-b
+    before = [await c.append(Message("tj", b"old%d" % i, queue_id=i % 4)) for i in range(8)]
+    positions: dict[int, int] = {}
+    got = await c.tail("tj", positions, 100, 0)
+    assert {m.message_id for m in got} == {r.message_id for r in before}
+    for m in got:
+        positions[m.queue_id] = m.queue_offset + 1
+    await env.add_node("store-0")  # sorts first: every node's ordinal and global queue ids change
+    await until(lambda: len(c.live()) == 3)
+    await c.create_topic("tj", 2, None, None)  # (the new node gets the topic too)
+    after = [
+        await env.nodes[n].store.append(Message("tj", n.encode(), queue_id=1)) for n in ("store-a", "store-b")
+    ]
+    got = await c.tail("tj", positions, 100, 0)
+    # nothing replayed, nothing skipped: only the two new messages (the new node's queues are empty)
+    assert sorted(m.body for m in got) == [b"store-a", b"store-b"]
+    assert {m.queue_offset for m in got} == {r.queue_offset for r in after}
+    assert len(positions) == 4 and all(g % 3 != 0 for g in positions)  # re-keyed: store-0 is ordinal 0
