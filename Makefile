@@ -96,7 +96,7 @@ run: install
 # Lint first: a broken layer contract or unformatted file fails the run before the tests start.
 test: install install-system install-conformance install-remoting-clients
 	$(MAKE) --no-print-directory lint
-	$(VENV)/bin/pytest -q tests --durations=30
+	$(VENV)/bin/pytest -q tests -m 'not slow_bench' --durations=30
 
 # The long randomized fault test of a replica group (the short one runs in `make test`); replay a
 # failure with FAULT_SEED=<the printed seed>. Its pytest timeout grows with FAULT_ITERATIONS.
@@ -104,7 +104,8 @@ FAULT_ITERATIONS ?= 40
 soak: install install-system
 	FAULT_ITERATIONS=$(FAULT_ITERATIONS) $(VENV)/bin/pytest -q -s tests/cluster/test_fault_loop.py
 
-bench: install install-bench-system
+bench: install install-bench-system install-system
+	$(VENV)/bin/pytest -q -m slow_bench tests/bench
 	$(VENV)/bin/python bench/store_bench.py
 	$(VENV)/bin/python bench/grpc_bench.py
 	$(VENV)/bin/python bench/mqtt_codec_bench.py

@@ -11,6 +11,8 @@ import struct
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.bench.support import positive, run_bench
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "amqp_bench.py"
@@ -26,6 +28,7 @@ FIGURES = [
 ]
 
 
+@pytest.mark.slow_bench  # run by `make bench`, not `make test` (pyproject.toml markers)
 def test_amqp_bench_quick_json(tmp_path: Path) -> None:
     brokers = "gateway"
     sys.path.insert(0, str(SCRIPT.parent))

@@ -10,11 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "analytics_bench.py"
 
 KEYS = ["rows_per_s", "ratio_vs_native_json", "native_json_rows_per_s", "fill_per_s", "json_file_mb"]
 
 
+@pytest.mark.slow_bench  # run by `make bench`, not `make test` (pyproject.toml markers)
 def test_analytics_bench_quick_json(tmp_path: Path) -> None:
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     proc = subprocess.run(

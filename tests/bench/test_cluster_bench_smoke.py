@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "cluster_bench.py"
 
 KEYS = [
@@ -32,6 +34,7 @@ KEYS = [
 ]
 
 
+@pytest.mark.slow_bench  # run by `make bench`, not `make test` (pyproject.toml markers)
 def test_cluster_bench_quick_json(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--quick", "--json", "--dir", str(tmp_path)],

@@ -43,6 +43,7 @@ def _positive(v: object) -> bool:
     return isinstance(v, int | float) and math.isfinite(v) and v > 0
 
 
+@pytest.mark.slow_bench  # run by `make bench`, not `make test` (pyproject.toml markers)
 def test_mqtt_bench_quick_json(tmp_path: Path) -> None:
     have_mosquitto = os.access(MOSQUITTO, os.X_OK)
     brokers = "gateway,mosquitto" if have_mosquitto else "gateway"

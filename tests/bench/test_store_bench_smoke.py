@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "store_bench.py"
 
 CONTRACT_KEYS = (
@@ -23,6 +25,7 @@ CONTRACT_KEYS = (
 )
 
 
+@pytest.mark.slow_bench  # run by `make bench`, not `make test` (pyproject.toml markers)
 def test_store_bench_quick_json(tmp_path: Path) -> None:
     proc = subprocess.run(
         [
