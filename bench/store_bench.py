@@ -20,7 +20,9 @@ What it measures, in one run:
 3. Pop+ack throughput for one consumer group: a topic is pre-filled (`--fill` messages of 100 B,
    async flush), then one group drains it with one consumer task, and another group drains it with
    4 concurrent consumer tasks. Each task loops `pop(max_messages=32)` then acks every message, until
-   the backlog is empty or `--pop-seconds` pass. `pop_ack_per_s` is the better of the two.
+   the backlog is empty or `--pop-seconds` pass. `pop_ack_per_s` is the better of the two. Then one
+   reader reads the same backlog by offset (`Store.tail`, batch 32, nothing to ack): `tail_per_s`,
+   and `tail_vs_pop_ack_1c` (over the one-consumer pop+ack rate).
 
 4. Batch records: 100-byte messages appended (sync flush) by 8 producers, each awaiting its call:
    one message per call (`append`: one record each) against batches of 16 and 64 per call
@@ -256,6 +258,25 @@ async def drain(store: Store, group: str, consumers: int, seconds: float) -> tup
     return done[0], clock() - t0
 
 
+async def tail_all(store: Store, seconds: float) -> tuple[int, float]:
+    """One reader reads the backlog by offset (`Store.tail`, batch POP_BATCH, nothing to ack) until
+    it is read or time is up: what a subscriber that does not compete pays instead of pop + ack."""
+    positions: dict[int, int] = {}
+    n = 0
+    clock = time.perf_counter
+    t0 = clock()
+    deadline = t0 + seconds
+    while clock() < deadline:
+        msgs = await store.tail(TOPIC, positions, POP_BATCH)
+        if not msgs:
+            break
+        for m in msgs:
+            positions[m.queue_id] = m.queue_offset + 1
+        n += len(msgs)
+        await asyncio.sleep(0)  # (as the pop consumers do)
+    return n, clock() - t0
+
+
 async def bench_pop_ack(cfg: Settings) -> dict[int, tuple[int, float]]:
     data_dir = tempfile.mkdtemp(prefix="popack-", dir=cfg.parent)
     out: dict[int, tuple[int, float]] = {}
@@ -272,6 +293,10 @@ async def bench_pop_ack(cfg: Settings) -> dict[int, tuple[int, float]]:
                 n, secs = await drain(store, f"bench-{consumers}c", consumers, cfg.pop_seconds)
                 out[consumers] = (n, secs)
                 log(f"  pop+ack {consumers} consumer(s): {n} msgs in {secs:.2f} s = {n / secs:,.0f}/s")
+            gc.collect()
+            n, secs = await tail_all(store, cfg.pop_seconds)
+            out[0] = (n, secs)
+            log(f"  tail reads, 1 reader: {n} msgs in {secs:.2f} s = {n / secs:,.0f}/s")
         finally:
             await store.close()
     finally:
@@ -585,10 +610,14 @@ async def run(cfg: Settings) -> dict[str, Any]:
         return res
     log(f"pop+ack: pre-filling {cfg.fill} messages")
     pops = await bench_pop_ack(cfg)
+    n, secs = pops.pop(0)
+    res["tail_per_s"] = n / secs
+    res["tail_count"] = n
     for consumers, (n, secs) in pops.items():
         res[f"pop_ack_{consumers}c_per_s"] = n / secs
         res[f"pop_ack_{consumers}c_count"] = n
     res["pop_ack_per_s"] = max(res[f"pop_ack_{c}c_per_s"] for c in POP_CONSUMERS)
+    res["tail_vs_pop_ack_1c"] = res["tail_per_s"] / res["pop_ack_1c_per_s"]
     return res
 
 
@@ -623,6 +652,10 @@ def table(res: dict[str, Any], cfg: Settings, loop_name: str, total: float) -> s
             f"{c} consumer{'s' if c > 1 else ''} {res[f'pop_ack_{c}c_per_s']:,.0f}/s" for c in POP_CONSUMERS
         )
         + f"; best {res['pop_ack_per_s']:,.0f}/s"
+    )
+    lines.append(
+        f"tail reads (1 reader, batch {POP_BATCH}, nothing to ack): {res['tail_per_s']:,.0f}/s = "
+        f"{res['tail_vs_pop_ack_1c']:.2f}x pop+ack with 1 consumer"
     )
     extra = [k for k in sorted(res) if k.startswith(("batch", "compaction", "rescale", "tier", "local"))]
     lines += [""] + [f"{k}: {res[k]:,.3f}" for k in extra]

@@ -13,7 +13,8 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "store_bench.py"
 
 CONTRACT_KEYS = (
-    ["seq_write_mb_s", "disk_fraction_4k_sync", "pop_ack_per_s", "rescale_grow_ms", "rescale_shrink_ms"]
+    ["seq_write_mb_s", "disk_fraction_4k_sync", "pop_ack_per_s", "tail_per_s", "tail_vs_pop_ack_1c"]
+    + ["rescale_grow_ms", "rescale_shrink_ms"]
     + [f"disk_fraction_4k_sync_{p}p" for p in (1, 8, 64)]
     + [
         f"append_{size}_{flush}_{p}p_{metric}"
