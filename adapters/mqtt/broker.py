@@ -8,12 +8,11 @@
     publisher      Publisher (publish.py): storing PUBLISHes and wills
 
 A Session (session.py) calls these parts directly; the broker only builds them, starts and stops
-them, and holds the proxy's fan-out consumer group and identity.
+them, and holds the proxy's fan-out name and identity.
 """
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 
 from messaging_processor import ClientContext, Identity, MessagingProcessor
@@ -49,7 +48,7 @@ class Broker:
         self.max_packet_size = max_packet_size
         self.max_keep_alive = max_keep_alive  # 0: accept what the client asks for
         self.caps = caps
-        self.group = f"%MQTT_FANOUT_{uuid.uuid4().hex}"
+        self.group = f"%MQTT_FANOUT_{uuid.uuid4().hex}"  # names the fan-out in traces only
         ctx = ClientContext("mqtt", client_id=self.group, identity=PROXY_IDENTITY)
         self.retained = Retained(processor, caps.max_retained_messages, caps.max_retained_bytes)
         self.fanout = Fanout(processor, ctx, self.group, topic_scan_interval)
@@ -79,8 +78,6 @@ class Broker:
         self.registry.close_connections()
         await self.fanout.close()
         await self.registry.close()
-        with contextlib.suppress(Exception):
-            await self.processor.delete_group(self.group)
 
 
 __all__ = ["Broker", "PROXY_IDENTITY"]
