@@ -9,7 +9,8 @@ broker id 0) with its replicas' addresses (broker ids >= 1) beside: while no pri
 or reachable, `readable()` still lists it and reads go to a replica (nodes.py).
 
 A listing without any node of the cluster is not believed for `namesrv_grace_s` (most likely a
-restarted name server not refilled yet)."""
+restarted name server not refilled yet). `StaticNodes` stands in for the name server where the nodes
+are fixed (`gateway start --workers`: one local store process)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,24 @@ from .nodes import NodeClient, NodeUnavailable
 log = logging.getLogger("messaging_processor.cluster")
 
 
+class StaticNodes:
+    """A fixed listing of store nodes ({name: address}) in the name server's answer format: the
+    proxies of `gateway start --workers` use their one local store process without a name server."""
+
+    def __init__(self, cluster: str, nodes: dict[str, str]) -> None:
+        self.cluster = cluster
+        self.nodes = dict(nodes)
+
+    async def cluster_info(self) -> dict[str, Any]:
+        return {
+            "clusterAddrTable": {self.cluster: sorted(self.nodes)},
+            "brokerAddrTable": {n: {"brokerAddrs": {"0": a}} for n, a in self.nodes.items()},
+        }
+
+    async def close(self) -> None:
+        return None
+
+
 class Membership:
     """The store nodes of `cluster` listed by the name server(s) `namesrv`. `await start()`, then
     `live()`; `await close()` closes every connection. `on_txn_check(node, msg)` receives the
@@ -38,7 +57,7 @@ class Membership:
 
     def __init__(
         self,
-        namesrv: str | list[str],
+        namesrv: str | list[str] | StaticNodes,
         cluster: str,
         on_txn_check: Callable[[NodeClient, Message], None],
         *,
@@ -50,7 +69,9 @@ class Membership:
     ) -> None:
         self.auth = auth  # the cluster secret: name server and node connections prove it
         self.tls = tls  # a client context: name server and node connections speak TLS
-        self.ns = NameServerClient(namesrv, auth=auth, tls=tls)
+        self.ns: NameServerClient | StaticNodes = (
+            namesrv if isinstance(namesrv, StaticNodes) else NameServerClient(namesrv, auth=auth, tls=tls)
+        )
         self.cluster = cluster
         self.refresh_s = refresh_s
         self.connect_timeout_s = connect_timeout_s

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from remoting import RemotingCommand, ResponseCode, parse_host_port
-from remoting.client import RemotingClient, RemotingClientError
+from remoting.client import UNIX_PREFIX, RemotingClient, RemotingClientError
 from remoting.cluster_auth import ClusterAuth
 from store import Message, StoreError
 
@@ -68,7 +68,9 @@ class NodeClient:
         async with self._connecting:
             if self.conn is not None and not self.conn.closed.is_set():
                 return
-            host, port = parse_host_port(self.addr, 10911)
+            host, port = (
+                (self.addr, 0) if self.addr.startswith(UNIX_PREFIX) else parse_host_port(self.addr, 10911)
+            )
             self.conn = await RemotingClient.connect(
                 host, port, self._on_request, timeout=timeout, auth=self.auth, ssl=self.tls
             )

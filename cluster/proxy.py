@@ -18,6 +18,7 @@ from namesrv.client import NameServerClient
 from remoting.cluster_auth import ClusterAuth
 from runtime.tasks import cancel_and_wait
 
+from .membership import StaticNodes
 from .remote_store import ClusterStoreClient
 
 log = logging.getLogger("gateway")
@@ -59,6 +60,22 @@ async def open_cluster_store(config: ProxyConfig) -> ClusterStoreClient:
         log.warning(
             "cluster %s: no live store node yet (name server %s)", config.cluster_name, config.namesrv
         )
+    return client
+
+
+WORKER_NODE = "local"  # the one store node of `gateway start --workers`
+
+
+async def open_worker_store(unix_path: str) -> ClusterStoreClient:
+    """`gateway start --workers`: a worker's StoreClient over the local store process listening on
+    the Unix socket `unix_path` (no name server: the node list is fixed); OSError when it does not
+    answer within START_WAIT_S. Its connection is re-opened within a second should it break."""
+    listing = StaticNodes(WORKER_NODE, {WORKER_NODE: f"unix:{unix_path}"})
+    client = ClusterStoreClient(listing, WORKER_NODE, refresh_s=1.0, namesrv_grace_s=1.0)
+    await client.start(wait_s=START_WAIT_S)
+    if not client.live():
+        await client.close()
+        raise OSError(f"the store process does not answer on {unix_path}")
     return client
 
 

@@ -36,7 +36,7 @@ from store import (
 
 from . import store_wire as w
 from .ids import IdMap
-from .membership import Membership
+from .membership import Membership, StaticNodes
 from .nodes import NodeClient, NodeUnavailable
 from .pops import Pops
 from .sends import Sends
@@ -49,7 +49,7 @@ class ClusterStoreClient:
 
     def __init__(
         self,
-        namesrv: str | list[str],
+        namesrv: str | list[str] | StaticNodes,
         cluster: str = "DefaultCluster",
         *,
         refresh_s: float = 5.0,

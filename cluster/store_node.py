@@ -27,7 +27,7 @@ from namesrv.client import NameServerClient
 from namesrv.routeinfo import TopicQueues
 from remoting import RemotingCommand, ResponseCode
 from remoting.cluster_auth import ClusterAuth
-from remoting.server import FrameConnection, FrameServer, close_tcp, serve_tcp
+from remoting.server import FrameConnection, FrameServer, close_tcp, serve_tcp, serve_unix
 from runtime.tasks import cancel_and_wait
 from store import Message, Store, StoreError
 
@@ -69,6 +69,8 @@ class StoreNodeConfig:
     # for its own connections (name server, a replica's primary); None: in clear
     tls: ssl.SSLContext | None = field(default=None, repr=False)
     cluster_tls: ssl.SSLContext | None = field(default=None, repr=False)
+    # listen on this Unix socket instead of host:port (the store process of `gateway start --workers`)
+    unix_path: str | None = None
 
 
 def default_node_name(port: int) -> str:
@@ -112,7 +114,10 @@ class StoreNode:
 
     async def start(self) -> None:
         c = self.config
-        self._server, self._address = await serve_tcp(self.frames, c.host, c.port, ssl=c.tls)
+        if c.unix_path is not None:
+            self._server, self._address = await serve_unix(self.frames, c.unix_path)
+        else:
+            self._server, self._address = await serve_tcp(self.frames, c.host, c.port, ssl=c.tls)
         if c.namesrv:
             self.namesrv = NameServerClient(c.namesrv, auth=c.auth, tls=c.cluster_tls)
             try:  # registered before it says ready (a name server that is down is retried)

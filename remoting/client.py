@@ -5,7 +5,8 @@ Used by the name server's clients (store nodes and proxies registering, see name
 CLUSTER mode's store connections and by tests. Not a RocketMQ client library: no routes, no
 rebalancing. `connect(..., auth=ClusterAuth)` proves the cluster secret before anything else is
 sent and checks the server's proof (remoting/cluster_auth.py); `connect(..., ssl=context)` speaks
-TLS, verifying the server's certificate for `host` as the context says."""
+TLS, verifying the server's certificate for `host` as the context says. A host `unix:PATH` connects
+to the Unix socket PATH instead."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from remoting import FLAG_ONEWAY, Decoder, RemotingCodecError, RemotingCommand, 
 from remoting.cluster_auth import AUTH_CODE, AuthRefused, ClusterAuth
 
 log = logging.getLogger("remoting.cluster_auth")
+UNIX_PREFIX = "unix:"  # a host of this form names a Unix socket path; the port is then unused
 ServerRequestHandler = Callable[[RemotingCommand], Awaitable[RemotingCommand | None] | None]
 
 
@@ -69,10 +71,13 @@ class RemotingClient:
     ) -> RemotingClient:
         """Open a connection (over TLS with `ssl`: ssl.SSLError when the handshake fails); with
         `auth`, authenticated (ClusterAuthError when refused)."""
-        r, w = await asyncio.wait_for(
-            asyncio.open_connection(host, port, ssl=ssl, server_hostname=host if ssl is not None else None),
-            timeout,
-        )
+        if host.startswith(UNIX_PREFIX):  # a local store node on a Unix socket (`gateway start --workers`)
+            opening = asyncio.open_unix_connection(host[len(UNIX_PREFIX) :])
+        else:
+            opening = asyncio.open_connection(
+                host, port, ssl=ssl, server_hostname=host if ssl is not None else None
+            )
+        r, w = await asyncio.wait_for(opening, timeout)
         client = cls(r, w, on_request, **kw)  # type: ignore[arg-type]
         if auth is not None:
             try:

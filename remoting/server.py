@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 import ssl as ssl_mod
 from collections.abc import Awaitable
 from typing import Any, Protocol
@@ -235,6 +236,16 @@ async def serve_tcp(
     srv = await asyncio.get_running_loop().create_server(server.protocol, host, port, ssl=ssl)
     sock = srv.sockets[0].getsockname()
     return srv, f"{sock[0]}:{sock[1]}"
+
+
+async def serve_unix(server: FrameServer, path: str) -> tuple[asyncio.Server, str]:
+    """Listen on the Unix socket `path` for `server` (a stale socket file there is replaced);
+    the asyncio server and its address `unix:PATH`. Who may connect is the path's directory's
+    permissions' business."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    srv = await asyncio.get_running_loop().create_unix_server(server.protocol, path)
+    return srv, f"unix:{path}"
 
 
 async def close_tcp(srv: asyncio.Server | None, timeout: float = 2.0) -> None:
