@@ -45,8 +45,10 @@ class TcpListeners:
         tls_name: str = "tls",
         permissive: bool = False,
         tls_required: bool = False,
+        reuse_port: bool = False,
     ) -> None:
         self.host = host
+        self.reuse_port = reuse_port  # SO_REUSEPORT: the workers of `gateway start --workers` share the port
         self.port = port
         self.ssl = ssl
         self.tls_port = tls_port
@@ -62,16 +64,23 @@ class TcpListeners:
         loop = asyncio.get_running_loop()
         if self.permissive:
             assert self.ssl is not None
-            sniffing = SniffingServer(bind_tcp(self.host, self.port), factory, self.ssl, self.tls_required)
+            sniffing = SniffingServer(
+                bind_tcp(self.host, self.port, reuse_port=self.reuse_port),
+                factory,
+                self.ssl,
+                self.tls_required,
+            )
             sniffing.start()
             self._server = sniffing
             self.address = sniffing.address
             return
-        self._server = await loop.create_server(factory, self.host, self.port)
+        self._server = await loop.create_server(factory, self.host, self.port, reuse_port=self.reuse_port)
         self.address = _address(self._server)
         if self.ssl is not None:
             try:
-                self._tls_server = await loop.create_server(factory, self.host, self.tls_port, ssl=self.ssl)
+                self._tls_server = await loop.create_server(
+                    factory, self.host, self.tls_port, ssl=self.ssl, reuse_port=self.reuse_port
+                )
             except BaseException:
                 self._server.close()
                 raise
@@ -103,14 +112,18 @@ class TcpListeners:
         self._server = self._tls_server = None
 
 
-def bind_tcp(host: str, port: int, backlog: int = 2048) -> socket.socket:
-    """A listening, non-blocking TCP socket on (host, port); raises OSError (busy port, bad address)."""
+def bind_tcp(host: str, port: int, backlog: int = 2048, *, reuse_port: bool = False) -> socket.socket:
+    """A listening, non-blocking TCP socket on (host, port); raises OSError (busy port, bad address).
+    `reuse_port`: SO_REUSEPORT, several processes listen on the port and the kernel spreads the
+    connections."""
     family, kind, proto, _, addr = socket.getaddrinfo(
         host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )[0]
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind(addr)

@@ -104,6 +104,7 @@ class AmqpAdapter:
         max_queues_per_vhost: int = 0,
         max_queues_per_user: int = 0,
         max_outbound_bytes: int = 0,
+        reuse_port: bool = False,
     ) -> None:
         """`limiter`: connection and publish-rate limits (docs/limits.md). `max_outbound_bytes`: a
         connection's write buffer above it stops its consumers' pops (0: not bounded)."""
@@ -125,7 +126,9 @@ class AmqpAdapter:
         )
         self.connections: set[AmqpProtocol] = set()
         self.conn_ids = itertools.count(1)
-        self.net = TcpListeners(host, port, ssl=ssl, tls_port=tls_port, tls_name="amqps")
+        self.net = TcpListeners(
+            host, port, ssl=ssl, tls_port=tls_port, tls_name="amqps", reuse_port=reuse_port
+        )
 
     async def start(self) -> None:
         await self.broker.start()

@@ -99,6 +99,7 @@ class GrpcAdapter:
         tls: ServerTls | None = None,
         limiter: Limiter | None = None,
         max_outbound_bytes: int = 0,
+        reuse_port: bool = False,
     ) -> None:
         """`tls`: the port serves TLS only (clients enable TLS, e.g. `tls_enable=True`). `limiter`:
         connection and publish-rate limits (docs/limits.md; adapters/grpc/limits.py).
@@ -109,6 +110,7 @@ class GrpcAdapter:
         self.port = port
         self.advertise_host = advertise_host
         self.max_inbound_message_size = max_inbound_message_size
+        self.reuse_port = reuse_port  # SO_REUSEPORT (else a busy port is an error)
         self.service = MessagingService(processor)
         if max_outbound_bytes:
             self.service.outbound = OutboundBudgets(max_outbound_bytes)
@@ -133,7 +135,7 @@ class GrpcAdapter:
             options=[
                 ("grpc.max_receive_message_length", n),
                 ("grpc.max_send_message_length", n),
-                ("grpc.so_reuseport", 0),
+                ("grpc.so_reuseport", int(self.reuse_port)),
                 # Clients ping to keep idle channels (Telemetry) alive: do not answer with GOAWAY.
                 ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from messaging_processor import ClientContext, Message, MessagingProcessor
 
@@ -45,6 +45,16 @@ log = logging.getLogger("adapters.mqtt")
 PERSISTENT_MAX_ATTEMPTS = 1_000_000
 
 
+class ClientIdClaims(Protocol):
+    """Client ids unique across the processes serving one listener (`gateway start --workers`):
+    `claim` returns once no other process holds `client_id` (it was asked to evict it: `evict`)."""
+
+    async def claim(self, client_id: str) -> None: ...
+
+
+EVICT_WAIT_S = 5.0  # how long an eviction waits for the evicted connection to end
+
+
 class SessionRegistry:
     """Connected sessions by client id and this proxy's copies of persistent sessions."""
 
@@ -61,6 +71,7 @@ class SessionRegistry:
         self.caps = caps  # the offline queue caps apply when a session is resumed
         self.sessions: dict[str, Session] = {}  # connected sessions by client id
         self.states: dict[str, SessionState] = {}  # persistent sessions by client id
+        self.claims: ClientIdClaims | None = None  # with --workers: client ids across the workers
         self._tasks: set[asyncio.Task] = set()
 
     # ------------------------------------------------------------------ start
@@ -148,6 +159,8 @@ class SessionRegistry:
         True if an existing session was resumed."""
         cid = s.client_id
         self.register(s)
+        if self.claims is not None:  # another worker's connection of this id ends (and saves) first
+            await self.claims.claim(cid)
         st = self.states.get(cid)
         if st is not None:
             self._cancel_will(st)  # a new connection came before the Will Delay Interval ended
@@ -192,6 +205,19 @@ class SessionRegistry:
             await self.subscriptions.fanout.cap_queue(st, self.caps)
         await save(self.processor, st)
         return present
+
+    async def evict(self, cid: str) -> None:
+        """Another process took `cid` over: close its connection here (5.0 DISCONNECT 0x8E) and
+        wait until its persistent session, if any, is detached and saved."""
+        s = self.sessions.get(cid)
+        if s is not None:
+            log.info("mqtt %s: session taken over by another worker", cid)
+            s.close(ReasonCode.SESSION_TAKEN_OVER)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(s.closed_event.wait(), EVICT_WAIT_S)
+        st = self.states.get(cid)
+        if st is not None and st.detaching is not None:
+            await asyncio.wait_for(asyncio.shield(st.detaching), EVICT_WAIT_S)
 
     async def resume(self, s: Session) -> None:
         """After the CONNACK of a persistent session: resend pending PUBRELs, start delivery."""

@@ -17,6 +17,7 @@ from .broker import Broker
 from .caps import DEFAULT_CAPS, MqttCaps
 from .codec import ReasonCode
 from .limits import Refusal, SessionLimits
+from .registry import ClientIdClaims
 from .session import Session
 
 log = logging.getLogger("adapters.mqtt")
@@ -120,6 +121,8 @@ class MqttAdapter:
         limiter: Limiter | None = None,
         caps: MqttCaps = DEFAULT_CAPS,
         max_outbound_bytes: int = 0,
+        reuse_port: bool = False,
+        claims: ClientIdClaims | None = None,
     ) -> None:
         """`cert_identity`: a verified client certificate's CN is the user (its CONNECT's user name and
         password are then ignored). `limiter`: connection and publish-rate limits (docs/limits.md).
@@ -139,9 +142,16 @@ class MqttAdapter:
             caps=caps,
         )
         self.broker.fanout.max_outbound_bytes = max_outbound_bytes
+        self.broker.registry.claims = claims  # `reuse_port` workers: client-id takeover across them
         self.connections: set[MqttProtocol] = set()
         self.conn_ids = itertools.count(1)
-        self.net = TcpListeners(host, port, ssl=ssl, tls_port=tls_port, tls_name="mqtts")
+        self.net = TcpListeners(
+            host, port, ssl=ssl, tls_port=tls_port, tls_name="mqtts", reuse_port=reuse_port
+        )
+
+    async def evict(self, client_id: str) -> None:
+        """Another worker took `client_id` over (registry.py `evict`)."""
+        await self.broker.registry.evict(client_id)
 
     async def start(self) -> None:
         await self.broker.start()

@@ -164,6 +164,7 @@ class RemotingAdapter:
         ssl: ssl_mod.SSLContext | None = None,
         tls_required: bool = False,
         limiter: Limiter | None = None,
+        reuse_port: bool = False,
     ) -> None:
         """`ssl`: TLS on the same port in permissive mode (a client's ClientHello is detected);
         plain clients are refused when `tls_required`. `limiter`: connection and publish limits."""
@@ -185,7 +186,9 @@ class RemotingAdapter:
         self.frames = FrameServer(
             self, name="remoting", log=log, max_frame_size=max_frame_size, accepting=False
         )
-        self.net = TcpListeners(host, port, ssl=ssl, permissive=True, tls_required=tls_required)
+        self.net = TcpListeners(
+            host, port, ssl=ssl, permissive=True, tls_required=tls_required, reuse_port=reuse_port
+        )
         self._housekeeping: asyncio.Task | None = None
 
     # ------------------------------------------------------------------ FrameHandler

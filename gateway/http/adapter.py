@@ -62,6 +62,7 @@ class HttpAdapter:
         ssl: ssl.SSLContext | None = None,
         tls_port: int = 8443,
         limiter: Limiter | None = None,
+        reuse_port: bool = False,
     ):
         """`limiter`: connection limits (over them: 503 with Retry-After, connection_limits.py)."""
         self.app = app
@@ -71,6 +72,7 @@ class HttpAdapter:
         self.access_log = access_log
         self.ssl = ssl
         self.tls_port = tls_port
+        self.reuse_port = reuse_port  # SO_REUSEPORT: the workers of `gateway start --workers` share the port
         self._servers: list[tuple[_EmbeddedServer, asyncio.Task]] = []
         self._address = f"{host}:{port}"
         self._tls_address: str | None = None
@@ -95,11 +97,11 @@ class HttpAdapter:
         )
 
     async def start(self) -> None:
-        sock = bind_tcp(self.host, self.port)
+        sock = bind_tcp(self.host, self.port, reuse_port=self.reuse_port)
         self._address = format_address(sock.getsockname())
         await self._serve(sock, None)
         if self.ssl is not None:
-            tls_sock = bind_tcp(self.host, self.tls_port)
+            tls_sock = bind_tcp(self.host, self.tls_port, reuse_port=self.reuse_port)
             self._tls_address = format_address(tls_sock.getsockname())
             await self._serve(tls_sock, self.ssl)
 
