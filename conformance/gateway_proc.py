@@ -249,6 +249,16 @@ TEST_ENV = {
 }
 
 
+WORKERS_ENV = "CONFORMANCE_WORKERS"  # e.g. 2: every run's gateway is `gateway start --workers 2`
+
+
+def workers_args() -> list[str]:
+    """`--workers N` when CONFORMANCE_WORKERS=N is set (`make test-workers`: the conformance runs,
+    real clients of every protocol, against a gateway of N worker processes), else nothing."""
+    n = os.environ.get(WORKERS_ENV, "").strip()
+    return ["--workers", n] if n else []
+
+
 class GatewayProcess:
     """`gateway start` for conformance runs: `start()` (again after `kill9()`/`stop()`: same data
     dir, same ports), `target`, `listeners`, `log_tail()`. Its environment is this process's without
@@ -311,6 +321,7 @@ class GatewayProcess:
             str(self.amqp_port),
             "--protocols",
             ",".join(LISTENERS),  # only what the scenarios use: other default ports may be taken
+            *workers_args(),
             *self.extra_args,
         ]
         deadline = time.monotonic() + timeout

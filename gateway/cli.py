@@ -176,6 +176,10 @@ _START_FLAGS: dict[str, dict[str, Any]] = {
         "metavar": "BYTES",
         "help": "unsent bytes per MQTT/AMQP connection above which its deliveries pause (4 MiB; 0 = off)",
     },
+    "workers": {
+        "metavar": "N",
+        "help": "LOCAL mode: N proxy processes on the same ports over one store process; auto: one per core",
+    },
     "mode": {
         "choices": MODES,
         "help": "local: embedded store; cluster: proxy over store nodes (default local)",
@@ -315,6 +319,9 @@ def build_parser() -> argparse.ArgumentParser:
         if "type" in opts and opts["type"] is not int and opts["type"] is not float:
             opts["type"] = _arg_type(opts["type"])
         start.add_argument("--" + field.replace("_", "-"), dest=field, default=None, **opts)
+    # set by the supervisor of `--workers N` for each worker it starts (gateway/workers)
+    start.add_argument("--worker-of", metavar="DIR", help=argparse.SUPPRESS)
+    start.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
 
     store = sub.add_parser("store", help="run a CLUSTER mode store node until SIGTERM/SIGINT")
     store.add_argument("--config", metavar="FILE", help="TOML settings file")
@@ -578,15 +585,25 @@ def _start(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 2
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, f"worker-{args.worker_index}" if args.worker_of else None)
     if settings.log_level != "debug":
         logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
     from gateway.server import run  # imported late: `gateway --help` must work even if a module is broken
 
+    if args.worker_of:
+        from gateway.workers import WorkerLink
+
+        main = run(settings, worker=WorkerLink(args.worker_of, args.worker_index))
+    elif settings.workers > 1:
+        from gateway.workers import supervise
+
+        main = supervise(settings, args.argv)
+    else:
+        main = run(settings)
     # grpc.aio runs on uvloop (checked with grpcio 1.85: unary, bidi streaming, graceful stop);
     # `--event-loop asyncio` is the fallback should an adapter misbehave on it.
     with asyncio.Runner(loop_factory=loop_factory(settings.event_loop, log)) as runner:
-        return runner.run(run(settings))
+        return runner.run(main)
 
 
 def _store(args: argparse.Namespace) -> int:
@@ -793,6 +810,7 @@ def _security_command(args: argparse.Namespace, client: Any, stdin: _Stdin) -> i
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # `--workers`: what each worker is given
     if args.command == "start":
         return _start(args)
     if args.command == "store":

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import os
 import re
 import tomllib
 from collections.abc import Mapping
@@ -142,6 +143,9 @@ class Settings:
     metrics_max_objects: int = 1000
     # CLUSTER mode (docs/cluster.md): `gateway start --mode cluster` proxies and `gateway store` nodes.
     mode: str = "local"  # "cluster": no local data, stores found through the name server(s)
+    # proxy processes sharing every port (gateway/workers): in LOCAL mode over one store process, in
+    # CLUSTER mode over the cluster's stores; an integer >= 1 or "auto" (one per core); 1: one process
+    workers: int | str = 1
     namesrv: str | None = None  # name server address(es), "host:port;host:port"
     cluster_name: str = "DefaultCluster"  # store nodes register under it; proxies use its nodes
     store_name: str | None = None  # `gateway store --name`: the node's name (default store-<host>-<port>)
@@ -275,6 +279,7 @@ class Settings:
             raise ConfigError(
                 f"cluster_name must be letters, digits, '_', '.', '-', got {self.cluster_name!r}"
             )
+        object.__setattr__(self, "workers", parse_workers(self.workers))
         if self.mode == "cluster" and not self.namesrv:
             raise ConfigError("mode cluster needs namesrv (the name server address, host:port)")
         for name in ("lease_period_s", "lease_expiry_s", "route_refresh_s"):
@@ -400,6 +405,24 @@ def check_exposure(s: Settings) -> None:
             f"refusing to start: the listeners would bind {s.host} (not loopback) with authentication "
             "off; start with --auth (docs/security.md), or --allow-anonymous to let anyone in"
         )
+
+
+MAX_WORKERS = 256
+
+
+def parse_workers(value: Any) -> int:
+    """`workers`: an integer in [1, MAX_WORKERS] or "auto" (the cores this process may run on)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return max(
+            1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        )
+    try:
+        n = int(value) if isinstance(value, str) else value
+    except ValueError:
+        n = None
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_WORKERS:
+        raise ConfigError(f'workers must be an integer in [1, {MAX_WORKERS}] or "auto", got {value!r}')
+    return n
 
 
 def _check_int(name: str, value: Any, lo: int, hi: int | None) -> None:

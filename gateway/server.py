@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 import ssl
@@ -32,6 +33,8 @@ from runtime.tls import ServerTls, TlsError, TlsFiles
 if TYPE_CHECKING:
     from adapters.limits import Limiter
     from cluster.proxy import ProxyConfig
+    from cluster.remote_store import ClusterStoreClient
+    from gateway.workers import ClaimsClient, WorkerLink
     from messaging_processor import LocalStoreClient
     from remoting.cluster_auth import ClusterAuth
     from store import StoreConfig
@@ -146,8 +149,18 @@ def limiter_of(s: Settings) -> Limiter:
 
 
 class Gateway:
-    def __init__(self, settings: Settings, *, extra_routers: Sequence[APIRouter] = ()) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        extra_routers: Sequence[APIRouter] = (),
+        worker: WorkerLink | None = None,
+    ) -> None:
+        """`worker`: this is one worker of `gateway start --workers` (gateway/workers): its store is
+        the supervisor's store process, its listeners share their ports with the other workers."""
         self.settings = settings
+        self.worker = worker
+        self.claims: ClaimsClient | None = None  # a worker's link to the supervisor's session claims
         self.extra_routers = list(extra_routers)
         self.store = None
         self.cluster_store = None  # CLUSTER mode: the network StoreClient (no local store)
@@ -169,6 +182,8 @@ class Gateway:
 
         s = self.settings
         cluster_config = None
+        if self.worker is not None:
+            await self._open_claims(self.worker)
         if s.mode == "cluster":
             from cluster.proxy import open_cluster_store
             from remoting.cluster_auth import ClusterSecretError
@@ -177,11 +192,17 @@ class Gateway:
                 cluster_config = proxy_config(s, cluster_auth(s))
             except (ClusterSecretError, TlsError) as e:
                 raise StartupError(str(e)) from e
+            if self.worker is not None and s.proxy_name:  # each worker registers under its own name
+                cluster_config = dataclasses.replace(
+                    cluster_config, proxy_name=f"{s.proxy_name}-{self.worker.index}"
+                )
             try:
                 self.cluster_store = await open_cluster_store(cluster_config)
             except (OSError, ValueError) as e:
                 raise StartupError(f"cannot reach the name server {s.namesrv}: {e}") from e
             store_client = self.cluster_store
+        elif self.worker is not None:
+            store_client = await self._open_worker_store(self.worker)
         else:
             store_client = await self._open_local_store()
         security = None
@@ -212,12 +233,16 @@ class Gateway:
             from gateway.bootstrap import BootstrapError, ensure_admin
 
             try:
-                await ensure_admin(self.processor, s.data_dir, cluster=s.mode == "cluster")
+                await ensure_admin(
+                    self.processor, s.data_dir, cluster=s.mode == "cluster" or self.worker is not None
+                )
             except BootstrapError as e:
                 raise StartupError(str(e)) from e
             d = security.directory
             log.info("authentication on: %d user(s), %d ACL rule(s)", len(d.users), len(d.rules))
         await self._start_listeners()
+        if self.claims is not None and self.worker is not None:
+            self.claims.ready(self.worker.index)
         if s.mode == "cluster":
             from cluster.proxy import ProxyRegistration
 
@@ -226,6 +251,26 @@ class Gateway:
             assert cluster_config is not None
             self.registration = ProxyRegistration(cluster_config, endpoints)
             self.registration.start()
+
+    async def _open_claims(self, worker: WorkerLink) -> None:
+        """A worker's link to its supervisor's claims of unique sessions."""
+        from gateway.workers import ClaimsClient
+
+        self.claims = ClaimsClient()
+        try:
+            await self.claims.connect(worker.claims_socket)
+        except OSError as e:
+            raise StartupError(f"worker {worker.index}: cannot reach the supervisor: {e}") from e
+
+    async def _open_worker_store(self, worker: WorkerLink) -> ClusterStoreClient:
+        """A LOCAL mode worker's StoreClient: the supervisor's store process."""
+        from cluster.proxy import open_worker_store
+
+        try:
+            self.cluster_store = await open_worker_store(worker.store_socket)
+        except OSError as e:
+            raise StartupError(f"worker {worker.index}: cannot reach the store process: {e}") from e
+        return self.cluster_store
 
     async def _open_local_store(self) -> LocalStoreClient:
         from messaging_processor import LocalStoreClient
@@ -321,6 +366,7 @@ class Gateway:
                 ssl=self._tls_context(),
                 tls_port=s.https_port,
                 limiter=self.limiter,
+                reuse_port=self.worker is not None,
             )
             return ce.serve(http)
         if name == "grpc":
@@ -337,11 +383,12 @@ class Gateway:
                 tls=None if s.grpc_plain else self.tls,
                 limiter=self.limiter,
                 max_outbound_bytes=s.max_outbound_bytes_per_connection,
+                reuse_port=self.worker is not None,
             )
         if name == "mqtt":
             from adapters.mqtt import MqttAdapter, MqttCaps
 
-            return MqttAdapter(
+            mqtt = MqttAdapter(
                 self.processor,
                 s.host,
                 s.mqtt_port,
@@ -362,7 +409,12 @@ class Gateway:
                 cert_identity=s.mqtt_cert_identity,
                 limiter=self.limiter,
                 max_outbound_bytes=s.max_outbound_bytes_per_connection,
+                reuse_port=self.worker is not None,
+                claims=self.claims.namespace("mqtt") if self.claims is not None else None,
             )
+            if self.claims is not None:
+                self.claims.evictors["mqtt"] = mqtt.evict
+            return mqtt
         if name == "amqp":
             from adapters.amqp import AmqpAdapter
 
@@ -379,6 +431,7 @@ class Gateway:
                 max_queues_per_vhost=s.amqp_max_queues_per_vhost,
                 max_queues_per_user=s.amqp_max_queues_per_user,
                 max_outbound_bytes=s.max_outbound_bytes_per_connection,
+                reuse_port=self.worker is not None,
             )
         if name == "remoting":
             from adapters.remoting import RemotingAdapter
@@ -393,6 +446,7 @@ class Gateway:
                 ssl=self._tls_context(),
                 tls_required=s.tls_required,
                 limiter=self.limiter,
+                reuse_port=self.worker is not None,
             )
         raise StartupError(f"the {name} listener is not available yet")
 
@@ -424,6 +478,9 @@ class Gateway:
         if self.cluster_store is not None:
             cluster_store, self.cluster_store = self.cluster_store, None
             await cluster_store.close()
+        if self.claims is not None:
+            claims, self.claims = self.claims, None
+            await claims.close()
 
     @staticmethod
     async def _stop_adapter(adapter: Adapter, grace: float) -> None:
@@ -433,9 +490,11 @@ class Gateway:
             log.warning("%s listener did not stop within %.1f s; abandoning it", adapter.name, grace + 3.0)
 
 
-async def run(settings: Settings, *, extra_routers: Sequence[APIRouter] = ()) -> int:
+async def run(
+    settings: Settings, *, extra_routers: Sequence[APIRouter] = (), worker: WorkerLink | None = None
+) -> int:
     """Serve until SIGTERM/SIGINT; returns the process exit code (0 after a clean stop, 1 when
-    the gateway could not start)."""
+    the gateway could not start). A `worker` also stops when its supervisor is gone."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
 
@@ -448,7 +507,7 @@ async def run(settings: Settings, *, extra_routers: Sequence[APIRouter] = ()) ->
 
     for sig in SHUTDOWN_SIGNALS:
         loop.add_signal_handler(sig, on_signal, sig)
-    gw = Gateway(settings, extra_routers=extra_routers)
+    gw = Gateway(settings, extra_routers=extra_routers, worker=worker)
     loop.add_signal_handler(signal.SIGHUP, gw.reload_tls)
     try:
         try:
@@ -461,8 +520,16 @@ async def run(settings: Settings, *, extra_routers: Sequence[APIRouter] = ()) ->
             await gw.stop()
             raise
         collector = gc_collector.take_over()
-        log.info("gateway ready")
-        await stop.wait()
+        if worker is None:
+            log.info("gateway ready")
+            await stop.wait()
+        else:
+            log.info("worker %d ready", worker.index)
+            assert gw.claims is not None
+            lost = asyncio.ensure_future(gw.claims.lost.wait())
+            await asyncio.wait([asyncio.ensure_future(stop.wait()), lost], return_when="FIRST_COMPLETED")
+            if lost.done():
+                log.warning("worker %d: the supervisor is gone, stopping", worker.index)
         t0 = time.monotonic()
         collector.stop()
         await gw.stop()

@@ -30,9 +30,11 @@ def loop_factory(event_loop: str, log: logging.Logger) -> Callable[[], asyncio.A
     return uvloop.new_event_loop
 
 
-def setup_logging(level: str) -> None:
-    """One line per record on stderr: `<time> <LEVEL> <logger>: <message>`."""
-    logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
+def setup_logging(level: str, tag: str | None = None) -> None:
+    """One line per record on stderr: `<time> <LEVEL> <logger>: <message>` (`<time> <tag> <LEVEL>
+    ...` with a `tag`: which worker of `gateway start --workers` logged it)."""
+    fmt = LOG_FORMAT if tag is None else LOG_FORMAT.replace(" %(levelname)s", f" {tag} %(levelname)s", 1)
+    logging.basicConfig(level=level.upper(), format=fmt)
 
 
 __all__ = ["EVENT_LOOPS", "LOG_FORMAT", "LOG_LEVELS", "ConfigError", "loop_factory", "setup_logging"]

@@ -265,6 +265,7 @@ NON_DEFAULT = {
     "publish_burst": 2.0,
     "max_outbound_bytes_per_connection": 65536,
     "mode": "cluster",
+    "workers": 3,
     "namesrv": "ns:9876",
     "cluster_name": "c1",
     "store_name": "store-x",
