@@ -67,6 +67,8 @@ if TYPE_CHECKING:
     from .subscription import Sub
 
 log = logging.getLogger("adapters.mqtt")
+TAIL_BATCH = 128  # messages a clean-session fan-out reads at a time when it has caught up
+MAX_TAIL_BATCH = 2048  # ... and at most, when it is behind (the batch doubles per full read)
 
 
 async def position_at_end(processor: MessagingProcessor, ctx: ClientContext, group: str, topic: str) -> None:
@@ -116,10 +118,14 @@ class TopicLoop:
         group = self.group
         positions = self.positions
         backoff = 0.1
+        batch = TAIL_BATCH
         while True:
             try:
-                msgs = await p.tail(ctx, self.topic, positions, 128, 20_000, group=group)
+                msgs = await p.tail(ctx, self.topic, positions, batch, 20_000, group=group)
                 backoff = 0.1
+                # behind (a full batch): read more at a time, so a store a round trip away
+                # (CLUSTER mode, --workers) costs fewer round trips; caught up: back to the start
+                batch = min(batch * 2, MAX_TAIL_BATCH) if len(msgs) >= batch else TAIL_BATCH
             except ProcessorError as e:
                 if e.kind is ErrorKind.TOPIC_NOT_FOUND:
                     log.info("mqtt fan-out of %s ends: topic deleted", self.topic)
