@@ -98,9 +98,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_preexec(cpu: int | None) -> Callable[[], None]:
+def server_preexec(cpu: int | str | None) -> Callable[[], None]:
     """What a server process runs before exec: RLIMIT_NOFILE to its hard limit, and the CPU
-    affinity when there is no taskset to pin it."""
+    affinity when there is no taskset to pin it (`cpu`: one CPU, or a list such as "0,1")."""
 
     def fn() -> None:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -108,13 +108,13 @@ def server_preexec(cpu: int | None) -> Callable[[], None]:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         if cpu is not None and shutil.which("taskset") is None:
             with contextlib.suppress(OSError):
-                os.sched_setaffinity(0, {cpu})
+                os.sched_setaffinity(0, {int(c) for c in str(cpu).split(",")})
 
     return fn
 
 
-def pin(cmd: list[str], cpu: int | None) -> list[str]:
-    """`cmd` run through `taskset -c CPU` (when there is a CPU and a taskset)."""
+def pin(cmd: list[str], cpu: int | str | None) -> list[str]:
+    """`cmd` run through `taskset -c CPU` (when there is a CPU, or a list such as "0,1", and a taskset)."""
     taskset = shutil.which("taskset")
     return [taskset, "-c", str(cpu), *cmd] if cpu is not None and taskset else cmd
 
@@ -188,7 +188,7 @@ def spawn_gateway(
     workdir: Path,
     port: int,
     *,
-    cpu: int | None = None,
+    cpu: int | str | None = None,
     src: Path | None = None,
     profile: Path | None = None,
     cwd: Path | None = None,
@@ -242,7 +242,7 @@ def start_gateway(
     protocol: str,
     extra_args: list[str] | tuple[str, ...] = (),
     *,
-    cpu: int | None = None,
+    cpu: int | str | None = None,
     src: Path | None = None,
     profile: Path | None = None,
     timeout: float = 60.0,

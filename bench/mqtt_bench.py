@@ -71,7 +71,15 @@ packets; this process is pinned there too) measures, in this order:
    is skipped (`skipped`, null figures) when its warm-up run does not keep up with the rate.
    `cpu_ratio_vs_mosquitto_at_10k` = gateway / Mosquitto CPU per message (target <= 1.0).
 
-10. p99 runs (`--p99-runs N`, default 5; `--quick`: 1; with `latency` in `--phases`): phase 5 again
+10. Workers (`--workers-rounds N`, default 0): phase 9 on our gateway with `--workers 1` and with
+   `--workers 2` (a store process and two worker processes sharing the port), N rounds in
+   alternating order. The CPU counted is the whole process tree's (store process, workers, fsync
+   helper: `cpu_us_per_fixed_msg_incl_children`); `workers2_cpu_ratio` is the median of the rounds'
+   workers-2 / workers-1 ratios (target <= 1.3). The server is not pinned in these runs (it may use
+   every core, the generator's included; the generator stays on `--gen-cpus`), as a deployment of
+   `--workers` would run.
+
+11. p99 runs (`--p99-runs N`, default 5; `--quick`: 1; with `latency` in `--phases`): phase 5 again
    on N fresh gateways, one after the other. `p99_ms_at_5k_runs` lists each run's p99 (null for a
    failed run) and `p99_at_5k_runs_met` counts the runs with p99 <= 10 ms (target: >= 4 of 5, i.e.
    80 % of the runs); each run's `other_util` and `host_steal` are in `p99_runs`. `p99_ms_at_5k`
@@ -104,6 +112,7 @@ top-level keys `qos1_ratio_vs_mosquitto`, `qos1_ratio_vs_amqtt`, `cpu_us_per_qos
 `fixed_publish_msgs_per_s`, `fixed_delivered_msgs_per_s`, `cpu_us_per_fixed_msg`,
 `cpu_us_per_fixed_msg_incl_children`, `fixed_p50_ms`, `fixed_p99_ms`),
 `idle_conn_rss_mib_per_10k`, `qos1_auth_ratio` (our gateway; its rounds in `auth`),
+`workers2_cpu_ratio` (`--workers-rounds`; its rounds and medians in `workers`),
 `qos1_trace_ratio` (its rounds in `trace`),
 `qos1_tls_ratio` and `qos1_tls_ratio_vs_mosquitto` (in `tls`: the rounds, each run's rate, server
 CPU per message, `other_util` and `host_steal`, and the medians per run kind), `targets`, `ratios`,
@@ -761,6 +770,53 @@ def trace_rounds(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+# ---------------------------------------------------------------------------- --workers 2 vs 1
+
+
+def workers_rounds(args: argparse.Namespace) -> dict[str, Any]:
+    """Phase `fixed` on a gateway of one worker (`--workers 1`: the single process) and one of
+    `--workers 2` (a store process and two workers), `--workers-rounds` rounds in alternating order
+    (as `auth_rounds`). The CPU is the whole process tree's (`cpu_us_per_fixed_msg_incl_children`),
+    so the store process, both workers and the fsync helper count; `workers2_cpu_ratio` is the
+    median of the rounds' workers-2 / workers-1 ratios (target <= 1.3)."""
+    rounds = []
+    keys = (
+        "cpu_us_per_fixed_msg_incl_children",
+        "fixed_publish_msgs_per_s",
+        "fixed_delivered_msgs_per_s",
+        "fixed_p50_ms",
+        "fixed_p99_ms",
+    )
+    every_cpu = ",".join(str(c) for c in range(os.cpu_count() or 1))  # not the bench's own (the generator's)
+    unpinned = argparse.Namespace(**{**vars(args), "server_cpu": every_cpu})
+    for i in range(args.workers_rounds):
+        figs: dict[int, dict[str, Any]] = {}
+        for n in (1, 2) if i % 2 == 0 else (2, 1):
+            log(f"[gateway] workers round {i + 1}: --workers {n}")
+            r = bench_broker("gateway", unpinned, phases=["fixed"], gateway_extra=("--workers", str(n)))
+            d = r["details"].get("fixed", {})
+            figs[n] = {k: d.get(k) for k in keys}
+            figs[n].update({k: d.get(k) for k in ("other_util", "host_steal")})
+            err = r.get("error") or d.get("error")
+            if err:
+                figs[n]["error"] = err.splitlines()[0]
+        cpu1, cpu2 = (
+            figs[1]["cpu_us_per_fixed_msg_incl_children"],
+            figs[2]["cpu_us_per_fixed_msg_incl_children"],
+        )
+        rounds.append({"workers1": figs[1], "workers2": figs[2], "ratio": _div(cpu2, cpu1)})
+        log(f"  round {i + 1}: tree CPU µs/msg {cpu1} (1 worker), {cpu2} (2 workers)")
+    ratio = _median([r["ratio"] for r in rounds])
+    return {
+        "workers2_cpu_ratio": ratio,
+        "cpu_us_per_fixed_msg_workers1": _median([r["workers1"][keys[0]] for r in rounds]),
+        "cpu_us_per_fixed_msg_workers2": _median([r["workers2"][keys[0]] for r in rounds]),
+        "rounds": rounds,
+        "target": "<= 1.3",
+        "met": None if ratio is None else ratio <= 1.3,
+    }
+
+
 # ---------------------------------------------------------------------------- p99 at 5k, repeated
 
 P99_BOUND_MS = 10.0
@@ -945,6 +1001,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--tls-rounds", type=int, default=3, help="QoS 1 plain/TLS rounds (gateway, Mosquitto; 0: none)"
     )
+    ap.add_argument(
+        "--workers-rounds",
+        type=int,
+        default=0,
+        help="phase fixed rounds of our gateway with --workers 1 and --workers 2 (0: none)",
+    )
     ap.add_argument("--dir", default=None, help="parent of the temporary work directories")
     ap.add_argument("--keep", action="store_true", help="keep work directories (logs, configs)")
     ap.add_argument("--quick", action="store_true", help="small fast run (smoke test)")
@@ -998,6 +1060,9 @@ def main(argv: list[str] | None = None) -> int:
     tls: dict[str, Any] = {"qos1_tls_ratio": None, "qos1_tls_ratio_vs_mosquitto": None}
     if "gateway" in args.broker_list and "qos1" in args.phase_list and args.tls_rounds > 0:
         tls = tls_rounds(args)
+    workers: dict[str, Any] = {"workers2_cpu_ratio": None}
+    if "gateway" in args.broker_list and args.workers_rounds > 0:
+        workers = workers_rounds(args)
     p99: dict[str, Any] = {"p99_ms_at_5k_runs": None, "p99_at_5k_runs_met": None}
     if "gateway" in args.broker_list and "latency" in args.phase_list and args.p99_runs > 0:
         p99 = p99_runs(args)
@@ -1011,6 +1076,14 @@ def main(argv: list[str] | None = None) -> int:
         "met": p99.get("met"),
     }
     report["fixed"] = fixed_summary(brokers, args)
+    report["workers2_cpu_ratio"] = workers["workers2_cpu_ratio"]
+    report["workers"] = workers
+    report["config"]["workers_rounds"] = args.workers_rounds
+    report["targets"]["workers2_cpu"] = {
+        "target": "--workers 2: process-tree CPU per message at the fixed rate <= 1.3x one worker's",
+        "value": workers["workers2_cpu_ratio"],
+        "met": workers.get("met"),
+    }
     report["qos1_auth_ratio"] = auth["qos1_auth_ratio"]
     report["qos1_trace_ratio"] = trace["qos1_trace_ratio"]
     report["qos1_tls_ratio"] = tls["qos1_tls_ratio"]
