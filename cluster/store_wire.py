@@ -19,11 +19,12 @@ record of store/codec.py (every Message field but commitlog_offset / reconsume_t
 from __future__ import annotations
 
 import base64
-import json
 import struct
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import asdict
 from typing import Any
+
+import orjson
 
 from messaging_processor import StoreClient
 from store import (
@@ -153,21 +154,31 @@ class WireError(ValueError):
     """A malformed store protocol payload."""
 
 
+def _dump_bytes(obj: Any) -> bytes:
+    """Compact standard JSON by orjson (2-4x the stdlib's speed on the node's hot path: every send's
+    reply). WireError for what has no exact JSON here (an integer beyond 64 bits: orjson would
+    read it back as a float, so it is refused rather than sent)."""
+    try:
+        return orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS)
+    except TypeError as e:
+        raise WireError(f"cannot encode for the store protocol: {e}") from None
+
+
 def dumps(obj: Any) -> str:
-    """Arguments and replies: compact standard JSON (C-accelerated; no fastjson quirks needed)."""
-    return json.dumps(obj, separators=(",", ":"))
+    """Arguments and replies: compact standard JSON."""
+    return _dump_bytes(obj).decode()
 
 
 def loads(data: str | bytes) -> Any:
-    return json.loads(data)
+    return orjson.loads(data)
 
 
 def reply_body(result: Any) -> bytes:
-    return dumps({"r": result}).encode()
+    return _dump_bytes({"r": result})
 
 
 def reply_value(body: bytes) -> Any:
-    return json.loads(body)["r"]
+    return loads(body)["r"]
 
 
 # ----------------------------------------------------------------------------- errors
