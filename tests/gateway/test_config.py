@@ -377,6 +377,22 @@ def test_cluster_settings_are_validated(values, message):
         Settings(**values)
 
 
+@pytest.mark.parametrize("bad", [0, -1, 257, "two", "", True, 1.5])
+def test_workers_must_be_a_count_or_auto(bad):
+    with pytest.raises(ConfigError, match="workers must be an integer"):
+        Settings(workers=bad)
+
+
+def test_workers_auto_is_one_per_core_and_text_counts_parse():
+    import os
+
+    assert Settings(workers="auto").workers == len(os.sched_getaffinity(0))
+    assert Settings(workers=" AUTO ").workers == len(os.sched_getaffinity(0))
+    assert Settings(workers="3").workers == 3
+    assert load(env={"GATEWAY_WORKERS": "2"}).workers == 2
+    assert Settings().workers == 1
+
+
 def test_store_command_reads_its_flags_and_env():
     args = build_parser().parse_args(["store", "--port", "10912", "--name", "s1", "--namesrv", "n:1"])
     s = settings_from_args(args, {"GATEWAY_LEASE_PERIOD_S": "2", "GATEWAY_STORE_PORT": "1"})

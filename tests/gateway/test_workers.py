@@ -339,3 +339,22 @@ async def test_kill9_of_a_worker_loses_nothing_acknowledged(gw):
     async with aiomqtt.Client(host, p, identifier="k9-keeper", clean_session=False) as keeper:
         got = await drain(keeper, len(acked), timeout=30)
     assert set(acked) <= {int(m.payload) for m in got}
+
+
+def test_a_port_another_program_holds_is_refused_not_shared(tmp_path):
+    """Another program listening with SO_REUSEPORT itself: the workers could bind beside it and
+    share its connections; the supervisor checks the ports without SO_REUSEPORT and exits 1."""
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    taken = holder.getsockname()[1]
+    args = ["start", "--workers", "2", "--data-dir", str(tmp_path / "data"), "--protocols", "mqtt,http"]
+    proc = GatewayProc([*args, "--mqtt-port", str(taken), "--http-port", "0"], "workers-busy")
+    try:
+        assert proc.p.wait(60) == 1
+        assert f"mqtt cannot listen on 127.0.0.1:{taken}" in proc.drain()
+        assert not workers(proc.pid)
+    finally:
+        proc.kill()
+        holder.close()
