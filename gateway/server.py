@@ -20,8 +20,8 @@ import signal
 import ssl
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from fastapi import APIRouter
 
@@ -490,11 +490,24 @@ class Gateway:
             log.warning("%s listener did not stop within %.1f s; abandoning it", adapter.name, grace + 3.0)
 
 
-async def run(
-    settings: Settings, *, extra_routers: Sequence[APIRouter] = (), worker: WorkerLink | None = None
+class Service(Protocol):
+    """What `serve_until_signal` runs: a Gateway, or the supervisor of `--workers`."""
+
+    async def start(self) -> None: ...  # StartupError when it cannot start
+
+    async def stop(self) -> None: ...  # also after a failed or partial start
+
+
+async def serve_until_signal(
+    service: Service,
+    *,
+    ready: Callable[[], None],
+    on_hup: Callable[[], None],
+    gone: Callable[[], asyncio.Event | None] = lambda: None,
 ) -> int:
-    """Serve until SIGTERM/SIGINT; returns the process exit code (0 after a clean stop, 1 when
-    the gateway could not start). A `worker` also stops when its supervisor is gone."""
+    """Start `service`, call `ready()`, serve until SIGTERM/SIGINT (or until the event `gone()`
+    gives after the start is set), then stop it; the exit code (0 after a clean stop, 1 when it
+    could not start). SIGHUP calls `on_hup()`."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
 
@@ -507,35 +520,52 @@ async def run(
 
     for sig in SHUTDOWN_SIGNALS:
         loop.add_signal_handler(sig, on_signal, sig)
-    gw = Gateway(settings, extra_routers=extra_routers, worker=worker)
-    loop.add_signal_handler(signal.SIGHUP, gw.reload_tls)
+    loop.add_signal_handler(signal.SIGHUP, on_hup)
     try:
         try:
-            await gw.start()
+            await service.start()
         except StartupError as e:
             log.error("%s", e)
-            await gw.stop()
+            await service.stop()
             return 1
         except BaseException:
-            await gw.stop()
+            await service.stop()
             raise
         collector = gc_collector.take_over()
-        if worker is None:
-            log.info("gateway ready")
-            await stop.wait()
-        else:
-            log.info("worker %d ready", worker.index)
-            assert gw.claims is not None
-            lost = asyncio.ensure_future(gw.claims.lost.wait())
-            await asyncio.wait([asyncio.ensure_future(stop.wait()), lost], return_when="FIRST_COMPLETED")
-            if lost.done():
-                log.warning("worker %d: the supervisor is gone, stopping", worker.index)
+        ready()
+        waits = [asyncio.ensure_future(stop.wait())]
+        lost = gone()
+        if lost is not None:
+            waits.append(asyncio.ensure_future(lost.wait()))
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for w in waits:
+            w.cancel()
+        if lost is not None and lost.is_set():
+            log.warning("the supervisor is gone: stopping")
         t0 = time.monotonic()
         collector.stop()
-        await gw.stop()
+        await service.stop()
         log.info("gateway stopped in %.2f s", time.monotonic() - t0)
         return 0
     finally:
         for sig in (*SHUTDOWN_SIGNALS, signal.SIGHUP):
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(sig)
+
+
+async def run(
+    settings: Settings, *, extra_routers: Sequence[APIRouter] = (), worker: WorkerLink | None = None
+) -> int:
+    """Serve until SIGTERM/SIGINT; returns the process exit code (0 after a clean stop, 1 when
+    the gateway could not start). A `worker` also stops when its supervisor is gone."""
+    gw = Gateway(settings, extra_routers=extra_routers, worker=worker)
+
+    def ready() -> None:
+        if worker is None:
+            log.info("gateway ready")
+        else:
+            log.info("worker %d ready", worker.index)
+
+    return await serve_until_signal(
+        gw, ready=ready, on_hup=gw.reload_tls, gone=lambda: gw.claims.lost if gw.claims else None
+    )

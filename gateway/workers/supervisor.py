@@ -121,7 +121,15 @@ class Supervisor:
 
     async def start(self) -> None:
         """Open the store and serve it (LOCAL mode), start the workers and wait until every one is
-        ready; OSError or RuntimeError (one line) when something cannot start."""
+        ready; StartupError (one line) when something cannot start."""
+        from gateway.server import StartupError
+
+        try:
+            await self._start()
+        except (OSError, RuntimeError) as e:
+            raise StartupError(str(e)) from e
+
+    async def _start(self) -> None:
         s = self.settings
         self.ports = resolve_ports(s)
         await self.claims.start(str(self.dir / CLAIMS_SOCKET))
@@ -243,41 +251,15 @@ class Supervisor:
 async def supervise(settings: Settings, argv: Sequence[str]) -> int:
     """Run the store and `settings.workers` workers until SIGTERM/SIGINT; the exit code (0 after a
     clean stop, 1 when the gateway could not start)."""
-    from gateway import collector as gc_collector
-    from gateway.server import SHUTDOWN_SIGNALS
+    from gateway.server import serve_until_signal
 
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in SHUTDOWN_SIGNALS:
-        loop.add_signal_handler(sig, stop.set)
     sup = Supervisor(settings, argv)
-    loop.add_signal_handler(signal.SIGHUP, sup.signal_workers, signal.SIGHUP)
-    try:
-        try:
-            await sup.start()
-        except (OSError, RuntimeError) as e:
-            log.error("%s", e)
-            await sup.stop()
-            return 1
-        except BaseException:
-            await sup.stop()
-            raise
-        collector = gc_collector.take_over()
-        log.info(
-            "gateway ready: %d workers (pids %s)",
-            sup.count,
-            ", ".join(str(p.pid) for p in sup.procs.values()),
-        )
-        await stop.wait()
-        t0 = time.monotonic()
-        collector.stop()
-        await sup.stop()
-        log.info("gateway stopped in %.2f s", time.monotonic() - t0)
-        return 0
-    finally:
-        for sig in (*SHUTDOWN_SIGNALS, signal.SIGHUP):
-            with contextlib.suppress(Exception):
-                loop.remove_signal_handler(sig)
+
+    def ready() -> None:
+        pids = ", ".join(str(p.pid) for p in sup.procs.values())
+        log.info("gateway ready: %d workers (pids %s)", sup.count, pids)
+
+    return await serve_until_signal(sup, ready=ready, on_hup=lambda: sup.signal_workers(signal.SIGHUP))
 
 
 __all__ = ["Supervisor", "supervise"]

@@ -13,7 +13,6 @@ the RocketMQ 4.x clients ali-ons and the C++ client of tests/adapters/remoting).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import json
 import os
@@ -35,6 +34,7 @@ from adapters.grpc.generated import service_pb2, service_pb2_grpc
 from conformance.gateway_proc import GATEWAY
 from namesrv.client import NameServerClient
 from tests.adapters.grpc import support as g
+from tests.adapters.mqtt.support import drain_messages
 from tests.adapters.remoting.support import needs_alions, needs_cpp, received, run
 from tests.cluster.support import Cluster, wait_for
 
@@ -89,20 +89,6 @@ def store_of(m: d.Message) -> str:
     return m.system_properties.receipt_handle.split("@", 1)[0]
 
 
-async def mqtt_drain(c: aiomqtt.Client, n: int, timeout: float = 10.0) -> list[aiomqtt.Message]:
-    got: list[aiomqtt.Message] = []
-
-    async def read() -> None:
-        async for m in c.messages:
-            got.append(m)
-            if len(got) >= n:
-                return
-
-    with contextlib.suppress(TimeoutError):  # the caller's assertion shows what is missing
-        await asyncio.wait_for(read(), timeout)
-    return got
-
-
 async def test_clients_on_either_proxy_see_all_messages(cluster):
     (_, l0), (_, l1) = cluster.proxies[:2]
     assert not (cluster.root / "proxy-data").exists()  # stateless proxies: no local store
@@ -125,7 +111,7 @@ async def test_clients_on_either_proxy_see_all_messages(cluster):
         async with mqtt(l1, identifier="pub-1") as pub:
             for i in range(10):
                 await pub.publish(f"sensors/{i}", f"s{i}".encode(), qos=1)
-        got = await mqtt_drain(sub, 10)
+        got = await drain_messages(sub, 10)
     assert sorted(m.payload for m in got) == sorted(f"s{i}".encode() for i in range(10))
 
 
@@ -374,7 +360,7 @@ async def test_kill9_of_a_proxy_loses_nothing_acknowledged(cluster):
     # The MQTT persistent session (saved in the store) continues on the surviving proxy, with what
     # arrived while it was offline.
     async with mqtt(survivor, identifier="dev-1", clean_session=False) as dev:
-        got_cmd = await mqtt_drain(dev, 3)
+        got_cmd = await drain_messages(dev, 3)
     assert sorted(m.payload for m in got_cmd) == [b"c0", b"c1", b"c2"]
 
 

@@ -4,6 +4,7 @@ listening, restartable on the same data directory, aiomqtt factories and a raw-s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 
 import aiomqtt
@@ -54,6 +55,22 @@ async def restart(env: Env) -> Env:
 
 async def close_env(env: Env) -> None:
     await env.core.close()
+
+
+async def drain_messages(c: aiomqtt.Client, n: int, timeout: float = 10.0) -> list[aiomqtt.Message]:
+    """The messages `c` receives until it has `n` or `timeout` passed (fewer then: the caller's
+    assertion shows what is missing)."""
+    got: list[aiomqtt.Message] = []
+
+    async def read() -> None:
+        async for m in c.messages:
+            got.append(m)
+            if len(got) >= n:
+                return
+
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(read(), timeout)
+    return got
 
 
 async def next_message(client: aiomqtt.Client, timeout: float = T) -> aiomqtt.Message:
