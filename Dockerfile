@@ -14,7 +14,9 @@ RUN pip install --no-cache-dir "uv==${UV_VERSION}"
 
 WORKDIR /app
 # Locked third-party dependencies first (a layer that survives source changes).
-COPY pyproject.toml uv.lock README.md ./
+# (hatch_build.py: the build hook that compiles the optional hot path; this slim image has no C
+# compiler, so it warns and installs pure Python, docs/store.md "Compiled hot path")
+COPY pyproject.toml uv.lock README.md hatch_build.py ./
 RUN uv sync --locked --no-dev --no-install-project
 
 COPY gateway/ gateway/

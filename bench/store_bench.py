@@ -55,7 +55,12 @@ What it measures, in one run:
    read again (from the block cache). `tier_upload_mb_s`: upload speed of the pass.
 
 `--only batch,compaction` (any of seq, append, pop, batch, compaction, rescale, tier) runs just those
-parts.
+parts; `--append-config 100b_sync_64p` (a comma list) runs just those append configurations.
+
+The store's compiled hot path (docs/store.md, "Compiled hot path") is used when it is built:
+`store_hot_path` says which ran ("compiled" or "pure"), and `append_100b_sync_64p_pure_per_s` is the
+same 100 B / sync / 64 producer run in a subprocess with `GATEWAY_PURE_PYTHON=1` (the pure-Python
+path; the figure itself when this process already runs pure Python).
 
 Output: a human-readable table, or with `--json` exactly one JSON object on stdout (progress goes to
 stderr). `--quick` shrinks everything for smoke runs. uvloop is used when importable.
@@ -74,6 +79,7 @@ import math
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -83,7 +89,7 @@ from typing import Any
 
 from common import log
 
-from store import Message, Store, StoreConfig
+from store import Message, Store, StoreConfig, codec
 
 MiB = 1024 * 1024
 MB = 1_000_000
@@ -110,6 +116,7 @@ class Settings:
     only: set[str]
     compact_keys: int
     rescale_messages: int = 1_000_000
+    append_configs: set[str] | None = None  # e.g. {"100b_sync_64p"}; None: every one
 
 
 @dataclass(slots=True)
@@ -198,6 +205,8 @@ async def bench_append(cfg: Settings, size: int, producers: int, flush: str) -> 
         store = await Store.open(StoreConfig(data_dir=data_dir, flush=flush, segment_size=cfg.segment_size))
         try:
             store.create_topic(TOPIC, queues=8)
+            # The first append waits for the first segment's zero-fill: not part of the warm-up rate.
+            await store.append(Message(TOPIC, body))
             # Warm-up: first writes, page faults, lazily created files; also sizes the message pool.
             warm_pool = build_messages(min(cfg.pool_max, 50_000), body)
             t0 = time.perf_counter()
@@ -588,6 +597,8 @@ async def run(cfg: Settings) -> dict[str, Any]:
         for label, size in SIZES:
             for producers in PRODUCERS:
                 key = f"append_{label}_{flush}_{producers}p"
+                if cfg.append_configs is not None and key[len("append_") :] not in cfg.append_configs:
+                    continue
                 r = await bench_append(cfg, size, producers, flush)
                 res[f"{key}_per_s"] = r.per_s
                 res[f"{key}_mb_s"] = r.mb_s
@@ -599,8 +610,18 @@ async def run(cfg: Settings) -> dict[str, Any]:
                     f"p99 {res[f'{key}_p99_ms']:.3f} ms ({r.count} in {r.seconds:.2f} s)"
                 )
 
+    if "append_100b_sync_64p_per_s" in res:
+        res["store_hot_path"] = "pure" if codec.speedups is None else "compiled"
+        res["append_100b_sync_64p_pure_per_s"] = (
+            res["append_100b_sync_64p_per_s"] if codec.speedups is None else pure_append_100b_sync_64p(cfg)
+        )
+        pure = res["append_100b_sync_64p_pure_per_s"]
+        log(f"append_100b_sync_64p_pure: {pure:,.0f}/s (GATEWAY_PURE_PYTHON=1)")
+
     fractions = []
     for producers in PRODUCERS if {"seq", "append"} <= cfg.only else ():
+        if f"append_4k_sync_{producers}p_mb_s" not in res:
+            continue
         f = res[f"append_4k_sync_{producers}p_mb_s"] / res["seq_write_mb_s"]
         res[f"disk_fraction_4k_sync_{producers}p"] = f
         fractions.append(f)
@@ -619,6 +640,18 @@ async def run(cfg: Settings) -> dict[str, Any]:
     res["pop_ack_per_s"] = max(res[f"pop_ack_{c}c_per_s"] for c in POP_CONSUMERS)
     res["tail_vs_pop_ack_1c"] = res["tail_per_s"] / res["pop_ack_1c_per_s"]
     return res
+
+
+def pure_append_100b_sync_64p(cfg: Settings) -> float:
+    """appends/s of the 100 B / sync / 64 producer run with the pure-Python store (a subprocess with
+    GATEWAY_PURE_PYTHON=1: the store chooses its path once, at import)."""
+    argv = [sys.executable, os.path.abspath(__file__), "--json", "--only", "append"]
+    argv += ["--append-config", "100b_sync_64p", "--seconds", str(cfg.seconds), "--warmup", str(cfg.warmup)]
+    argv += ["--segment-mib", str(cfg.segment_size // MiB), "--pool-max", str(cfg.pool_max)]
+    argv += ["--dir", cfg.parent]
+    env = dict(os.environ, GATEWAY_PURE_PYTHON="1")
+    out = subprocess.run(argv, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
+    return float(json.loads(out)["append_100b_sync_64p_per_s"])
 
 
 def table(res: dict[str, Any], cfg: Settings, loop_name: str, total: float) -> str:
@@ -645,6 +678,10 @@ def table(res: dict[str, Any], cfg: Settings, loop_name: str, total: float) -> s
                     f"{res[k + '_p50_ms']:>8.3f} {res[k + '_p99_ms']:>8.3f} "
                     f"{'' if frac is None else f'{frac:.3f}':>9}"
                 )
+    lines.append(
+        f"store hot path: {res['store_hot_path']}; 100 B sync 64 producers with pure Python "
+        f"(GATEWAY_PURE_PYTHON=1): {res['append_100b_sync_64p_pure_per_s']:,.0f}/s"
+    )
     lines.append("")
     lines.append(
         f"pop+ack (backlog {cfg.fill} x 100 B, batch {POP_BATCH}): "
@@ -703,6 +740,10 @@ def parse_args(argv: list[str] | None) -> Settings:
     p.add_argument(
         "--compact-keys", type=int, help="keys of the compaction benchmark (default 20000, quick 2000)"
     )
+    p.add_argument(
+        "--append-config",
+        help="comma list of append configurations to run, e.g. 100b_sync_64p (default: all 12)",
+    )
     a = p.parse_args(argv)
     q = a.quick
 
@@ -723,6 +764,7 @@ def parse_args(argv: list[str] | None) -> Settings:
         only=set(a.only.split(",")) if a.only else {"seq", "append", "pop", "batch", "compaction", "rescale"},
         compact_keys=pick(a.compact_keys, 20_000, 2_000),
         rescale_messages=pick(a.rescale_messages, 1_000_000, 100_000),
+        append_configs=set(a.append_config.split(",")) if a.append_config else None,
     )
 
 

@@ -14,10 +14,12 @@ import operator
 import os
 import socket
 import struct
+import sys
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from itertools import chain, repeat
 from time import time_ns
+from types import ModuleType
 
 from . import codec
 from .catalog import Catalog
@@ -37,6 +39,32 @@ from .writer import GroupCommitWriter, Record
 _crc32, _adler32 = zlib.crc32, zlib.adler32
 
 _new_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
+
+
+def bind_speedups(module: ModuleType) -> None:
+    """Hand the compiled append path what it uses from the store."""
+    module.bind_append(
+        sys.modules[__name__],  # its `time_ns` is read per call (tests replace the store's clocks)
+        Record,
+        AppendResult,
+        StoreError,
+        MessageTooLarge,
+        hold,
+        compaction_key,
+        key_queue,
+        MessageIndex.encode,
+        MessageType.TRANSACTION,
+        SCHEDULE_TOPIC,
+        HALF_TOPIC,
+        PATH_PROPERTY,
+    )
+
+
+# The compiled append path (docs/store.md, "Compiled hot path"), or None: codec.py chooses for the
+# whole store (GATEWAY_PURE_PYTHON=1, or no extension built: pure Python).
+_compiled = codec.speedups
+if _compiled is not None:
+    bind_speedups(_compiled)
 
 
 class MessageIdFactory:
@@ -619,6 +647,16 @@ class Appender:
             fut = r.fut
             if not fut.done():
                 fut.set_exception(exc)
+
+    # The pure-Python methods above are the reference; the compiled ones do the same steps.
+    py_append, py_place, py_on_readable, py_on_durable = append, place, on_readable, on_durable
+    if _compiled is not None:
+        append, place, on_readable, on_durable = (  # type: ignore[assignment]
+            _compiled.append,
+            _compiled.place,
+            _compiled.on_readable,
+            _compiled.on_durable,
+        )
 
 
 BATCH_MAX_BYTES = 4 * 1024 * 1024  # a batch record holds at most this much (more: several records)

@@ -19,12 +19,19 @@ record as above (its own size and CRC, consecutive queue offsets), behind an 12-
 
 Consume queue and index entries point at the inner records, so a reader needs nothing new: only
 the code that walks the log record by record (`iter_batch`) looks inside.
+
+`encode`, `decode`, `check` and `decode_checked` are compiled (`_speedups.pyx`, built by `uv sync`
+where there is a C compiler) unless `GATEWAY_PURE_PYTHON=1`; this module chooses, once, at import.
+The pure-Python functions stay the reference (`py_encode`, ...): the compiled ones give the same
+bytes and results, and the tests check both.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 import zlib
+from types import ModuleType
 
 import orjson
 
@@ -245,3 +252,38 @@ def decode(buf: bytes | memoryview, pos: int = 0, commitlog_offset: int = -1) ->
 
 
 _MESSAGE_TYPES = tuple(MessageType)  # by value: 0, 1, 2, 3
+
+
+PURE_PYTHON_ENV = "GATEWAY_PURE_PYTHON"  # set (and not "0"): the pure-Python functions, compiled or not
+
+
+def _load_speedups() -> ModuleType | None:
+    """The compiled hot path (`store._speedups`), or None: disabled by GATEWAY_PURE_PYTHON, or not built."""
+    if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
+        return None
+    try:
+        from . import _speedups  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _speedups
+
+
+py_encode, py_decode, py_check, py_decode_checked = encode, decode, check, decode_checked
+
+
+def bind_speedups(module: ModuleType) -> None:
+    """Hand the compiled codec the types and pure functions it returns and falls back to."""
+    module.bind_codec(
+        Message, CorruptRecord, _MESSAGE_TYPES, py_encode, py_decode, py_check, decode_properties, _dumps
+    )
+
+
+speedups = _load_speedups()  # also used by appending.py: one switch for the whole store
+if speedups is not None:
+    bind_speedups(speedups)
+    encode, decode, check, decode_checked = (  # noqa: F811 - the compiled twins of the above
+        speedups.encode,
+        speedups.decode,
+        speedups.check,
+        speedups.decode_checked,
+    )

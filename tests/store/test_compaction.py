@@ -186,8 +186,11 @@ def _current(data: str, q: int) -> int | None:
 def _children(pid: int) -> list[int]:
     out: list[int] = []
     for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as f:
-            out += [int(c) for c in f.read().split()]
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(c) for c in f.read().split()]
+        except FileNotFoundError:  # the thread ended since the listing
+            continue
     return out
 
 
