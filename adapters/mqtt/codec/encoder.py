@@ -6,12 +6,17 @@ as the protocol requires); 5.0 SUBACK reason codes >= 0x80 become 0x80 for 3.1.1
 encoded for 3.1.1. For CONNECT the version is taken from `Connect.protocol_level`. The short forms
 of 5.0 are used where allowed: PUBACK/PUBREC/PUBREL/PUBCOMP with reason 0 and no properties are 4
 bytes, DISCONNECT and AUTH with reason 0 and no properties are 2 bytes.
+
+`encode_publish` is compiled (`_speedups.pyx`, built by `uv sync` where there is a C compiler) unless
+`GATEWAY_PURE_PYTHON=1`; `py_encode_publish` is the pure-Python reference it matches byte for byte.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 from .constants import MQTT_3_1, MQTT_5, PROTOCOL_NAMES, PacketType
@@ -260,3 +265,21 @@ def encode(packet: Any, version: int = 4) -> bytes:
     except KeyError:
         raise TypeError(f"not an MQTT packet: {packet!r}") from None
     return enc(packet, version)
+
+
+def _load_speedups() -> ModuleType | None:
+    """The compiled encoder, or None: disabled by GATEWAY_PURE_PYTHON (set, not "0"), or not built."""
+    if os.environ.get("GATEWAY_PURE_PYTHON", "") not in ("", "0"):
+        return None
+    try:
+        from . import _speedups  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _speedups
+
+
+py_encode_publish = encode_publish
+speedups = _load_speedups()
+if speedups is not None:
+    speedups.bind(py_encode_publish)
+    encode_publish = speedups.encode_publish  # noqa: F811 - the compiled twin of the above
