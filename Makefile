@@ -33,13 +33,14 @@ REM_PY_STAMP := $(REM_VENV)/.installed
 REM_NODE_DIR := tests/adapters/remoting/clients/node
 REM_NODE_STAMP := $(REM_NODE_DIR)/node_modules/.installed
 
-.PHONY: install install-system install-bench-system install-conformance lock-conformance install-remoting-clients lock-remoting-clients conformance run test soak bench lint clean
+.PHONY: install install-system install-bench-system install-conformance lock-conformance install-remoting-clients lock-remoting-clients conformance run test test-workers soak bench lint clean
 
 $(UV):
 	$(PYTHON) -m venv $(UV_HOME)
 	$(UV_HOME)/bin/pip install --quiet "uv==$(UV_VERSION)"
 
-$(STAMP): uv.lock pyproject.toml | $(UV)
+# hatch_build.py and the .pyx sources: the compiled hot path is rebuilt when they change.
+$(STAMP): uv.lock pyproject.toml hatch_build.py $(wildcard store/*.pyx adapters/mqtt/codec/*.pyx) | $(UV)
 	$(UV) sync --locked --all-groups --python "$$($(PYTHON) -c 'import sys; print(sys.executable)')"
 	touch $@
 
@@ -97,6 +98,11 @@ run: install
 test: install install-system install-conformance install-remoting-clients
 	$(MAKE) --no-print-directory lint
 	$(VENV)/bin/pytest -q tests -m 'not slow_bench' --durations=30
+
+# Every conformance run (real clients of every protocol: the official RocketMQ 5 clients, aiormq's and
+# aio-pika's own suites, MQTT, HTTP) against `gateway start --workers 2`, and the workers tests.
+test-workers: install install-system install-conformance install-remoting-clients
+	CONFORMANCE_WORKERS=2 $(VENV)/bin/pytest -q tests/conformance tests/gateway/test_workers.py
 
 # The long randomized fault test of a replica group (the short one runs in `make test`); replay a
 # failure with FAULT_SEED=<the printed seed>. Its pytest timeout grows with FAULT_ITERATIONS.
