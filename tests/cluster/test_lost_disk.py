@@ -67,9 +67,16 @@ def start_node(c: Cluster, name: str, etcd: str) -> Proc:
 
 
 def segments(data_dir: Path) -> dict[int, bytes]:
-    """Each commit log segment's bytes, by base offset."""
-    d = data_dir / "commitlog"
-    return {int(p.name): p.read_bytes() for p in d.iterdir() if p.name.isdigit() and len(p.name) == 20}
+    """Each commit log segment's bytes, by base offset (a segment that retention deletes between
+    the listing and the read is left out: it is gone)."""
+    out = {}
+    for p in (data_dir / "commitlog").iterdir():
+        if p.name.isdigit() and len(p.name) == 20:
+            try:
+                out[int(p.name)] = p.read_bytes()
+            except FileNotFoundError:
+                continue
+    return out
 
 
 def same_log(a: Path, b: Path, same_start: bool = True) -> bool:
