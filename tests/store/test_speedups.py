@@ -215,10 +215,15 @@ def test_gateway_pure_python_selects_the_pure_path(sp, env: str | None) -> None:
         "print(codec.speedups is None, codec.encode is codec.py_encode, "
         "appending.Appender.place is appending.Appender.py_place)"
     )
+    assert run_probe(probe, env) == (["True"] * 3 if env == "1" else ["False"] * 3)
+
+
+def run_probe(probe: str, pure_env: str | None) -> list[str]:
+    """What the Python snippet `probe` prints (split) in a fresh interpreter whose
+    GATEWAY_PURE_PYTHON is `pure_env` (None: unset)."""
     environ = {k: v for k, v in os.environ.items() if k != "GATEWAY_PURE_PYTHON"}
-    if env is not None:
-        environ["GATEWAY_PURE_PYTHON"] = env
-    out = subprocess.run(
+    if pure_env is not None:
+        environ["GATEWAY_PURE_PYTHON"] = pure_env
+    return subprocess.run(
         [sys.executable, "-c", probe], cwd=ROOT, env=environ, capture_output=True, text=True, check=True
     ).stdout.split()
-    assert out == (["True"] * 3 if env == "1" else ["False"] * 3)

@@ -5,17 +5,13 @@ reference: byte-identical packets and the same errors; GATEWAY_PURE_PYTHON=1 sel
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adapters.mqtt.codec import encoder
-from tests.store.support import ROOT
-from tests.store.test_speedups import _compiler, _outcome
+from tests.store.test_speedups import _compiler, _outcome, run_probe
 
 
 def test_extension_is_built_where_a_compiler_is() -> None:
@@ -67,10 +63,4 @@ def test_gateway_pure_python_selects_the_pure_encoder(sp, env: str | None) -> No
         "from adapters.mqtt.codec import encoder\n"
         "print(encoder.speedups is None, encoder.encode_publish is encoder.py_encode_publish)"
     )
-    environ = {k: v for k, v in os.environ.items() if k != "GATEWAY_PURE_PYTHON"}
-    if env is not None:
-        environ["GATEWAY_PURE_PYTHON"] = env
-    out = subprocess.run(
-        [sys.executable, "-c", probe], cwd=ROOT, env=environ, capture_output=True, text=True, check=True
-    ).stdout.split()
-    assert out == (["True"] * 2 if env == "1" else ["False"] * 2)
+    assert run_probe(probe, env) == (["True"] * 2 if env == "1" else ["False"] * 2)
