@@ -1,6 +1,6 @@
 """One store node as a proxy sees it: a remoting connection with request/reply by store
-operation (`NodeClient.call`), and the coalescing of concurrent single-message sends to one node
-and topic into batches (`AppendBatcher`).
+operation (`NodeClient.call`), and the ordered coalescing of concurrent sends to one node and topic into
+batches (`AppendBatcher`).
 
 A "node" is a replica group when the name server lists replicas beside its primary (broker ids
 >= 1): reads (`store_wire.READS`) then fall back to a replica, first listed first, while the
@@ -11,6 +11,7 @@ With the cluster secret (`auth`) every connection to a node authenticates first 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import ssl
 from collections.abc import Callable
@@ -172,64 +173,81 @@ class NodeClient:
 
 
 class AppendBatcher:
-    """Concurrent single-message appends for one node and topic, coalesced: at most `max_inflight`
-    append requests are on the wire; messages that arrive meanwhile leave together as one batch
-    (one request, one group commit on the node). Alone, a message leaves at once.
+    """The sends to one node and topic, in the order they were made: at most `max_inflight` append
+    requests are on the wire; the sends that arrive meanwhile wait, then leave together as one
+    request (one group commit on the node). Alone, a send leaves at once.
 
-    A batch holds one topic, so the node refuses all of it or none (a missing topic, a closed
-    store); a refused batch is retried message by message so each caller gets its own answer."""
+    Order: requests are written in submission order and the node places each request's records
+    before it reads the next, so one proxy's sends to a topic keep their order on the node (an AMQP
+    queue's FIFO, an MQTT publisher's order). A waiting send is never overtaken by a later one.
+
+    A request holds one topic, so the node refuses all of it or none (a missing topic, a closed
+    store); a send naming its queues goes alone (a bad queue id is found mid-placement). A refused
+    request is retried send by send so each caller gets its own answer."""
 
     def __init__(self, node: NodeClient, timeout: float, max_inflight: int = 2, max_batch: int = 256) -> None:
         self.node = node
         self.timeout = timeout
         self.max_inflight = max_inflight
         self.max_batch = max_batch
-        self.pending: list[tuple[Message, asyncio.Future[list[Any]]]] = []
+        # (messages, whether they may share a request, the caller's future)
+        self.pending: collections.deque[tuple[list[Message], bool, asyncio.Future[list[Any]]]] = (
+            collections.deque()
+        )
         self.inflight = 0
 
-    def submit(self, msg: Message) -> asyncio.Future[list[Any]]:
+    def submit(self, msgs: list[Message]) -> asyncio.Future[list[Any]]:
+        """The node's JSON results for `msgs` (all of this node and topic), in order."""
         fut: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
-        self.pending.append((msg, fut))
+        self.pending.append((msgs, all(m.queue_id < 0 for m in msgs), fut))
         self._kick()
         return fut
 
     def _kick(self) -> None:
-        while self.pending and self.inflight < self.max_inflight:
-            batch, self.pending = self.pending[: self.max_batch], self.pending[self.max_batch :]
+        pending = self.pending
+        while pending and self.inflight < self.max_inflight:
+            first = pending.popleft()
+            batch = [first]
+            n = len(first[0])
+            if first[1]:
+                while pending and pending[0][1] and n + len(pending[0][0]) <= self.max_batch:
+                    n += len(pending[0][0])
+                    batch.append(pending.popleft())
             self.inflight += 1
             asyncio.ensure_future(self._send(batch))
 
-    async def _send(self, batch: list[tuple[Message, asyncio.Future[list[Any]]]]) -> None:
+    async def _send(self, batch: list[tuple[list[Message], bool, asyncio.Future[list[Any]]]]) -> None:
         try:
+            msgs = batch[0][0] if len(batch) == 1 else [m for e in batch for m in e[0]]
             try:
-                r = await self.node.call(
-                    "append", None, w.encode_messages([m for m, _ in batch]), timeout=self.timeout
-                )
+                r = await self.node.call("append", None, w.encode_messages(msgs), timeout=self.timeout)
                 results = w.reply_value(r.body)
             except NodeUnavailable as e:
-                for _, f in batch:
+                for _, _, f in batch:
                     if not f.done():
                         f.set_exception(e)
                 return
             except Exception as e:  # noqa: BLE001 - refused as a whole: answer each on its own
                 if len(batch) == 1:
-                    if not batch[0][1].done():
-                        batch[0][1].set_exception(e)
+                    if not batch[0][2].done():
+                        batch[0][2].set_exception(e)
                     return
-                for m, f in batch:
+                for ms, _, f in batch:
                     try:
                         one = await self.node.call(
-                            "append", None, w.encode_messages([m]), timeout=self.timeout
+                            "append", None, w.encode_messages(ms), timeout=self.timeout
                         )
                         if not f.done():
-                            f.set_result(w.reply_value(one.body)[0])
+                            f.set_result(w.reply_value(one.body))
                     except Exception as e1:  # noqa: BLE001 - that caller's failure
                         if not f.done():
                             f.set_exception(e1)
                 return
-            for (_, f), v in zip(batch, results, strict=True):
+            at = 0
+            for ms, _, f in batch:
                 if not f.done():
-                    f.set_result(v)
+                    f.set_result(results[at : at + len(ms)])
+                at += len(ms)
         finally:
             self.inflight -= 1
             self._kick()

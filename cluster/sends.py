@@ -1,15 +1,18 @@
 """Where a proxy's sends go in CLUSTER mode: round robin over live nodes; a message with a FIFO
 message group to the node its group hashes to (the next live one while that node is down); a
 message for a given queue to the node owning that queue. A send that fails because its node went
-away is retried on another node. Concurrent single sends to one node and topic leave together
-(`AppendBatcher`)."""
+away is retried on another node. The sends to one node and topic leave in the order they were made,
+the concurrent ones together (`AppendBatcher`)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import itertools
 import logging
 import zlib
+from typing import Any
 
 from store import AppendResult, Message
 from store.message import PATH_PROPERTY
@@ -29,7 +32,7 @@ class Sends:
         self.members = members
         self.ids = ids
         self.request_timeout_s = request_timeout_s
-        self._batchers: dict[tuple[str, str], AppendBatcher] = {}  # (node, topic) -> send batcher
+        self._batchers: dict[tuple[str, str], AppendBatcher] = {}  # (node, topic) -> its sends, in order
         self._rr = itertools.count()
 
     def _target(self, msg: Message, stride: int | None, exclude: set[str]) -> tuple[NodeClient, int]:
@@ -61,13 +64,7 @@ class Sends:
             node, local = self._target(msgs[0], stride, exclude)
             wire = [m if m.queue_id == local else dataclasses.replace(m, queue_id=local) for m in msgs]
             try:
-                if len(wire) == 1 and local < 0:
-                    raw = [await self._batcher(node, wire[0].topic).submit(wire[0])]
-                else:
-                    r = await node.call(
-                        "append", None, w.encode_messages(wire), timeout=self.request_timeout_s
-                    )
-                    raw = w.reply_value(r.body)
+                raw = await self._submit(node, wire)
             except NodeUnavailable as e:
                 log.warning("send failed on %s, trying another store node: %s", node.name, e)
                 exclude.add(node.name)
@@ -79,6 +76,25 @@ class Sends:
         if b is None:
             b = self._batchers[(node.name, topic)] = AppendBatcher(node, self.request_timeout_s)
         return b
+
+    async def _submit(self, node: NodeClient, msgs: list[Message]) -> list[Any]:
+        """The node's results for `msgs`, sent through their topics' batchers (each topic's part
+        queued now, in order: a later send to a topic never overtakes this one)."""
+        topic = msgs[0].topic
+        if all(m.topic == topic for m in msgs):
+            return await self._batcher(node, topic).submit(msgs)
+        parts: dict[str, list[int]] = {}
+        for i, m in enumerate(msgs):
+            parts.setdefault(m.topic, []).append(i)
+        futs = [(idxs, self._batcher(node, t).submit([msgs[i] for i in idxs])) for t, idxs in parts.items()]
+        out: list[Any] = [None] * len(msgs)
+        for _, fut in futs:  # (all awaited: a failed part raises once every part is answered)
+            with contextlib.suppress(Exception):
+                await asyncio.shield(fut)
+        for idxs, fut in futs:
+            for i, v in zip(idxs, fut.result(), strict=True):
+                out[i] = v
+        return out
 
     async def append(self, msg: Message) -> AppendResult:
         return (await self._append_on([msg]))[0]

@@ -311,6 +311,34 @@ async def test_concurrent_sends_are_coalesced_per_node(env):
     assert all(isinstance(e, TopicNotFound) for e in bad), bad
 
 
+async def test_concurrent_sends_to_a_topic_keep_their_order_on_the_node(env):
+    """One proxy's sends to a topic are placed in the order they were made, whatever their size: a
+    send that waits behind the requests in flight is not overtaken by a later batch (the AMQP
+    publishes of one channel, split over socket reads, went to a queue out of order)."""
+    c = env.client
+    await c.create_topic("order", 1, None, None)
+    await c.create_topic("order2", 1, None, None)
+
+    def msg(topic: str, i: int) -> Message:  # one message group: all on one node, one queue
+        return Message(topic, str(i).encode(), message_group="g", msg_type=MessageType.FIFO)
+
+    sends = []  # in submission order; sizes 1 and several, one spanning two topics
+    i = 0
+    for size in (1, 1, 1, 5, 1, 3, 1, 1, 4):
+        sends.append([msg("order", i + k) for k in range(size)])
+        i += size
+    sends.insert(5, [msg("order", 100), msg("order2", 0), msg("order", 101)])
+    results = await asyncio.gather(*(c.append(s[0]) if len(s) == 1 else c.append_many(s) for s in sends))
+    placed = sorted(
+        (r.queue_offset, m.body)
+        for s, rs in zip(sends, results, strict=True)
+        for m, r in zip(s, rs if isinstance(rs, list) else [rs], strict=True)
+        if m.topic == "order"
+    )
+    submitted = [m.body for s in sends for m in s if m.topic == "order"]
+    assert [b for _, b in placed] == submitted
+
+
 async def test_a_restarted_empty_name_server_does_not_empty_the_store_list(env):
     c = env.client
     port = env.ns.port

@@ -469,7 +469,7 @@ def s_work_queue(c: Ctx) -> None:
     check(ok, f"only {len(got['a']) + len(got['b'])} of 20 delivered")
     all_ = sorted(got["a"] + got["b"])
     check(all_ == list(range(20)), f"lost or duplicated: {all_}")
-    check(got["a"] == sorted(got["a"]) and got["b"] == sorted(got["b"]), "out of order per consumer")
+    check(got["a"] == sorted(got["a"]) and got["b"] == sorted(got["b"]), f"out of order per consumer {got}")
     check(min(len(got["a"]), len(got["b"])) >= 5, f"unfair split {len(got['a'])}/{len(got['b'])}")
     c.details["split"] = [len(got["a"]), len(got["b"])]
 
