@@ -1,5 +1,6 @@
 """The protocol-neutral MessagingProcessor every adapter calls (send, pop, ack, change invisible
-time, DLQ, transactions, routes, admin, client registry, authorization) and its delivery loop.
+time, DLQ, transactions, routes, admin, client registry, authorization) and its delivery loops
+(pop/ack, and by offset for consumers that do not compete).
 
 Adapters import from here, never from `store`: the message types (Message, MessageType, Filter,
 ALL, RetryPolicy) and `now_ms` are re-exported for them."""
@@ -26,6 +27,7 @@ from .model import (
     SendReceipt,
     TopicInfo,
 )
+from .offset_delivery import OffsetDeliveryLoop
 from .processor import CERTIFICATE_MECHANISM, Authorizer, MessagingProcessor, allow_all
 from .registry import ClientRegistry
 from .shadows import Shadow, ShadowError, ShadowService
@@ -55,6 +57,7 @@ __all__ = [
     "MessageType",
     "MessagingProcessor",
     "Metrics",
+    "OffsetDeliveryLoop",
     "Outcome",
     "Permission",
     "ProcessorError",

@@ -11,9 +11,12 @@ every `scan_interval` seconds (and at once when an MQTT publish goes to a store 
 loop, see publish.py); topics found after the first scan are read from their start.
 
 Persistent sessions (persistence.py) do not use the shared loops: each has its own consumer group
-and, while connected, one DeliveryLoop per store topic its subscriptions cover (`sync`); a message
-is acked in the store when the client has it (PUBACK, or PUBREC for QoS 2) and given back at once
-when the connection drops first, so it comes again on the next connection, after a restart too.
+and, while connected, one loop per store topic its subscriptions cover (`sync`). Without a QoS 2
+subscription it reads by offset (OffsetDeliveryLoop): the group's progress, the first message the
+client has not acked, is committed periodically and when the connection ends, so a message not
+acked comes again on the next connection, after a crash too (at least once). With one, a
+DeliveryLoop pops: a message is acked in the store when the client has it (PUBACK, or PUBREC for
+QoS 2: exactly once) and given back at once when the connection drops first.
 The same scan re-syncs attached persistent sessions that have root-wildcard subscriptions. Before
 a reattached session's loops start, its offline backlog is brought within the queue caps
 (`cap_queue`, offline_queue.py).
@@ -39,6 +42,7 @@ from messaging_processor import (
     Filter,
     Message,
     MessagingProcessor,
+    OffsetDeliveryLoop,
     Outcome,
     ProcessorError,
 )
@@ -67,6 +71,7 @@ if TYPE_CHECKING:
     from .subscription import Sub
 
 log = logging.getLogger("adapters.mqtt")
+Feed = DeliveryLoop | OffsetDeliveryLoop  # a persistent session's delivery of one store topic
 TAIL_BATCH = 128  # messages a clean-session fan-out reads at a time when it has caught up
 MAX_TAIL_BATCH = 2048  # ... and at most, when it is behind (the batch doubles per full read)
 
@@ -315,7 +320,16 @@ class Fanout:
         if st.attached is not s:
             return
         want = st.topics(names)
-        stop = [st.feeds.pop(t) for t in list(st.feeds) if t not in want]
+        by_offset = not _has_qos2(st)  # (a QoS 2 subscription added or gone: the feeds change kind)
+        stop = [
+            st.feeds.pop(t)
+            for t in list(st.feeds)
+            if t not in want or isinstance(st.feeds[t], OffsetDeliveryLoop) != by_offset
+        ]
+        for lp in stop:  # (stopped first: a feed's successor starts from its final commit)
+            await lp.stop(drain_timeout=0)
+        if st.attached is not s:
+            return
         for t in want:
             if t not in st.feeds:
                 st.feeds[t] = self._feed(st, s, t)
@@ -324,17 +338,18 @@ class Fanout:
             self._ensure_scanner()
         else:
             self.wild_states.discard(st)
-        for lp in stop:
-            await lp.stop(drain_timeout=0)
 
-    def detach(self, st: SessionState) -> list[DeliveryLoop]:
+    def detach(self, st: SessionState) -> list[Feed]:
         """Take the session's delivery loops (for the caller to stop) and stop rescanning for it."""
         loops = list(st.feeds.values())
         st.feeds.clear()
         self.wild_states.discard(st)
         return loops
 
-    def _feed(self, st: SessionState, s: Session, topic: str) -> DeliveryLoop:
+    def _feed(self, st: SessionState, s: Session, topic: str) -> Feed:
+        """The session's delivery of `topic`: read by offset (OffsetDeliveryLoop) unless one of its
+        subscriptions is QoS 2, whose exactly-once needs each message acked in the store when the
+        client has it (pop/ack, DeliveryLoop)."""
         loop = asyncio.get_running_loop()
 
         def wants(m: Message) -> bool:
@@ -342,35 +357,55 @@ class Fanout:
                 return False  # beyond the offline queue cap (refuse-new)
             return _best_persistent(st, m)[0] is not None
 
-        async def handler(d: Any) -> Outcome:
+        async def deliver(m: Message) -> bool:
+            """Whether the client has `m` (or need not get it); False: its connection went away."""
             conn = st.attached
             if conn is None or conn.state != CONNECTED:
-                return Outcome.REQUEUE
-            m = d.message
+                return False
             sub, ids = _best_persistent(st, m)
             if sub is None:
-                return Outcome.ACK
+                return True
             path = path_of(m)
             p = self.processor
             if not access.delivers(p, sub, conn.ctx.identity, path, access.acl_version(p)):
-                return Outcome.ACK  # the connection's user may not read this path
+                return True  # the connection's user may not read this path
             sp = m.properties
             now = int(time.time() * 1000)
             if expired(sp, now):
-                return Outcome.ACK
+                return True
             q = min(sub.qos, qos_of(m))
             props = with_sub_ids(v5_properties(m, now), ids) if conn.version == MQTT_5 else None
             retain = sub.rap and sp.get(P_RETAIN) == "1"
             if q == 0:
                 conn.deliver(path, m.body, 0, retain, props)
-                return Outcome.ACK
+                return True
             done = loop.create_future()
             conn.deliver(path, m.body, q, retain, props, done)
-            return Outcome.ACK if await done else Outcome.REQUEUE
+            return bool(await done)
 
         def ended(e: ProcessorError) -> None:
             if st.feeds.get(topic) is lp:
                 del st.feeds[topic]
+
+        lp: Feed
+        if not _has_qos2(st):
+            lp = OffsetDeliveryLoop(
+                self.processor,
+                self.ctx,  # reads as the proxy; the connection's rights are checked per message above
+                st.group,
+                topic,
+                deliver,
+                wants=wants,
+                max_inflight=max(1, min(s.send_quota, 64)),
+                long_poll_ms=20_000,
+                on_error=ended,
+                gate=s.writable,  # over the outbound bound: the backlog waits in the store
+                max_inflight_bytes=self.max_outbound_bytes,  # held until the client has them
+            )
+            return lp.start()
+
+        async def handler(d: Any) -> Outcome:
+            return Outcome.ACK if await deliver(d.message) else Outcome.REQUEUE
 
         lp = DeliveryLoop(
             self.processor,
@@ -433,6 +468,11 @@ class Fanout:
             self._scanner.cancel()
         for t in list(self.loops):
             await self._stop_loop(t)
+
+
+def _has_qos2(st: SessionState) -> bool:
+    """Whether a (non-shared) subscription of the session is QoS 2."""
+    return any(sub.qos == 2 and sub.share is None for sub in st.subs.values())
 
 
 def _best_persistent(st: SessionState, m: Message) -> tuple[Sub | None, list[int]]:

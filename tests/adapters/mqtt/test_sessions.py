@@ -465,3 +465,97 @@ async def test_a_session_moves_between_proxies_sharing_the_stores(env):
         await raw.close()
     finally:
         await other.stop(1.0)
+
+
+# ------------------------------------------------------------------ delivery by offset
+
+
+async def _persistent_raw(env, cid: str, filt: str, qos: int):
+    raw, _ = await Raw.connect(env, cid, 4, clean_start=False)
+    raw.send(encode_subscribe(Subscribe(1, [Subscription(filt, qos)]), 4))
+    assert isinstance(await raw.recv(), Suback)
+    return raw, env.adapter.broker.registry.states[cid].group
+
+
+def _committed(env, group: str, topic: str) -> int:
+    """The group's committed offsets on `topic`, summed over its queues (never committed: 0)."""
+    n = env.store.topic(topic, False).queues
+    return sum(max(env.store.committed_offset(group, topic, q), 0) for q in range(n))
+
+
+async def _until(cond, timeout: float = T) -> None:
+    async with asyncio.timeout(timeout):
+        while not cond():
+            await asyncio.sleep(0.02)
+
+
+async def test_a_qos1_persistent_session_reads_by_offset_and_commits_what_the_client_acked(env):
+    """No pop state while a message waits for its PUBACK (nothing in flight in the store); the
+    group's committed offset moves past a message once the client acked it."""
+    cid = uid("byoff")
+    raw, group = await _persistent_raw(env, cid, "offs/#", 1)
+    q0 = _committed(env, group, "offs")
+    await publish_all(env, "offs/a", [b"one"])
+    p = await raw.recv()
+    assert isinstance(p, Publish) and p.payload == b"one"
+    assert env.store.inflight_count(group, "offs") == 0  # a pop would hold it in flight
+    assert _committed(env, group, "offs") == q0  # not acked: not committed
+    raw.send(bytes((0x40, 2)) + p.packet_id.to_bytes(2, "big"))
+    await _until(lambda: _committed(env, group, "offs") == q0 + 1)
+    await raw.close()
+
+
+async def test_a_qos2_subscription_keeps_pop_and_ack(env):
+    cid = uid("q2pop")
+    raw, group = await _persistent_raw(env, cid, "popq/#", 2)
+    await publish_all(env, "popq/a", [b"one"], qos=2)
+    p = await raw.recv()
+    assert isinstance(p, Publish) and p.qos == 2
+    assert env.store.inflight_count(group, "popq") == 1  # popped, acked at PUBREC
+    raw.send(encode_pubrec(p.packet_id, 0, 4))
+    await _until(lambda: env.store.inflight_count(group, "popq") == 0)
+    await raw.close()
+
+
+async def test_offset_delivery_resumes_at_the_first_message_not_acked(env):
+    """Acked out of order, then a clean disconnect: the next connection gets the messages the
+    client did not ack, in order, and none acked before the first of them (the final commit stops
+    there; an acked one after it may come again: at least once); acking them commits everything."""
+    cid = uid("resume")
+    raw, group = await _persistent_raw(env, cid, "res/#", 1)
+    await publish_all(env, "res/a", [b"0", b"1", b"2", b"3"])
+    got = [await raw.recv() for _ in range(4)]
+    assert [p.payload for p in got] == [b"0", b"1", b"2", b"3"]
+    for p in (got[0], got[2]):  # 1 and 3 not acked
+        raw.send(bytes((0x40, 2)) + p.packet_id.to_bytes(2, "big"))
+    await _until(lambda: _committed(env, group, "res") == 1)
+    raw.send(encode_disconnect(0, 4))
+    await raw.close()
+    await _until(lambda: cid not in env.adapter.broker.registry.sessions)
+    raw, ack = await Raw.connect(env, cid, 4, clean_start=False)
+    assert ack.session_present
+    again = [await raw.recv()]
+    while again[-1].payload != b"3":
+        again.append(await raw.recv())
+    assert [p.payload for p in again] in ([b"1", b"2", b"3"], [b"1", b"3"])
+    for p in again:
+        raw.send(bytes((0x40, 2)) + p.packet_id.to_bytes(2, "big"))
+    await _until(lambda: _committed(env, group, "res") == 4)
+    await raw.close()
+
+
+async def test_adding_a_qos2_subscription_moves_the_session_to_pop_without_losing_messages(env):
+    cid = uid("switch")
+    raw, group = await _persistent_raw(env, cid, "sw/a", 1)
+    await publish_all(env, "sw/a", [b"before"])
+    p = await raw.recv()
+    raw.send(bytes((0x40, 2)) + p.packet_id.to_bytes(2, "big"))
+    raw.send(encode_subscribe(Subscribe(2, [Subscription("sw/b", 2)]), 4))
+    assert isinstance(await raw.recv(), Suback)
+    await publish_all(env, "sw/a", [b"after"])
+    p = await raw.recv()
+    assert isinstance(p, Publish) and p.payload == b"after"
+    assert env.store.inflight_count(group, "sw") == 1  # popped now
+    raw.send(bytes((0x40, 2)) + p.packet_id.to_bytes(2, "big"))
+    await _until(lambda: env.store.inflight_count(group, "sw") == 0)
+    await raw.close()

@@ -1,0 +1,290 @@
+"""Delivery by offset for a consumer that does not compete (an MQTT persistent session): read the
+topic from the group's committed offsets (`MessagingProcessor.tail`: no pop state, nothing to ack
+per message), hand each message to a callback with at most `max_inflight` outstanding, and commit
+the group's progress periodically and at stop: per queue, the lowest offset not yet done.
+
+Guarantees: at least once. A message is done when the callback says it was delivered (the client
+has it) or when `wants` leaves it out. The committed offset never passes a message that is not
+done, so after a crash, a lost connection or a takeover by another proxy the group's next reader
+gets every message not done, and the done ones since the last commit again (at most
+`commit_interval_s` of them after a crash; none after a clean stop, which commits what is done).
+A message the callback could not deliver (its connection went away) ends the reading: it and
+what follows come again from the committed offset when the loop is started anew.
+
+Cheaper than pop/ack (delivery.py) at every load: no pop state is written, one commit per queue
+per interval replaces one ack per message. Consumers that need per-message redelivery, retries or
+dead-lettering keep the pop loop."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from runtime.tasks import cancel_and_wait
+
+from .delivery import DeliveryLoop
+from .errors import ProcessorError
+from .model import ClientContext, Message
+from .processor import MessagingProcessor
+
+log = logging.getLogger("messaging_processor.offset_delivery")
+
+Handler = Callable[[Message], Awaitable[bool]]  # True: delivered; False: not (its connection went away)
+
+
+class QueueProgress:
+    """The offsets of one queue handed to the callback and not yet done, in order."""
+
+    __slots__ = ("outstanding", "done", "committed")
+
+    def __init__(self, committed: int) -> None:
+        self.outstanding: collections.deque[int] = collections.deque()
+        self.done: set[int] = set()
+        self.committed = committed  # what the store holds (-1: nothing committed yet)
+
+    def finish(self, offset: int) -> None:
+        out = self.outstanding
+        if out and out[0] == offset:
+            out.popleft()
+            done = self.done
+            while out and out[0] in done:
+                done.discard(out.popleft())
+        else:
+            self.done.add(offset)
+
+    def point(self, next_read: int) -> int:
+        """The offset to commit: the first not done, else the next to read."""
+        return self.outstanding[0] if self.outstanding else next_read
+
+
+class OffsetDeliveryLoop:
+    """Drives one consumer of `group` on `topic` by offset: `start()`, then `stop()`. `wants(m)`
+    False leaves a message out (done without the callback); `gate` and `max_inflight_bytes` bound
+    what is read ahead as in DeliveryLoop. `on_error` is called once with the ProcessorError that
+    ended the loop (topic deleted, forbidden)."""
+
+    def __init__(
+        self,
+        processor: MessagingProcessor,
+        ctx: ClientContext,
+        group: str,
+        topic: str,
+        handler: Handler,
+        *,
+        wants: Callable[[Message], bool] | None = None,
+        max_inflight: int = 32,
+        long_poll_ms: int = 20_000,
+        commit_interval_s: float = 0.2,
+        on_error: Callable[[ProcessorError], None] | None = None,
+        gate: asyncio.Event | None = None,
+        max_inflight_bytes: int = 0,
+    ) -> None:
+        if max_inflight < 1:
+            raise ValueError("max_inflight must be at least 1")
+        self.processor = processor
+        self.ctx = ctx
+        self.group = group
+        self.topic = topic
+        self.handler = handler
+        self.wants = wants
+        self.max_inflight = max_inflight
+        self.long_poll_ms = long_poll_ms
+        self.commit_interval_s = commit_interval_s
+        self.on_error = on_error
+        self.gate = gate
+        self.max_inflight_bytes = max_inflight_bytes
+        self.positions: dict[int, int] = {}  # queue id -> next offset to read (missing: its start)
+        self.queues: dict[int, QueueProgress] = {}
+        self._inflight = 0
+        self._held = 0  # body bytes in flight (with max_inflight_bytes)
+        self._room = asyncio.Event()
+        self._room.set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._task: asyncio.Task | None = None
+        self._handlers: set[asyncio.Task] = set()
+        self._dirty = False  # progress not yet committed
+        self._commit_timer: asyncio.TimerHandle | None = None
+        self._committing: asyncio.Task | None = None
+        self._stalled = False  # a message could not be delivered: read nothing more
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def start(self) -> OffsetDeliveryLoop:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"offset delivery {self.ctx.protocol} {self.group}/{self.topic}"
+            )
+        return self
+
+    async def stop(self, drain_timeout: float = 5.0) -> None:
+        """Stop reading; wait up to `drain_timeout` s for running callbacks, cancel the rest (their
+        messages are not done), then commit what is done."""
+        await cancel_and_wait(self._task, errors=True)
+        if self._handlers:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), drain_timeout)
+            for t in list(self._handlers):
+                t.cancel()
+            await asyncio.gather(*self._handlers, return_exceptions=True)
+        if self._commit_timer is not None:
+            self._commit_timer.cancel()
+            self._commit_timer = None
+        await cancel_and_wait(self._committing, errors=True)
+        self._committing = None
+        try:
+            await self.commit()
+        except ProcessorError as e:  # the next reader starts from the last commit: at least once
+            log.info("final commit of %s/%s failed: %s", self.group, self.topic, e)
+
+    # ------------------------------------------------------------------ reading
+    async def _begin(self) -> None:
+        """Positions at the group's committed offsets (a queue never committed: from its start)."""
+        p = self.processor
+        route = await p.query_route(self.ctx, self.topic)
+        for q in route.queues:
+            at = await p.committed_offset(self.group, self.topic, q.queue_id)
+            self.queues[q.queue_id] = QueueProgress(at)
+            if at >= 0:
+                self.positions[q.queue_id] = at
+
+    async def _run(self) -> None:
+        backoff = 0.1
+        begun = False
+        while True:
+            try:
+                if not begun:
+                    await self._begin()
+                    begun = True
+                await self._room.wait()
+                gate = self.gate
+                if gate is not None and not gate.is_set():
+                    await gate.wait()
+                    continue
+                room = self.max_inflight - self._inflight
+                msgs = await self.processor.tail(
+                    self.ctx, self.topic, self.positions, room, self.long_poll_ms, group=self.group
+                )
+                backoff = 0.1
+            except ProcessorError as e:
+                if e.kind in DeliveryLoop.FATAL:
+                    log.info("offset delivery %s/%s ends: %s", self.group, self.topic, e)
+                    if self.on_error is not None:
+                        self.on_error(e)
+                    return
+                log.warning(
+                    "read of %s/%s failed: %s; retrying in %.1f s", self.group, self.topic, e, backoff
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            self._take(msgs)
+            if self._stalled:
+                return
+
+    def _take(self, msgs: list[Message]) -> None:
+        positions = self.positions
+        queues = self.queues
+        wants = self.wants
+        loop = asyncio.get_running_loop()
+        for m in msgs:
+            qid, off = m.queue_id, m.queue_offset
+            positions[qid] = off + 1
+            qp = queues.get(qid)
+            if qp is None:  # a queue added since the start
+                qp = queues[qid] = QueueProgress(-1)
+            if wants is not None and not wants(m):
+                self._dirty = True
+                continue
+            qp.outstanding.append(off)
+            self._inflight += 1
+            if self.max_inflight_bytes:
+                self._held += len(m.body)
+            t = loop.create_task(self._deliver(m, qp))
+            self._handlers.add(t)
+            t.add_done_callback(self._handlers.discard)
+        if msgs:
+            self._dirty = True
+            self._schedule_commit()
+        self._update_room()
+
+    def _update_room(self) -> None:
+        full = self._inflight >= self.max_inflight or (
+            self.max_inflight_bytes and self._held >= self.max_inflight_bytes
+        )
+        if full:
+            self._room.clear()
+        else:
+            self._room.set()
+        if self._inflight == 0:
+            self._idle.set()
+        else:
+            self._idle.clear()
+
+    async def _deliver(self, m: Message, qp: QueueProgress) -> None:
+        delivered = False
+        try:
+            try:
+                delivered = await self.handler(m)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - as not delivered: it comes again
+                log.exception("delivery handler failed for %s", m.message_id)
+            if delivered:
+                qp.finish(m.queue_offset)
+                self._dirty = True
+                self._schedule_commit()
+            elif not self._stalled:
+                self._stalled = True  # nothing more is read; what follows comes again later
+                if self._task is not None and self._task is not asyncio.current_task():
+                    self._task.cancel()
+        finally:
+            self._inflight -= 1
+            if self.max_inflight_bytes:
+                self._held -= len(m.body)
+            self._update_room()
+
+    # ------------------------------------------------------------------ progress
+    def _schedule_commit(self) -> None:
+        if self._commit_timer is None and self._committing is None:
+            loop = asyncio.get_running_loop()
+            self._commit_timer = loop.call_later(self.commit_interval_s, self._commit_now)
+
+    def _commit_now(self) -> None:
+        self._commit_timer = None
+        self._committing = asyncio.get_running_loop().create_task(self._commit_task())
+
+    async def _commit_task(self) -> None:
+        try:
+            await self.commit()
+        except ProcessorError as e:
+            log.info("commit of %s/%s failed: %s", self.group, self.topic, e)
+            self._dirty = True
+        finally:
+            self._committing = None
+        if self._dirty:
+            self._schedule_commit()
+
+    async def commit(self) -> None:
+        """Commit, per queue, the first offset not done (only forward)."""
+        if not self._dirty:
+            return
+        self._dirty = False
+        p = self.processor
+        for qid, qp in list(self.queues.items()):
+            nxt = self.positions.get(qid)
+            if nxt is None:
+                continue
+            at = qp.point(nxt)
+            if at > qp.committed:
+                await p.commit_offset(self.ctx, self.group, self.topic, qid, at)
+                qp.committed = at

@@ -1,0 +1,160 @@
+"""Delivery by offset (issue 30, `OffsetDeliveryLoop`): reads from the group's committed offsets,
+bounds what is in flight, leaves out what `wants` refuses, commits per queue the first offset not
+done (periodically and at stop, only forward), and stops reading at a message it could not deliver;
+a new loop resumes from the commit: at least once, nothing lost."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from messaging_processor import (
+    ClientContext,
+    LocalStoreClient,
+    Message,
+    MessagingProcessor,
+    OffsetDeliveryLoop,
+)
+from store import Store, StoreConfig
+
+pytestmark = pytest.mark.timeout(60)
+CTX = ClientContext("test", client_id="c1")
+
+
+@pytest.fixture
+async def proc(tmp_path):
+    store = await Store.open(StoreConfig(data_dir=str(tmp_path / "data"), segment_size=1 << 20))
+    p = MessagingProcessor(LocalStoreClient(store), auto_create_topics=True)
+    await p.start()
+    await p.create_topic("t", queues=1)
+    yield p, store
+    await p.close()
+    await store.close()
+
+
+async def until(cond, timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not cond():
+            await asyncio.sleep(0.01)
+
+
+def loop_of(p, handler, **kw) -> OffsetDeliveryLoop:
+    kw.setdefault("commit_interval_s", 0.05)
+    kw.setdefault("long_poll_ms", 200)
+    return OffsetDeliveryLoop(p, CTX, "g", "t", handler, **kw)
+
+
+async def test_delivers_in_order_within_the_bound_and_commits_what_is_done(proc) -> None:
+    p, store = proc
+    await p.send(CTX, [Message("t", b"%d" % i) for i in range(10)])
+    store.commit_offset("g", "t", 0, 0)
+    held: list[asyncio.Future] = []
+    got: list[bytes] = []
+    peak = 0
+
+    async def handler(m: Message) -> bool:
+        nonlocal peak
+        got.append(m.body)
+        f = asyncio.get_running_loop().create_future()
+        held.append(f)
+        peak = max(peak, sum(not x.done() for x in held))
+        return await f
+
+    lp = loop_of(p, handler, max_inflight=3).start()
+    await until(lambda: len(got) == 3)
+    await asyncio.sleep(0.1)
+    assert len(got) == 3 and peak == 3  # no more than max_inflight outstanding
+    held[1].set_result(True)  # done out of order: the commit stays at the first not done
+    await asyncio.sleep(0.15)
+    assert store.committed_offset("g", "t", 0) == 0
+    held[0].set_result(True)
+    await until(lambda: store.committed_offset("g", "t", 0) == 2)
+    while len(got) < 10:
+        for f in held:
+            if not f.done():
+                f.set_result(True)
+        await asyncio.sleep(0.01)
+    for f in held:
+        if not f.done():
+            f.set_result(True)
+    await until(lambda: store.committed_offset("g", "t", 0) == 10)
+    assert got == [b"%d" % i for i in range(10)]
+    assert store.inflight_count("g", "t") == 0  # never popped
+    await lp.stop()
+
+
+async def test_wants_leaves_messages_out_and_the_commit_passes_them(proc) -> None:
+    p, store = proc
+    store.commit_offset("g", "t", 0, 0)
+    await p.send(CTX, [Message("t", b"%d" % i) for i in range(6)])
+    got: list[bytes] = []
+
+    async def handler(m: Message) -> bool:
+        got.append(m.body)
+        return True
+
+    lp = loop_of(p, handler, wants=lambda m: int(m.body) % 2 == 0).start()
+    await until(lambda: store.committed_offset("g", "t", 0) == 6)
+    assert got == [b"0", b"2", b"4"]
+    await lp.stop()
+
+
+async def test_a_message_not_delivered_stops_reading_and_comes_again_from_the_commit(proc) -> None:
+    p, store = proc
+    store.commit_offset("g", "t", 0, 0)
+    await p.send(CTX, [Message("t", b"%d" % i) for i in range(5)])
+    got: list[bytes] = []
+
+    async def refuses_2(m: Message) -> bool:
+        got.append(m.body)
+        return m.body != b"2"
+
+    lp = loop_of(p, refuses_2, max_inflight=1).start()
+    await until(lambda: not lp.running)
+    await lp.stop()
+    assert got == [b"0", b"1", b"2"]  # nothing read after the refusal
+    assert store.committed_offset("g", "t", 0) == 2
+    again: list[bytes] = []
+
+    async def takes(m: Message) -> bool:
+        again.append(m.body)
+        return True
+
+    lp = loop_of(p, takes).start()
+    await until(lambda: store.committed_offset("g", "t", 0) == 5)
+    assert again == [b"2", b"3", b"4"]
+    await lp.stop()
+
+
+async def test_stop_commits_what_is_done_and_not_what_is_cancelled(proc) -> None:
+    p, store = proc
+    store.commit_offset("g", "t", 0, 0)
+    await p.send(CTX, [Message("t", b"%d" % i) for i in range(3)])
+    got: list[bytes] = []
+
+    async def handler(m: Message) -> bool:
+        got.append(m.body)
+        if m.body == b"1":
+            await asyncio.Event().wait()  # never acked by its client
+        return True
+
+    lp = loop_of(p, handler, commit_interval_s=60).start()  # only the final commit
+    await until(lambda: len(got) == 3)
+    await lp.stop(drain_timeout=0.1)
+    assert store.committed_offset("g", "t", 0) == 1
+
+
+async def test_a_queue_never_committed_is_read_from_its_start(proc) -> None:
+    p, store = proc
+    await p.send(CTX, [Message("t", b"old")])
+    got: list[bytes] = []
+
+    async def handler(m: Message) -> bool:
+        got.append(m.body)
+        return True
+
+    lp = loop_of(p, handler).start()
+    await until(lambda: store.committed_offset("g", "t", 0) == 1)
+    assert got == [b"old"]
+    await lp.stop()
