@@ -62,7 +62,8 @@ packets; this process is pinned there too) measures, in this order:
 9. Fixed rate (phase `fixed`, in the default `--phases`; it adds about 30 s to a run of the three
    brokers): `--fixed-publishers` (4) QoS 1 publishers paced together at `--fixed-rate` (10,000)
    msg/s in total (1 ms ticks, at most 1,000 unacked each), 100-byte payloads (`--payload`) to
-   `fixed/p<i>`, and one QoS 1 subscriber to `fixed/#` in another generator process: publish and
+   `fixed/p<i>`, and one QoS 1 subscriber to `fixed/#` in another generator process (a clean
+   session; a persistent one with `--fixed-persistent`, `subscriber` in the JSON): publish and
    deliver, as a real deployment. A warm-up run of `--warmup` s, then a run measuring `--duration`
    s after the same warm-up: the publish rate (PUBACKs in the window), the delivered rate, server
    CPU µs per message (server process CPU in the window / messages published in it; with its
@@ -472,7 +473,8 @@ class BrokerBench:
         warm-up run first; a broker in FIXED_OPTIONAL that cannot keep up with it is skipped."""
         a = self.args
         n = max(1, a.fixed_publishers)
-        specs = [Spec("latpub", i, f"fixed/p{i}") for i in range(n)] + [Spec("latsub", 0, "fixed/#")]
+        sub = Spec("latsub", 0, "fixed/#", persistent=a.fixed_persistent)
+        specs = [Spec("latpub", i, f"fixed/p{i}") for i in range(n)] + [sub]
         placement = [0] * n + [1 % a.procs]
         gen = Generator(replace(self.base, rate=a.fixed_rate / n), specs, a.procs, placement)
         try:
@@ -492,7 +494,11 @@ class BrokerBench:
             r = self._timed(gen, a.warmup, a.duration, settle=False)
         finally:
             gen.stop()
-        out: dict[str, Any] = {"rate_target": a.fixed_rate, "publishers": n}
+        out: dict[str, Any] = {
+            "rate_target": a.fixed_rate,
+            "publishers": n,
+            "subscriber": "persistent" if a.fixed_persistent else "clean",
+        }
         out.update(_fixed_figures(r, a.fixed_rate))
         out.update(_run_details(r))
         return out
@@ -967,6 +973,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--latency-rate", type=float, default=5000.0, help="paced msg/s of the latency phase")
     ap.add_argument("--fixed-rate", type=float, default=10_000.0, help="paced msg/s of phase fixed (total)")
     ap.add_argument("--fixed-publishers", type=int, default=4, help="QoS 1 publishers of phase fixed")
+    ap.add_argument(
+        "--fixed-persistent",
+        action="store_true",
+        help="phase fixed's subscriber is a persistent session (clean session 0) instead of a clean one",
+    )
     ap.add_argument(
         "--p99-runs", type=int, default=5, help="latency runs on fresh gateways for the p99 count (0: none)"
     )

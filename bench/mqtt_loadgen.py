@@ -71,10 +71,16 @@ def mqtt_str(s: str) -> bytes:
 
 
 def encode_connect(
-    client_id: str, keep_alive: int, username: str | None = None, password: str | None = None
+    client_id: str,
+    keep_alive: int,
+    username: str | None = None,
+    password: str | None = None,
+    clean: bool = True,
 ) -> bytes:
-    """MQTT 3.1.1 CONNECT, clean session, no will; a user name and password when given."""
-    flags = 0x02 | (0x80 if username is not None else 0) | (0x40 if password is not None else 0)
+    """MQTT 3.1.1 CONNECT, no will; clean session unless `clean` is False; a user name and password
+    when given."""
+    flags = 0x02 if clean else 0
+    flags |= (0x80 if username is not None else 0) | (0x40 if password is not None else 0)
     body = mqtt_str("MQTT") + bytes([4, flags]) + keep_alive.to_bytes(2, "big") + mqtt_str(client_id)
     if username is not None:
         body += mqtt_str(username)
@@ -106,6 +112,7 @@ class Spec:
     role: str  # see the module docstring
     index: int  # global index within its role (client ids, shared fan-out counters)
     topic: str = ""
+    persistent: bool = False  # CONNECT with clean session 0 (a persistent session)
 
 
 @dataclass(slots=True)
@@ -432,7 +439,11 @@ class Worker:
                 assert isinstance(c, Client)
                 c.write(
                     encode_connect(
-                        f"{j.tag}{pid}-{spec.role}{spec.index}", j.keep_alive, j.username, j.password
+                        f"{j.tag}{pid}-{spec.role}{spec.index}",
+                        j.keep_alive,
+                        j.username,
+                        j.password,
+                        clean=not spec.persistent,
                     )
                 )
                 rc = await asyncio.wait_for(c.connack, j.connect_timeout)
