@@ -21,7 +21,8 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from functools import partial
 
 from runtime.tasks import cancel_and_wait
 
@@ -32,7 +33,9 @@ from .processor import MessagingProcessor
 
 log = logging.getLogger("messaging_processor.offset_delivery")
 
-Handler = Callable[[Message], Awaitable[bool]]  # True: delivered; False: not (its connection went away)
+# True: delivered (or left out); False: not (its connection went away); a future: the answer later
+# (e.g. when the client acknowledges). Synchronous, so a delivery costs no task.
+Handler = Callable[[Message], "bool | asyncio.Future[bool]"]
 
 
 class QueueProgress:
@@ -105,7 +108,7 @@ class OffsetDeliveryLoop:
         self._idle = asyncio.Event()
         self._idle.set()
         self._task: asyncio.Task | None = None
-        self._handlers: set[asyncio.Task] = set()
+        self._pending: set[asyncio.Future[bool]] = set()  # the handler's answers still to come
         self._dirty = False  # progress not yet committed
         self._commit_timer: asyncio.TimerHandle | None = None
         self._committing: asyncio.Task | None = None
@@ -130,12 +133,12 @@ class OffsetDeliveryLoop:
         """Stop reading; wait up to `drain_timeout` s for running callbacks, cancel the rest (their
         messages are not done), then commit what is done."""
         await cancel_and_wait(self._task, errors=True)
-        if self._handlers:
+        if self._pending:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), drain_timeout)
-            for t in list(self._handlers):
-                t.cancel()
-            await asyncio.gather(*self._handlers, return_exceptions=True)
+            for f in list(self._pending):
+                f.cancel()  # (its callback runs on the next iteration: not done)
+            await asyncio.sleep(0)
         if self._commit_timer is not None:
             self._commit_timer.cancel()
             self._commit_timer = None
@@ -195,8 +198,10 @@ class OffsetDeliveryLoop:
         positions = self.positions
         queues = self.queues
         wants = self.wants
-        loop = asyncio.get_running_loop()
+        handler = self.handler
         for m in msgs:
+            if self._stalled:
+                break
             qid, off = m.queue_id, m.queue_offset
             positions[qid] = off + 1
             qp = queues.get(qid)
@@ -209,9 +214,16 @@ class OffsetDeliveryLoop:
             self._inflight += 1
             if self.max_inflight_bytes:
                 self._held += len(m.body)
-            t = loop.create_task(self._deliver(m, qp))
-            self._handlers.add(t)
-            t.add_done_callback(self._handlers.discard)
+            try:
+                r = handler(m)
+            except Exception:  # noqa: BLE001 - as not delivered: it comes again
+                log.exception("delivery handler failed for %s", m.message_id)
+                r = False
+            if r is True or r is False:
+                self._settle(m, qp, r)
+            else:
+                self._pending.add(r)
+                r.add_done_callback(partial(self._answered, m, qp))
         if msgs:
             self._dirty = True
             self._schedule_commit()
@@ -230,28 +242,30 @@ class OffsetDeliveryLoop:
         else:
             self._idle.clear()
 
-    async def _deliver(self, m: Message, qp: QueueProgress) -> None:
-        delivered = False
-        try:
-            try:
-                delivered = await self.handler(m)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 - as not delivered: it comes again
-                log.exception("delivery handler failed for %s", m.message_id)
-            if delivered:
-                qp.finish(m.queue_offset)
-                self._dirty = True
-                self._schedule_commit()
-            elif not self._stalled:
-                self._stalled = True  # nothing more is read; what follows comes again later
-                if self._task is not None and self._task is not asyncio.current_task():
-                    self._task.cancel()
-        finally:
-            self._inflight -= 1
-            if self.max_inflight_bytes:
-                self._held -= len(m.body)
-            self._update_room()
+    def _answered(self, m: Message, qp: QueueProgress, f: asyncio.Future[bool]) -> None:
+        self._pending.discard(f)
+        ok = False
+        if not f.cancelled():
+            e = f.exception()
+            if e is None:
+                ok = bool(f.result())
+            else:
+                log.error("delivery of %s failed: %r", m.message_id, e)
+        self._settle(m, qp, ok)
+
+    def _settle(self, m: Message, qp: QueueProgress, delivered: bool) -> None:
+        if delivered:
+            qp.finish(m.queue_offset)
+            self._dirty = True
+            self._schedule_commit()
+        elif not self._stalled:
+            self._stalled = True  # nothing more is read; what follows comes again later
+            if self._task is not None and self._task is not asyncio.current_task():
+                self._task.cancel()
+        self._inflight -= 1
+        if self.max_inflight_bytes:
+            self._held -= len(m.body)
+        self._update_room()
 
     # ------------------------------------------------------------------ progress
     def _schedule_commit(self) -> None:
