@@ -37,6 +37,8 @@ from .claims import ClaimsBroker
 
 log = logging.getLogger("gateway.workers")
 
+DIR_PREFIX = "gateway-workers-"
+PID_FILE = "supervisor.pid"  # in the socket directory: whose it is (stale ones are removed)
 STORE_SOCKET = "store.sock"
 CLAIMS_SOCKET = "claims.sock"
 READY_TIMEOUT_S = 60.0
@@ -94,6 +96,28 @@ def resolve_ports(s: Settings, wait_s: float = PORT_WAIT_S) -> dict[str, int]:
     return out
 
 
+def remove_stale_dirs(tmp: str | None = None) -> list[Path]:
+    """Remove the socket directories of supervisors that are gone without cleaning up (kill -9):
+    this user's `gateway-workers-*` whose pid file names a process that no longer exists (one
+    without a pid file may be a starting supervisor's: kept). Returns those removed."""
+    removed = []
+    for d in Path(tmp or tempfile.gettempdir()).glob(DIR_PREFIX + "*"):
+        try:
+            if d.stat().st_uid != os.getuid():
+                continue
+            pid = int((d / PID_FILE).read_text())
+        except (OSError, ValueError):
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+        except OSError:
+            continue
+    return removed
+
+
 class Supervisor:
     """The store, its node on a Unix socket, the claims broker and the worker processes."""
 
@@ -101,7 +125,10 @@ class Supervisor:
         self.settings = settings
         self.argv = list(argv)  # the `gateway start ...` arguments the workers get too
         self.count = settings.workers
-        self.dir = Path(tempfile.mkdtemp(prefix="gateway-workers-"))  # 0700
+        for d in remove_stale_dirs():
+            log.info("removed %s, left by a supervisor that is gone", d)
+        self.dir = Path(tempfile.mkdtemp(prefix=DIR_PREFIX))  # 0700
+        (self.dir / PID_FILE).write_text(str(os.getpid()))
         self.store = None
         self.node = None
         self.claims = ClaimsBroker(on_ready=self._on_ready)

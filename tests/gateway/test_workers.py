@@ -18,6 +18,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import threading
 import time
 
@@ -37,6 +38,7 @@ from paho.mqtt.properties import Properties
 from adapters.grpc.generated import definition_pb2 as d
 from adapters.grpc.generated import service_pb2_grpc
 from conformance.gateway_proc import GatewayProc
+from gateway.workers.supervisor import DIR_PREFIX, PID_FILE, remove_stale_dirs
 from tests.adapters.grpc import support as g
 from tests.adapters.mqtt.support import drain_messages
 from tests.adapters.remoting.support import needs_alions, needs_cpp, received, run
@@ -357,3 +359,18 @@ def test_a_port_another_program_holds_is_refused_not_shared(tmp_path):
     finally:
         proc.kill()
         holder.close()
+
+
+def test_a_supervisors_socket_directory_is_removed_once_it_is_gone(tmp_path):
+    """After a supervisor's kill -9 its private socket directory stays; the next supervisor removes
+    the directories whose pid file names a process that no longer exists, and only those."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    stale, live, starting = (tmp_path / f"{DIR_PREFIX}{n}" for n in ("stale", "live", "starting"))
+    for sd in (stale, live, starting):
+        sd.mkdir()
+        (sd / "store.sock").touch()
+    (stale / PID_FILE).write_text(str(gone.pid))
+    (live / PID_FILE).write_text(str(os.getpid()))
+    assert remove_stale_dirs(str(tmp_path)) == [stale]
+    assert not stale.exists() and live.exists() and starting.exists()
