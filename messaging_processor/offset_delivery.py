@@ -103,6 +103,7 @@ class OffsetDeliveryLoop:
         self.queues: dict[int, QueueProgress] = {}
         self._inflight = 0
         self._held = 0  # body bytes in flight (with max_inflight_bytes)
+        self._mean_size = 0  # of the bodies read (idem): a read asks for about the bytes left
         self._room = asyncio.Event()
         self._room.set()
         self._idle = asyncio.Event()
@@ -174,6 +175,9 @@ class OffsetDeliveryLoop:
                     await gate.wait()
                     continue
                 room = self.max_inflight - self._inflight
+                if self.max_inflight_bytes:  # about the bytes left, by the mean size (first: one)
+                    left = self.max_inflight_bytes - self._held
+                    room = min(room, max(1, left // self._mean_size)) if self._mean_size else 1
                 msgs = await self.processor.tail(
                     self.ctx, self.topic, self.positions, room, self.long_poll_ms, group=self.group
                 )
@@ -190,6 +194,9 @@ class OffsetDeliveryLoop:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
+            if self.max_inflight_bytes and msgs:
+                size = max(1, sum(len(m.body) for m in msgs) // len(msgs))
+                self._mean_size = (self._mean_size + size) // 2 if self._mean_size else size
             self._take(msgs)
             if self._stalled:
                 return

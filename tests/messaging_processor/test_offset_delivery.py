@@ -158,3 +158,33 @@ async def test_a_queue_never_committed_is_read_from_its_start(proc) -> None:
     await until(lambda: store.committed_offset("g", "t", 0) == 1)
     assert got == [b"old"]
     await lp.stop()
+
+
+async def test_max_inflight_bytes_bounds_what_is_read_ahead(proc) -> None:
+    """With a byte bound the first read takes one message, then about the bytes left by the mean
+    size: never the whole count window of large messages at once."""
+    p, store = proc
+    store.commit_offset("g", "t", 0, 0)
+    await p.send(CTX, [Message("t", bytes(1000)) for _ in range(20)])
+    held: list[asyncio.Future] = []
+
+    def handler(m: Message) -> asyncio.Future[bool]:
+        f = asyncio.get_running_loop().create_future()
+        held.append(f)
+        return f
+
+    lp = loop_of(p, handler, max_inflight=256, max_inflight_bytes=2500).start()
+    await until(lambda: len(held) >= 2)
+    await asyncio.sleep(0.2)
+    assert len(held) <= 3 and lp.inflight == len(held)  # 2,500 bytes: 2 (+1 always allowed)
+    while len(held) < 20:
+        for f in held:
+            if not f.done():
+                f.set_result(True)
+        await asyncio.sleep(0.01)
+        assert sum(not f.done() for f in held) <= 3
+    for f in held:
+        if not f.done():
+            f.set_result(True)
+    await until(lambda: store.committed_offset("g", "t", 0) == 20)
+    await lp.stop()
