@@ -1,5 +1,6 @@
 """Smoke test of bench/mqtt_bench.py's fixed-rate phase (`--phases fixed`) and of the repeated p99
-runs (`--p99-runs`): a tiny run against our gateway (and Mosquitto when installed, as the main
+runs (`--p99-runs`), with a persistent-session subscriber (`--fixed-persistent`): a tiny run against
+our gateway (and Mosquitto when installed, as the main
 smoke test does) prints the new keys with positive figures, the paced rate is what was asked for,
 and the p99 count agrees with the runs' list, within 60 s."""
 
@@ -33,6 +34,7 @@ def test_mqtt_fixed_rate_and_p99_runs(tmp_path: Path) -> None:
     brokers = "gateway,mosquitto" if have_mosquitto else "gateway"
     cmd = [sys.executable, str(SCRIPT), "--brokers", brokers, "--phases", "latency,fixed"]
     cmd += ["--fixed-rate", str(RATE), "--fixed-publishers", "2", "--p99-runs", str(P99_RUNS)]
+    cmd += ["--fixed-persistent"]  # (the subscriber is a persistent session)
     cmd += ["--latency-rate", "1000", "--duration", "1", "--warmup", "0.3", "--quiet-wait", "0"]
     cmd += ["--auth-rounds", "0", "--trace-rounds", "0", "--tls-rounds", "0"]
     cmd += ["--json", "--dir", str(tmp_path)]
@@ -48,6 +50,7 @@ def test_mqtt_fixed_rate_and_p99_runs(tmp_path: Path) -> None:
         # paced, not flat out: the publishers together keep the asked rate (a loose band: shared CI host)
         assert 0.5 * RATE <= d["fixed_publish_msgs_per_s"] <= 1.2 * RATE, (name, d)
         assert d["delivered"] > 0 and d["latency_samples"] > 0, (name, d)
+        assert d["subscriber"] == "persistent", (name, d)
         assert d["fixed_p50_ms"] <= d["fixed_p99_ms"], (name, d)
         assert share(d["other_util"]) and share(d["host_steal"]), (name, d)
         assert res["fixed"]["brokers"][name]["cpu_us_per_fixed_msg"] == b["cpu_us_per_fixed_msg"]
