@@ -1,8 +1,8 @@
 """Smoke test of bench/mqtt_bench.py's fixed-rate phase (`--phases fixed`) and of the repeated p99
 runs (`--p99-runs`), with a persistent-session subscriber (`--fixed-persistent`): a tiny run against
-our gateway (and Mosquitto when installed, as the main
-smoke test does) prints the new keys with positive figures, the paced rate is what was asked for,
-and the p99 count agrees with the runs' list, within 60 s."""
+our gateway (and Mosquitto when installed, as the main smoke test does) prints the new keys with
+positive figures, the paced rate is what was asked for, and the p99 count agrees with the runs'
+list, within 60 s."""
 
 from __future__ import annotations
 
