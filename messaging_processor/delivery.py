@@ -19,6 +19,7 @@ from runtime.tasks import cancel_and_wait
 from store import ALL, Filter
 
 from .errors import ErrorKind, ProcessorError
+from .inflight import InflightBound
 from .model import ClientContext, Delivery
 from .processor import MessagingProcessor
 
@@ -36,20 +37,38 @@ class Outcome(enum.Enum):
 Handler = Callable[[Delivery], Awaitable[Outcome]]
 
 
+FATAL = frozenset(
+    {
+        ErrorKind.TOPIC_NOT_FOUND,
+        ErrorKind.FORBIDDEN,
+        ErrorKind.ILLEGAL_TOPIC,
+        ErrorKind.ILLEGAL_GROUP,
+        ErrorKind.UNAUTHORIZED,
+    }
+)  # read errors that end a delivery loop (the topic is gone, the reader may not read it)
+
+
+async def after_read_error(
+    e: ProcessorError, what: str, backoff: float, on_error: Callable[[ProcessorError], None] | None
+) -> float | None:
+    """A delivery loop's failed read: None when `e` ends the loop (FATAL: `on_error` is called),
+    else the next back-off once this one is waited out (doubling up to 5 s)."""
+    if e.kind in FATAL:
+        log.info("delivery %s ends: %s", what, e)
+        if on_error is not None:
+            on_error(e)
+        return None
+    log.warning("%s failed: %s; retrying in %.1f s", what, e, backoff)
+    await asyncio.sleep(backoff)
+    return min(backoff * 2, 5.0)
+
+
 class DeliveryLoop:
     """Drives one consumer: `start()`, then `stop()`. `max_inflight` may change while running
     (AMQP basic.qos); a handler that raises counts as RETRY. `on_error` is called once with the
     ProcessorError that ended the loop (topic deleted, forbidden)."""
 
-    FATAL = frozenset(
-        {
-            ErrorKind.TOPIC_NOT_FOUND,
-            ErrorKind.FORBIDDEN,
-            ErrorKind.ILLEGAL_TOPIC,
-            ErrorKind.ILLEGAL_GROUP,
-            ErrorKind.UNAUTHORIZED,
-        }
-    )
+    FATAL = FATAL
 
     def __init__(
         self,
@@ -68,8 +87,7 @@ class DeliveryLoop:
         gate: asyncio.Event | None = None,
         max_inflight_bytes: int = 0,
     ) -> None:
-        if max_inflight < 1:
-            raise ValueError("max_inflight must be at least 1")
+        self.bound = InflightBound(max_inflight, max_inflight_bytes)  # (checks max_inflight >= 1)
         self.processor = processor
         self.ctx = ctx
         self.group = group
@@ -82,15 +100,6 @@ class DeliveryLoop:
         self.on_error = on_error
         self.gate = gate  # pop only while it is set (None: always)
         self.max_inflight_bytes = max_inflight_bytes  # 0: not counted
-        self._max_held = max_inflight_bytes or 1 << 62
-        self._held = 0  # body bytes in flight (counted with max_inflight_bytes only)
-        self._mean_size = 0  # of the bodies popped (idem)
-        self._max_inflight = max_inflight
-        self._inflight = 0
-        self._room = asyncio.Event()
-        self._room.set()
-        self._idle = asyncio.Event()
-        self._idle.set()
         self._task: asyncio.Task | None = None
         self._handlers: set[asyncio.Task] = set()
         self._stopping = False
@@ -101,7 +110,7 @@ class DeliveryLoop:
 
     @property
     def inflight(self) -> int:
-        return self._inflight
+        return self.bound.count
 
     @property
     def running(self) -> bool:
@@ -109,24 +118,11 @@ class DeliveryLoop:
 
     @property
     def max_inflight(self) -> int:
-        return self._max_inflight
+        return self.bound.max_count
 
     @max_inflight.setter
     def max_inflight(self, n: int) -> None:
-        if n < 1:
-            raise ValueError("max_inflight must be at least 1")
-        self._max_inflight = n
-        self._update_room()
-
-    def _update_room(self) -> None:
-        if self._inflight < self._max_inflight and self._held < self._max_held:
-            self._room.set()
-        else:
-            self._room.clear()
-        if self._inflight == 0:
-            self._idle.set()
-        else:
-            self._idle.clear()
+        self.bound.max_count = n
 
     def start(self) -> DeliveryLoop:
         if self._task is None:
@@ -142,29 +138,23 @@ class DeliveryLoop:
         await cancel_and_wait(self._task, errors=True)
         if self._handlers:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), drain_timeout)
+                await asyncio.wait_for(self.bound.idle.wait(), drain_timeout)
             for t in list(self._handlers):
                 t.cancel()
             await asyncio.gather(*self._handlers, return_exceptions=True)
 
     async def _run(self) -> None:
         backoff = 0.1
+        bound = self.bound
         while not self._stopping:
-            await self._room.wait()
-            room = self._max_inflight - self._inflight
-            if room <= 0:
-                self._room.clear()
-                continue
+            await bound.room.wait()
             gate = self.gate
             if gate is not None and not gate.is_set():
                 await gate.wait()  # the connection is over its outbound bound: leave them in the store
                 continue
-            if self.max_inflight_bytes:
-                if self._held >= self._max_held:
-                    self._room.clear()
-                    continue
-                if self._mean_size:
-                    room = min(room, max(1, (self._max_held - self._held) // self._mean_size))
+            room = bound.ask()
+            if not room:
+                continue
             try:
                 deliveries = await self.processor.pop(
                     self.ctx,
@@ -177,29 +167,20 @@ class DeliveryLoop:
                 )
                 backoff = 0.1
             except ProcessorError as e:
-                if e.kind in self.FATAL:
-                    log.info("delivery %s/%s ends: %s", self.group, self.topic, e)
+                nxt = await after_read_error(e, f"pop for {self.group}/{self.topic}", backoff, self.on_error)
+                if nxt is None:
                     self._stopping = True
-                    if self.on_error is not None:
-                        self.on_error(e)
                     return
-                log.warning(
-                    "pop for %s/%s failed: %s; retrying in %.1f s", self.group, self.topic, e, backoff
-                )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff = nxt
                 continue
-            if self.max_inflight_bytes and deliveries:
-                size = sum(len(d.message.body) for d in deliveries)
-                self._held += size
-                size = max(1, size // len(deliveries))
-                self._mean_size = (self._mean_size + size) // 2 if self._mean_size else size
+            if self.max_inflight_bytes:
+                bound.read([len(d.message.body) for d in deliveries])
             for d in deliveries:
-                self._inflight += 1
+                bound.out(len(d.message.body))
                 t = asyncio.get_running_loop().create_task(self._deliver(d))
                 self._handlers.add(t)
                 t.add_done_callback(self._handlers.discard)
-            self._update_room()
+            bound.update()
 
     async def _ack(self, handle: str) -> None:
         """Ack `handle` together with the other deliveries settled in this event-loop iteration (an
@@ -253,7 +234,4 @@ class DeliveryLoop:
                 # e.g. the handle expired while the handler ran: the message is redelivered anyway.
                 log.info("settling %s (%s) failed: %s", d.message.message_id, outcome.value, e)
         finally:
-            self._inflight -= 1
-            if self.max_inflight_bytes:
-                self._held -= len(d.message.body)
-            self._update_room()
+            self.bound.settled(len(d.message.body))

@@ -26,8 +26,9 @@ from functools import partial
 
 from runtime.tasks import cancel_and_wait
 
-from .delivery import DeliveryLoop
+from .delivery import after_read_error
 from .errors import ProcessorError
+from .inflight import InflightBound
 from .model import ClientContext, Message
 from .processor import MessagingProcessor
 
@@ -85,29 +86,19 @@ class OffsetDeliveryLoop:
         gate: asyncio.Event | None = None,
         max_inflight_bytes: int = 0,
     ) -> None:
-        if max_inflight < 1:
-            raise ValueError("max_inflight must be at least 1")
+        self.bound = InflightBound(max_inflight, max_inflight_bytes)  # (checks max_inflight >= 1)
         self.processor = processor
         self.ctx = ctx
         self.group = group
         self.topic = topic
         self.handler = handler
         self.wants = wants
-        self.max_inflight = max_inflight
         self.long_poll_ms = long_poll_ms
         self.commit_interval_s = commit_interval_s
         self.on_error = on_error
         self.gate = gate
-        self.max_inflight_bytes = max_inflight_bytes
         self.positions: dict[int, int] = {}  # queue id -> next offset to read (missing: its start)
         self.queues: dict[int, QueueProgress] = {}
-        self._inflight = 0
-        self._held = 0  # body bytes in flight (with max_inflight_bytes)
-        self._mean_size = 0  # of the bodies read (idem): a read asks for about the bytes left
-        self._room = asyncio.Event()
-        self._room.set()
-        self._idle = asyncio.Event()
-        self._idle.set()
         self._task: asyncio.Task | None = None
         self._pending: set[asyncio.Future[bool]] = set()  # the handler's answers still to come
         self._dirty = False  # progress not yet committed
@@ -117,7 +108,7 @@ class OffsetDeliveryLoop:
 
     @property
     def inflight(self) -> int:
-        return self._inflight
+        return self.bound.count
 
     @property
     def running(self) -> bool:
@@ -136,7 +127,7 @@ class OffsetDeliveryLoop:
         await cancel_and_wait(self._task, errors=True)
         if self._pending:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), drain_timeout)
+                await asyncio.wait_for(self.bound.idle.wait(), drain_timeout)
             for f in list(self._pending):
                 f.cancel()  # (its callback runs on the next iteration: not done)
             await asyncio.sleep(0)
@@ -164,39 +155,31 @@ class OffsetDeliveryLoop:
     async def _run(self) -> None:
         backoff = 0.1
         begun = False
+        bound = self.bound
         while True:
             try:
                 if not begun:
                     await self._begin()
                     begun = True
-                await self._room.wait()
+                await bound.room.wait()
                 gate = self.gate
                 if gate is not None and not gate.is_set():
                     await gate.wait()
                     continue
-                room = self.max_inflight - self._inflight
-                if self.max_inflight_bytes:  # about the bytes left, by the mean size (first: one)
-                    left = self.max_inflight_bytes - self._held
-                    room = min(room, max(1, left // self._mean_size)) if self._mean_size else 1
+                room = bound.ask()
+                if not room:
+                    continue
                 msgs = await self.processor.tail(
                     self.ctx, self.topic, self.positions, room, self.long_poll_ms, group=self.group
                 )
                 backoff = 0.1
             except ProcessorError as e:
-                if e.kind in DeliveryLoop.FATAL:
-                    log.info("offset delivery %s/%s ends: %s", self.group, self.topic, e)
-                    if self.on_error is not None:
-                        self.on_error(e)
+                nxt = await after_read_error(e, f"read of {self.group}/{self.topic}", backoff, self.on_error)
+                if nxt is None:
                     return
-                log.warning(
-                    "read of %s/%s failed: %s; retrying in %.1f s", self.group, self.topic, e, backoff
-                )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff = nxt
                 continue
-            if self.max_inflight_bytes and msgs:
-                size = max(1, sum(len(m.body) for m in msgs) // len(msgs))
-                self._mean_size = (self._mean_size + size) // 2 if self._mean_size else size
+            bound.read([len(m.body) for m in msgs])
             self._take(msgs)
             if self._stalled:
                 return
@@ -218,9 +201,7 @@ class OffsetDeliveryLoop:
                 self._dirty = True
                 continue
             qp.outstanding.append(off)
-            self._inflight += 1
-            if self.max_inflight_bytes:
-                self._held += len(m.body)
+            self.bound.out(len(m.body))
             try:
                 r = handler(m)
             except Exception:  # noqa: BLE001 - as not delivered: it comes again
@@ -234,20 +215,7 @@ class OffsetDeliveryLoop:
         if msgs:
             self._dirty = True
             self._schedule_commit()
-        self._update_room()
-
-    def _update_room(self) -> None:
-        full = self._inflight >= self.max_inflight or (
-            self.max_inflight_bytes and self._held >= self.max_inflight_bytes
-        )
-        if full:
-            self._room.clear()
-        else:
-            self._room.set()
-        if self._inflight == 0:
-            self._idle.set()
-        else:
-            self._idle.clear()
+        self.bound.update()
 
     def _answered(self, m: Message, qp: QueueProgress, f: asyncio.Future[bool]) -> None:
         self._pending.discard(f)
@@ -269,10 +237,7 @@ class OffsetDeliveryLoop:
             self._stalled = True  # nothing more is read; what follows comes again later
             if self._task is not None and self._task is not asyncio.current_task():
                 self._task.cancel()
-        self._inflight -= 1
-        if self.max_inflight_bytes:
-            self._held -= len(m.body)
-        self._update_room()
+        self.bound.settled(len(m.body))
 
     # ------------------------------------------------------------------ progress
     def _schedule_commit(self) -> None:
