@@ -40,7 +40,7 @@ from adapters.grpc.generated import service_pb2_grpc
 from conformance.gateway_proc import GatewayProc
 from gateway.workers.supervisor import DIR_PREFIX, PID_FILE, remove_stale_dirs
 from tests.adapters.grpc import support as g
-from tests.adapters.mqtt.support import drain_messages
+from tests.adapters.mqtt.support import drain_messages, qos1_flood
 from tests.adapters.remoting.support import needs_alions, needs_cpp, received, run
 from tests.gateway.workers_support import worker_serving, workers
 
@@ -296,17 +296,7 @@ async def test_kill9_of_a_worker_loses_nothing_acknowledged(gw):
         pytest.fail("40 connections all landed on one worker")
     acked: list[int] = []
 
-    async def publish(i: int) -> None:
-        await pub.publish(f"k9w/{i % 4}", str(i).encode(), qos=1)  # returns on PUBACK
-        acked.append(i)
-
-    async def flood() -> None:
-        i = 0
-        while True:
-            await asyncio.gather(*(publish(i + k) for k in range(20)), return_exceptions=True)
-            i += 20
-
-    task = asyncio.ensure_future(flood())
+    task = asyncio.ensure_future(qos1_flood(pub, "k9w", acked))
     while len(acked) < 200:
         await asyncio.sleep(0.01)
     os.kill(victim, signal.SIGKILL)

@@ -145,3 +145,17 @@ def make_cert(directory) -> tuple[str, str]:
         capture_output=True,
     )  # fmt: skip
     return str(cert), str(key)
+
+
+async def qos1_flood(pub: aiomqtt.Client, prefix: str, acked: list[int], window: int = 20) -> None:
+    """Publish 0, 1, 2, ... at QoS 1 to `<prefix>/<i % 4>`, `window` at a time, appending each id
+    to `acked` once its PUBACK came, until cancelled (or the broker goes away)."""
+
+    async def publish(i: int) -> None:
+        await pub.publish(f"{prefix}/{i % 4}", str(i).encode(), qos=1)  # returns on PUBACK
+        acked.append(i)
+
+    i = 0
+    while True:
+        await asyncio.gather(*(publish(i + k) for k in range(window)), return_exceptions=True)
+        i += window

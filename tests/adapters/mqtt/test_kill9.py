@@ -14,7 +14,7 @@ import signal
 
 import aiomqtt
 
-from tests.adapters.mqtt.support import V3, next_message
+from tests.adapters.mqtt.support import V3, next_message, qos1_flood
 from tests.gateway.support import start
 
 EXTRA = ("--protocols", "mqtt,http", "--mqtt-port", "0")
@@ -39,21 +39,11 @@ async def test_acknowledged_messages_reach_a_persistent_session_after_kill_9(tmp
         pub = client(addr, "pub")
         await pub.__aenter__()
 
-        async def publish(i: int) -> None:
-            await pub.publish(f"k9/{i % 4}", str(i).encode(), qos=1)  # returns on PUBACK
-            acked.append(i)
-
-        async def flood() -> None:
-            i = 0
-            while True:  # 20 in flight at a time until the gateway dies
-                await asyncio.gather(*(publish(i + k) for k in range(20)), return_exceptions=True)
-                i += 20
-
         async def watch() -> None:
             async for m in watcher.messages:
                 live.append(m.payload)
 
-        tasks = [asyncio.ensure_future(flood()), asyncio.ensure_future(watch())]
+        tasks = [asyncio.ensure_future(qos1_flood(pub, "k9", acked)), asyncio.ensure_future(watch())]
         while len(acked) < 300 or len(live) < 100:
             await asyncio.sleep(0.01)
         proc.p.send_signal(signal.SIGKILL)
@@ -106,21 +96,11 @@ async def test_a_connected_persistent_session_loses_nothing_across_kill_9(tmp_pa
         pub = client(addr, "pub")
         await pub.__aenter__()
 
-        async def publish(i: int) -> None:
-            await pub.publish(f"k9live/{i % 4}", str(i).encode(), qos=1)
-            acked.append(i)
-
-        async def flood() -> None:
-            i = 0
-            while True:
-                await asyncio.gather(*(publish(i + k) for k in range(20)), return_exceptions=True)
-                i += 20
-
         async def keep() -> None:
             async for m in keeper.messages:  # (aiomqtt PUBACKs each as it is handed out)
                 before.append(int(m.payload))
 
-        tasks = [asyncio.ensure_future(flood()), asyncio.ensure_future(keep())]
+        tasks = [asyncio.ensure_future(qos1_flood(pub, "k9live", acked)), asyncio.ensure_future(keep())]
         while len(acked) < 600 or len(before) < 400:
             await asyncio.sleep(0.01)
         proc.p.send_signal(signal.SIGKILL)
