@@ -16,7 +16,7 @@ whose file appeared earlier is a return. A caller that only hands a callee's res
 
 The steps are found by their entry points only: `MqttProtocol.data_received`, the publish task
 (`Session._reply_later.<locals>.run`), `GroupCommitWriter._write`, the callback that calls
-`GroupCommitWriter._synced`, `Session._flush_writes`, `DeliveryLoop._run` (up to `_update_room`),
+`GroupCommitWriter._synced`, `Session._flush_writes`, `DeliveryLoop._run` (up to its bound's update),
 `DeliveryLoop._deliver`, `Connection._flush_writes`.
 
 Output: the rule, the numbered entries (file: functions), the file sequence with (rN) markers and
@@ -320,9 +320,11 @@ def roles(events: list[Event]) -> list[tuple[str, list[tuple[int, int]]]]:
     fsynced = first("", written, contains="GroupCommitWriter._synced")
     mqtt_flush = first("Session._flush_writes", steps[1].start)
     pop = first("DeliveryLoop._run", written)
-    # the pop's step ends when the loop has handed the message on: the first _update_room returns
+    # the pop's step ends when the loop has handed the message on: the first return of its in-flight
+    # bound's update (`InflightBound.update`; `DeliveryLoop._update_room` in trees before it)
     ends = (i for i in range(pop.start, pop.end + 1) if events[i][0] == "return")
-    pop_end = next((i for i in ends if _is(events[i][2], "DeliveryLoop._update_room")), pop.end)
+    marks = ("InflightBound.update", "DeliveryLoop._update_room")
+    pop_end = next((i for i in ends if any(_is(events[i][2], m) for m in marks)), pop.end)
     deliver = first("DeliveryLoop._deliver", pop.start)
     amqp_flush = first("Connection._flush_writes", deliver.start)
 

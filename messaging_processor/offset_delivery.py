@@ -26,9 +26,8 @@ from functools import partial
 
 from runtime.tasks import cancel_and_wait
 
-from .delivery import after_read_error
+from .delivery import InflightBound, after_read_error
 from .errors import ProcessorError
-from .inflight import InflightBound
 from .model import ClientContext, Message
 from .processor import MessagingProcessor
 
