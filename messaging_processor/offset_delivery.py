@@ -133,8 +133,9 @@ class OffsetDeliveryLoop:
         if self._commit_timer is not None:
             self._commit_timer.cancel()
             self._commit_timer = None
-        await cancel_and_wait(self._committing, errors=True)
+        await cancel_and_wait(self._committing, errors=True)  # (may stop it between queues)
         self._committing = None
+        self._dirty = True  # so the final commit covers every queue
         try:
             await self.commit()
         except ProcessorError as e:  # the next reader starts from the last commit: at least once

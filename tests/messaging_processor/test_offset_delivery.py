@@ -188,3 +188,30 @@ async def test_max_inflight_bytes_bounds_what_is_read_ahead(proc) -> None:
             f.set_result(True)
     await until(lambda: store.committed_offset("g", "t", 0) == 20)
     await lp.stop()
+
+
+async def test_stop_during_a_periodic_commit_still_commits_every_queue(proc) -> None:
+    """stop() cancels a periodic commit stopped between two queues; its final commit still covers
+    every queue (the cancelled one had already taken the "progress to commit" flag)."""
+    p, store = proc
+    await p.create_topic("t2", queues=2)
+    for q in (0, 1):
+        store.commit_offset("g", "t2", q, 0)
+    await p.send(CTX, [Message("t2", b"x", queue_id=q) for q in (0, 1)])
+    commit = p.commit_offset
+    calls: list[int] = []
+    blocked = asyncio.Event()
+
+    async def first_blocks(ctx, group, topic, queue_id, offset) -> None:
+        calls.append(queue_id)
+        if len(calls) == 1:
+            blocked.set()
+            await asyncio.Event().wait()  # until stop() cancels the periodic commit
+        await commit(ctx, group, topic, queue_id, offset)
+
+    p.commit_offset = first_blocks
+    lp = OffsetDeliveryLoop(p, CTX, "g", "t2", lambda m: True, commit_interval_s=0.01, long_poll_ms=200)
+    lp.start()
+    await asyncio.wait_for(blocked.wait(), 10)
+    await lp.stop()
+    assert [store.committed_offset("g", "t2", q) for q in (0, 1)] == [1, 1]
