@@ -391,20 +391,19 @@ class Fanout:
             if st.feeds.get(topic) is lp:
                 del st.feeds[topic]
 
+        # both kinds: read as the proxy (the connection's rights are checked per message above);
+        # over the outbound bound the backlog waits in the store; bytes held until the client has them
+        common: dict[str, Any] = {
+            "long_poll_ms": 20_000,
+            "on_error": ended,
+            "gate": s.writable,
+            "max_inflight_bytes": self.max_outbound_bytes,
+        }
         lp: Feed
         if not _has_qos2(st):
+            window = max(1, min(s.send_quota, OFFSET_WINDOW))
             lp = OffsetDeliveryLoop(
-                self.processor,
-                self.ctx,  # reads as the proxy; the connection's rights are checked per message above
-                st.group,
-                topic,
-                deliver,
-                wants=wants,
-                max_inflight=max(1, min(s.send_quota, OFFSET_WINDOW)),
-                long_poll_ms=20_000,
-                on_error=ended,
-                gate=s.writable,  # over the outbound bound: the backlog waits in the store
-                max_inflight_bytes=self.max_outbound_bytes,  # held until the client has them
+                self.processor, self.ctx, st.group, topic, deliver, wants=wants, max_inflight=window, **common
             )
             return lp.start()
 
@@ -414,18 +413,16 @@ class Fanout:
                 r = await r
             return Outcome.ACK if r else Outcome.REQUEUE
 
+        window = max(1, min(s.send_quota, 64))
         lp = DeliveryLoop(
             self.processor,
-            self.ctx,  # pops as the proxy; the connection's rights are checked per message above
+            self.ctx,
             st.group,
             topic,
             handler,
             filter=Filter(predicate=wants),
-            max_inflight=max(1, min(s.send_quota, 64)),
-            long_poll_ms=20_000,
-            on_error=ended,
-            gate=s.writable,  # over the outbound bound: the backlog waits in the store
-            max_inflight_bytes=self.max_outbound_bytes,  # held until the client has them
+            max_inflight=window,
+            **common,
         )
         return lp.start()
 

@@ -25,6 +25,18 @@ def client(addr: str, ident: str, **kw) -> aiomqtt.Client:
     return aiomqtt.Client(host, int(port), identifier=ident, protocol=V3, **kw)
 
 
+async def kill9(proc, tasks: list[asyncio.Future], clients: tuple[aiomqtt.Client, ...]) -> None:
+    """SIGKILL the gateway, wait for it, cancel the client tasks and close the clients."""
+    proc.p.send_signal(signal.SIGKILL)
+    await asyncio.to_thread(proc.p.wait, 10)
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for c in clients:
+        with contextlib.suppress(Exception):  # the connection is gone, whichever way it says so
+            await c.__aexit__(None, None, None)
+
+
 async def test_acknowledged_messages_reach_a_persistent_session_after_kill_9(tmp_path):
     proc, listeners = await asyncio.to_thread(start, tmp_path, *EXTRA)
     acked: list[int] = []
@@ -46,14 +58,7 @@ async def test_acknowledged_messages_reach_a_persistent_session_after_kill_9(tmp
         tasks = [asyncio.ensure_future(qos1_flood(pub, "k9", acked)), asyncio.ensure_future(watch())]
         while len(acked) < 300 or len(live) < 100:
             await asyncio.sleep(0.01)
-        proc.p.send_signal(signal.SIGKILL)
-        await asyncio.to_thread(proc.p.wait, 10)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for c in (pub, watcher):
-            with contextlib.suppress(Exception):  # the connection is gone, whichever way it says so
-                await c.__aexit__(None, None, None)
+        await kill9(proc, tasks, (pub, watcher))
     finally:
         proc.kill()
     # The clean session saw messages live, each once, oldest first per topic.
@@ -103,14 +108,7 @@ async def test_a_connected_persistent_session_loses_nothing_across_kill_9(tmp_pa
         tasks = [asyncio.ensure_future(qos1_flood(pub, "k9live", acked)), asyncio.ensure_future(keep())]
         while len(acked) < 600 or len(before) < 400:
             await asyncio.sleep(0.01)
-        proc.p.send_signal(signal.SIGKILL)
-        await asyncio.to_thread(proc.p.wait, 10)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for c in (pub, keeper):
-            with contextlib.suppress(Exception):
-                await c.__aexit__(None, None, None)
+        await kill9(proc, tasks, (pub, keeper))
     finally:
         proc.kill()
     proc, listeners = await asyncio.to_thread(start, tmp_path, *EXTRA)
