@@ -109,10 +109,36 @@ def base_properties(exchange: str, routing_key: str, raw: bytes, props: BasicPro
 _TRACEPARENT_BYTES = TRACEPARENT.encode()
 
 
+_TRACEPARENT_ENTRY = bytes((len(_TRACEPARENT_BYTES),)) + _TRACEPARENT_BYTES + b"S"  # table key + type
+
+
 def with_traceparent(raw: bytes, traceparent: str) -> bytes:
-    """Raw properties with the `traceparent` header set (when they do not carry that value yet)."""
-    if traceparent.encode() in raw:
+    """Raw properties with the `traceparent` header set (when they do not carry that value yet).
+
+    The usual case (no `traceparent` key yet, one flags word) appends the entry to the header
+    table in place, keeping every other byte as the publisher sent it; anything else decodes the
+    properties and encodes them again."""
+    value = traceparent.encode()
+    if value in raw:
         return raw
+    entry = _TRACEPARENT_ENTRY + len(value).to_bytes(4, "big") + value
+    n = len(raw)
+    if n >= 2 and not raw[1] & 1:  # (one flags word)
+        flags = raw[0]
+        p = 2
+        for bit in (0x80, 0x40):  # content-type, content-encoding: short strings
+            if flags & bit:
+                p = p + 1 + raw[p] if p < n else n + 1
+        if p > n:
+            pass  # malformed: see below
+        elif not flags & 0x20:  # no headers yet: a table of one entry, after the strings above
+            table = len(entry).to_bytes(4, "big") + entry
+            return bytes((flags | 0x20, raw[1])) + raw[2:p] + table + raw[p:]
+        elif p + 4 <= n:
+            end = p + 4 + int.from_bytes(raw[p : p + 4], "big")
+            if end <= n and _TRACEPARENT_ENTRY[:-1] not in raw[p + 4 : end]:
+                size = (end - p - 4 + len(entry)).to_bytes(4, "big")
+                return raw[:p] + size + raw[p + 4 : end] + entry + raw[end:]
     try:
         props = decode_properties(raw)
     except ValueError:
