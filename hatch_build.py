@@ -1,5 +1,6 @@
 """Hatchling build hook: compile the optional Cython hot path (`store/_speedups.pyx`, the MQTT
-PUBLISH encoder `adapters/mqtt/codec/_speedups.pyx`; docs/store.md, "Compiled hot path").
+PUBLISH encoder `adapters/mqtt/codec/_speedups.pyx`, the store node protocol's message lists
+`cluster/_speedups.pyx`; docs/store.md, "Compiled hot path").
 
 Each extension is built under build/ and renamed next to its source, which is where the editable
 install that `uv sync` makes imports it from; a wheel also carries it. Without a C compiler (or with
@@ -19,6 +20,7 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 EXTENSIONS = {
     "store._speedups": "store/_speedups.pyx",
     "adapters.mqtt.codec._speedups": "adapters/mqtt/codec/_speedups.pyx",
+    "cluster._speedups": "cluster/_speedups.pyx",
 }
 
 

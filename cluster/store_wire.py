@@ -14,14 +14,19 @@ TXN_CHECK (oneway, body = one encoded message) asks a proxy to run a transaction
 
 Encoded messages: `u32 count`, then per message `u16 len + receipt handle, i64 invisible_until,
 i64 commitlog_offset, i32 reconsume_times, u32 len + record` where the record is the commit log
-record of store/codec.py (every Message field but commitlog_offset / reconsume_times)."""
+record of store/codec.py (every Message field but commitlog_offset / reconsume_times).
+`encode_messages` and `decode_popped` are compiled (`_speedups.pyx`, built by `uv sync` where there
+is a C compiler) unless `GATEWAY_PURE_PYTHON=1`; `py_encode_messages` and `py_decode_popped` are the
+pure-Python references they match byte for byte."""
 
 from __future__ import annotations
 
 import base64
+import os
 import struct
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import asdict
+from types import ModuleType
 from typing import Any
 
 import orjson
@@ -300,6 +305,34 @@ def decode_popped(body: bytes) -> list[PoppedMessage]:
 
 def decode_messages(body: bytes) -> list[Message]:
     return [p.message for p in decode_popped(body)]
+
+
+def _load_speedups() -> ModuleType | None:
+    """The compiled message lists, or None: disabled by GATEWAY_PURE_PYTHON (set, not "0"), or not
+    built."""
+    if os.environ.get("GATEWAY_PURE_PYTHON", "") not in ("", "0"):
+        return None
+    try:
+        from . import _speedups  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _speedups
+
+
+py_encode_messages, py_decode_popped = encode_messages, decode_popped
+speedups = _load_speedups()
+if speedups is not None:
+    speedups.bind(
+        py_encode_messages,
+        py_decode_popped,
+        record.encode,
+        record.decode,
+        PoppedMessage,
+        WireError,
+        (struct.error, UnicodeDecodeError, IndexError),
+    )
+    encode_messages = speedups.encode_messages  # noqa: F811 - the compiled twins of the above
+    decode_popped = speedups.decode_popped  # noqa: F811
 
 
 # ----------------------------------------------------------------------------- the node side
