@@ -81,22 +81,53 @@ class IdMap:
         return node, clo & CLO_MASK
 
     # ------------------------------------------------------------------ messages and results
-    async def globalize(self, node: NodeClient, m: Message) -> Message:
+    def globalize(self, node: NodeClient, m: Message) -> Message:
         """`m`, read from `node`, with global commit log offset and queue id (in place)."""
         m.commitlog_offset = self.global_clo(node, m.commitlog_offset)
         if m.queue_id >= 0:
             m.queue_id = self.global_queue(node, m.queue_id)
         return m
 
+    def globalize_all(self, node: NodeClient, msgs: list[Message]) -> list[Message]:
+        """`globalize` of each of `msgs` (in place), the node's shift and ordinal looked up once."""
+        shift = node.tag << CLO_SHIFT
+        count, ordinal = self.members.node_count(), None
+        for m in msgs:
+            if m.commitlog_offset >= 0:
+                m.commitlog_offset |= shift
+            if m.queue_id >= 0:
+                if ordinal is None:
+                    ordinal = self.members.ordinal[node.name]
+                m.queue_id = m.queue_id * count + ordinal
+        return msgs
+
     def global_queue(self, node: NodeClient, local: int) -> int:
         return local * self.members.node_count() + self.members.ordinal[node.name]
 
-    async def result(self, node: NodeClient, r: AppendResult | None) -> AppendResult | None:
+    def result(self, node: NodeClient, r: AppendResult | None) -> AppendResult | None:
         """An append result of `node` with global queue id and commit log offset."""
         if r is None:
             return None
         qid = self.global_queue(node, r.queue_id) if r.queue_id >= 0 else r.queue_id
         return r._replace(queue_id=qid, commitlog_offset=self.global_clo(node, r.commitlog_offset))
+
+    def results(self, node: NodeClient, raw: list[list | None]) -> list[AppendResult | None]:
+        """The append results of `node` as its reply lists them (`store_wire.result_json`), with
+        global queue ids and commit log offsets: one tuple each, the node's shift looked up once."""
+        shift = node.tag << CLO_SHIFT
+        count, ordinal = self.members.node_count(), None
+        out: list[AppendResult | None] = []
+        for v in raw:
+            if v is None:
+                out.append(None)
+                continue
+            mid, topic, qid, qoff, clo, size, ts = v
+            if qid >= 0:
+                if ordinal is None:
+                    ordinal = self.members.ordinal[node.name]
+                qid = qid * count + ordinal
+            out.append(AppendResult(mid, topic, qid, qoff, clo | shift if clo >= 0 else clo, size, ts))
+        return out
 
     # ------------------------------------------------------------------ queues and handles
     async def locate(self, topic: str, queue_id: int) -> tuple[NodeClient, int]:

@@ -44,7 +44,7 @@ class Pops:
         r = await node.call("pop", a, timeout=wait_ms / 1000 + self.request_timeout_s, sent=sent)
         out = w.decode_popped(r.body)
         for p in out:
-            await self.ids.globalize(node, p.message)
+            self.ids.globalize(node, p.message)
             p.receipt_handle = self.ids.handle(node, p.receipt_handle)
         return out
 

@@ -151,19 +151,19 @@ class ClusterStoreClient:
     async def forward_to_dlq(self, handle: str, reason: str = "forwarded") -> AppendResult:
         node, local = self.ids.node_of_handle(handle)
         r = w.result_from_json(await node.value("forward_to_dlq", {"handle": local, "reason": reason}))
-        return await self.ids.result(node, r)  # type: ignore[return-value]
+        return self.ids.result(node, r)  # type: ignore[return-value]
 
     async def end_transaction(self, transaction_id: int | str, commit: bool) -> AppendResult | None:
         if isinstance(transaction_id, int):
             node, local = self.ids.node_of_clo(transaction_id)
             r = await node.value("end_transaction", {"tid": local, "commit": commit})
-            return await self.ids.result(node, w.result_from_json(r))
+            return self.ids.result(node, w.result_from_json(r))
         for node in self.members.need_live():
             try:
                 r = await node.value("end_transaction", {"tid": transaction_id, "commit": commit})
             except TransactionNotFound:
                 continue
-            return await self.ids.result(node, w.result_from_json(r))
+            return self.ids.result(node, w.result_from_json(r))
         raise TransactionNotFound(transaction_id)
 
     def set_transaction_checker(self, fn: Callable[[Message], Awaitable[None]] | None) -> None:
@@ -175,7 +175,7 @@ class ClusterStoreClient:
             return
 
         async def run() -> None:
-            await fn(await self.ids.globalize(node, msg))
+            await fn(self.ids.globalize(node, msg))
 
         self.members.spawn(run())
 
@@ -311,7 +311,7 @@ class ClusterStoreClient:
             "tags": w.filter_json(filter),
         }
         r = await node.call("read", args, timeout=self.request_timeout_s)
-        out = [await self.ids.globalize(node, m) for m in w.decode_messages(r.body)]
+        out = self.ids.globalize_all(node, w.decode_messages(r.body))
         return out if filter.predicate is None else [m for m in out if filter.predicate(m)]
 
     async def read_raw(
@@ -357,7 +357,7 @@ class ClusterStoreClient:
                 r = await node.call(op, args)
             except NodeUnavailable:
                 continue
-            out += [await self.ids.globalize(node, m) for m in w.decode_messages(r.body)]
+            out += self.ids.globalize_all(node, w.decode_messages(r.body))
         return out
 
     async def latest(self, topic: str, key: str, tombstones: bool = False) -> Message | None:
@@ -370,7 +370,7 @@ class ClusterStoreClient:
                 continue
             for m in w.decode_messages(r.body):
                 if best is None or m.store_timestamp >= best.store_timestamp:
-                    best = await self.ids.globalize(node, m)
+                    best = self.ids.globalize(node, m)
         if best is None or (not best.body and not tombstones):
             return None
         return best
@@ -387,7 +387,7 @@ class ClusterStoreClient:
                 key = compaction_key(m) or m.message_id
                 have = out.get(key)
                 if have is None or m.store_timestamp >= have.store_timestamp:
-                    out[key] = await self.ids.globalize(node, m)
+                    out[key] = self.ids.globalize(node, m)
         return [m for _k, m in sorted(out.items()) if tombstones or m.body]
 
     async def compact(self) -> CompactionStats:
@@ -402,7 +402,7 @@ class ClusterStoreClient:
         if not node.readable:
             raise NodeUnavailable(f"store node {node.name} is down")
         r = await node.call("get_message", {"offset": local})
-        return await self.ids.globalize(node, w.decode_messages(r.body)[0])
+        return self.ids.globalize(node, w.decode_messages(r.body)[0])
 
     # ------------------------------------------------------------------ kv (one deterministic node)
     def _kv_node(self) -> NodeClient:

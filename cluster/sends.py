@@ -17,7 +17,6 @@ from typing import Any
 from store import AppendResult, Message
 from store.message import PATH_PROPERTY
 
-from . import store_wire as w
 from .ids import IdMap
 from .membership import Membership
 from .nodes import AppendBatcher, NodeClient, NodeUnavailable
@@ -69,7 +68,7 @@ class Sends:
                 log.warning("send failed on %s, trying another store node: %s", node.name, e)
                 exclude.add(node.name)
                 continue
-            return [await self.ids.result(node, w.result_from_json(v)) for v in raw]  # type: ignore[misc]
+            return self.ids.results(node, raw)  # type: ignore[return-value]
 
     def _batcher(self, node: NodeClient, topic: str) -> AppendBatcher:
         b = self._batchers.get((node.name, topic))

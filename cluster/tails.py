@@ -72,7 +72,7 @@ class Tails:
         args = {"topic": topic, "positions": local, "max": max_n, "wait_ms": wait_ms}
         sent = None if opaques is None else (lambda o: opaques.__setitem__(node.name, o))
         r = await node.call("tail", args, timeout=wait_ms / 1000 + self.request_timeout_s, sent=sent)
-        return [await self.ids.globalize(node, m) for m in w.decode_messages(r.body)]
+        return self.ids.globalize_all(node, w.decode_messages(r.body))
 
     async def tail(
         self, topic: str, positions: dict[int, int], max_messages: int = 128, wait_ms: int = 0
