@@ -7,6 +7,11 @@ of values that repeat from message to message (topic, tag, hosts, the seconds of
 kept, costs less. The bytes parse to the same message: `tests/adapters/grpc/test_delivery_bytes.py`
 compares them with what `fill_proto` builds, for every kind of message.
 
+`delivery_response` is compiled (`_speedups.pyx`: one allocation, the MD5 digest and the fields written
+in C) where the extension is built, unless `GATEWAY_PURE_PYTHON=1`; this module chooses, once, at import.
+The pure-Python function stays the reference and the fallback (`py_delivery_response`): the compiled one
+gives the same bytes and errors (`tests/adapters/grpc/test_delivery_bytes_speedups.py`).
+
 Wire format facts used (protobuf encoding): a field starts with the varint key
 `(number << 3) | wire_type`; integers are varints (wire type 0), negative int32/int64 as
 10-byte two's complement; strings, bytes, nested messages and map entries are length-delimited
@@ -15,12 +20,21 @@ Wire format facts used (protobuf encoding): a field starts with the varint key
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
-from adapters.grpc.convert import proto_type, split_properties
+from adapters.grpc.convert import (
+    HIDDEN_PROPERTIES,
+    PROP_CHECK_IMMUNITY,
+    PROP_TRACE_CONTEXT,
+    proto_type,
+    split_properties,
+)
 from adapters.grpc.generated import definition_pb2 as d
 from messaging_processor import Delivery, Message
+from messaging_processor.properties import P_USER_PROPERTIES
 from messaging_processor.tracing import traceparent_of
 
 _SMALL = tuple(bytes((i,)) for i in range(128))
@@ -151,3 +165,39 @@ def _properties(m: Message, sp: list[bytes]) -> bytes:
     if recovery is not None:
         sp.append(_field(_ORPHANED_RECOVERY, b"\x08" + _varint(recovery) if recovery else b""))
     return b"".join([_field(b"\x12", _string_field(b"\x0a", k) + _string_field(b"\x12", v)) for k, v in user])
+
+
+def _load_speedups() -> ModuleType | None:
+    """The compiled encoder, or None: disabled by GATEWAY_PURE_PYTHON (set, not "0"), or not built."""
+    if os.environ.get("GATEWAY_PURE_PYTHON", "") not in ("", "0"):
+        return None
+    try:
+        from . import _speedups  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _speedups
+
+
+def bind_speedups(module: ModuleType) -> None:
+    """Hand the compiled encoder the pure function (its fallback), the helpers and constants it uses."""
+    module.bind(
+        py_delivery_response,
+        proto_type,
+        split_properties,
+        traceparent_of,
+        _message_types,
+        HIDDEN_PROPERTIES,
+        PROP_TRACE_CONTEXT,
+        PROP_CHECK_IMMUNITY,
+        P_USER_PROPERTIES,
+        _DIGEST_HEAD,
+        _IDENTITY,
+        _MD5,
+    )
+
+
+py_delivery_response = delivery_response
+speedups = _load_speedups()
+if speedups is not None:
+    bind_speedups(speedups)
+    delivery_response = speedups.delivery_response  # noqa: F811 - the compiled twin of the above
