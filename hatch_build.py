@@ -1,7 +1,7 @@
 """Hatchling build hook: compile the optional Cython hot path (docs/store.md, "Compiled hot path"):
 the store (`store/_speedups.pyx`), the MQTT PUBLISH encoder (`adapters/mqtt/codec/_speedups.pyx`),
-the store node protocol's message lists (`cluster/_speedups.pyx`) and the gRPC delivery encoder
-(`adapters/grpc/_speedups.pyx`).
+the store node protocol's message lists (`cluster/_speedups.pyx`), the gRPC delivery encoder
+(`adapters/grpc/_speedups.pyx`) and the AMQP codec (`adapters/amqp/codec/_speedups.pyx`).
 
 Each extension is built under build/ and renamed next to its source, which is where the editable
 install that `uv sync` makes imports it from; a wheel also carries it. Without a C compiler (or with
@@ -23,6 +23,7 @@ EXTENSIONS = {
     "adapters.mqtt.codec._speedups": "adapters/mqtt/codec/_speedups.pyx",
     "cluster._speedups": "cluster/_speedups.pyx",
     "adapters.grpc._speedups": "adapters/grpc/_speedups.pyx",
+    "adapters.amqp.codec._speedups": "adapters/amqp/codec/_speedups.pyx",
 }
 
 

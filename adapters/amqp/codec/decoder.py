@@ -16,6 +16,14 @@ looks ahead for its header and single body frame in the same buffer and builds t
 once; basic.ack / nack / reject are decoded with one struct call. With decode_properties=False
 the property bytes are kept as received and decoded on first access of `.properties`.
 
+Compiled hot path: the per-frame parsing of those hot frames (basic.publish + its content header +
+single body frame in the same buffer, basic.ack / nack / reject) is done by `_speedups.hot_frame`
+(hand-written, built by `uv sync` where there is a C compiler) unless `GATEWAY_PURE_PYTHON=1`, in
+which case `_hot_frame` is None. Decoder stays this sans-IO class: `next_event` hands the frame at
+its position to `_hot_frame`, which returns the event (and moves `_pos`) only for a well-formed hot
+frame it decodes exactly as the code below would, and None otherwise, with no state changed: the
+code below (the pure-Python reference) then takes the frame and reports any error itself.
+
 Checks and the reply code each gives (all are connection errors; "fatal" ones mean the byte stream
 is out of sync, see AMQPError):
 
@@ -76,6 +84,7 @@ from .methods import (
     decode_arguments,
 )
 from .properties import BasicProperties, decode_properties
+from .wire import speedups
 
 _FRAME_HEAD = struct.Struct(">BHI").unpack_from
 _FRAME_HEAD_KEY = struct.Struct(">BHII").unpack_from  # + (class_id << 16 | method_id)
@@ -301,6 +310,10 @@ class Decoder:
                 n = len(buf)
                 if self._expect_header:
                     return self._protocol_header(buf, pos, n)
+                if _hot_frame is not None and not self.closing:
+                    event = _hot_frame(self, buf, pos, n)  # compiled: the hot frames, or None
+                    if event is not None:
+                        return event
                 if n - pos >= 11:  # frame head + what is the class and method id of a method frame
                     ftype, channel, size, key = _FRAME_HEAD_KEY(buf, pos)
                 elif n - pos >= 7:
@@ -609,6 +622,13 @@ class Decoder:
             return Method(0, decode_arguments(METHODS[key], buf, start + 4, end))
         except _MALFORMED:
             return None
+
+
+# the compiled per-frame parsing of the hot frames (see the module docstring), None for pure Python
+_hot_frame: Any = None
+if speedups is not None:
+    speedups.bind_decoder(Message, Method, BasicPublish, BasicAck, BasicNack, BasicReject)
+    _hot_frame = speedups.hot_frame
 
 
 def decode_frames(data: bytes, role: str = "server", **options: Any) -> list[Any]:

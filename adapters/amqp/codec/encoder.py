@@ -13,6 +13,11 @@ list as bytes (e.g. a received Message's `raw_properties`, forwarded without re-
 are split into frames of at most frame_max - 8 bytes (frame_max 0: no limit); an empty body sends
 no body frame. Short strings given as bytes are used as is (callers can cache encoded consumer
 tags and names); str is encoded as UTF-8 (with surrogateescape, so decoded names round-trip).
+
+`encode_deliver` (with its content tail and the properties) is compiled (`_speedups.pyx`, hand-written
+because it runs once per delivered message; built by `uv sync` where there is a C compiler) unless
+`GATEWAY_PURE_PYTHON=1`; `py_encode_deliver` is the pure-Python reference it matches byte for byte
+(and error for error: anything off the compiled fast path is handed to it).
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from typing import Any
 
 from .constants import DEFAULT_FRAME_MAX, PROTOCOL_HEADER
 from .methods import AMQPMethod, encode_arguments
-from .properties import EMPTY_PROPERTIES, BasicProperties, encode_properties
+from .properties import EMPTY_PROPERTIES, BasicProperties, encode_properties, py_encode_properties
+from .wire import speedups
 
 __all__ = [
     "HEARTBEAT",
@@ -168,7 +174,13 @@ def encode_deliver(
     lc, le, lr = len(ct), len(ex), len(rk)
     if lc > 255 or le > 255 or lr > 255:
         raise ValueError("short string of more than 255 bytes")
-    props = properties if type(properties) is bytes else _props(properties)
+    props = (
+        properties
+        if type(properties) is bytes
+        else EMPTY_PROPERTIES
+        if properties is None
+        else py_encode_properties(properties)  # type: ignore[arg-type]
+    )
     return b"".join(
         [
             _DELIVER_HEAD(1, channel, 16 + lc + le + lr, 60, 60, lc),
@@ -281,3 +293,9 @@ def encode_basic_nack(
 ) -> bytes:
     """basic.nack frame (server: negative publisher confirm, requeue is ignored by clients)."""
     return _ACK(1, channel, 13, 60, 120, delivery_tag, (1 if multiple else 0) | (2 if requeue else 0), 0xCE)
+
+
+py_encode_deliver = encode_deliver
+if speedups is not None:
+    speedups.bind_encoder(py_encode_deliver)
+    encode_deliver = speedups.encode_deliver  # noqa: F811 - the compiled twin of the above

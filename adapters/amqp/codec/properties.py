@@ -4,6 +4,12 @@ Flags are bits 15..2 of the first flags word, in the order of the `BasicProperti
 says another flags word follows (basic has no property there, so further words must be 0 apart
 from their own continuation bit). Short strings are decoded with "surrogateescape" (RabbitMQ does
 not check their UTF-8), `headers` is a field table, `timestamp` an int (seconds).
+
+`encode_properties` and `decode_properties` are compiled (`_speedups.pyx`, hand-written because they
+run once per message on the hot path; built by `uv sync` where there is a C compiler) unless
+`GATEWAY_PURE_PYTHON=1`; `py_encode_properties` and `py_decode_properties` are the pure-Python
+reference they match (same bytes, equal values, the same errors: anything off the compiled fast path
+is handed to them).
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
-from .wire import _table, _unpack_I, _unpack_Q, encode_table, pack_H, pack_Q
+from .wire import _table, _unpack_I, _unpack_Q, pack_H, pack_Q, py_encode_table, speedups
 
 
 @dataclass(slots=True)
@@ -144,7 +150,7 @@ def encode_properties(props: BasicProperties | None) -> bytes:
     v = props.headers
     if v is not None:
         flags |= 0x2000
-        out.append(encode_table(v))
+        out.append(py_encode_table(v))
     v = props.delivery_mode
     if v is not None:
         flags |= 0x1000
@@ -193,3 +199,13 @@ def encode_properties(props: BasicProperties | None) -> bytes:
         return EMPTY_PROPERTIES
     out[0] = pack_H(flags)
     return b"".join(out)
+
+
+py_encode_properties = encode_properties
+py_decode_properties = decode_properties
+if speedups is not None:
+    speedups.bind_properties(
+        BasicProperties, EMPTY_PROPERTIES, datetime, py_encode_properties, py_decode_properties
+    )
+    encode_properties = speedups.encode_properties  # noqa: F811 - the compiled twin of the above
+    decode_properties = speedups.decode_properties  # noqa: F811 - the compiled twin of the above

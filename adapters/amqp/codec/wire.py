@@ -22,14 +22,23 @@ UTF-8, so any bytes round-trip unchanged (`encode_shortstr` uses the same error 
 Decoders take `(buf, pos, end)` and return `(value, new_pos)`; they raise ValueError (or let
 IndexError / struct.error escape) on malformed input; the method decoder turns those into
 502 SYNTAX_ERROR.
+
+`encode_table` and `decode_table` are compiled (`_speedups.pyx`, hand-written because the `headers`
+table is on the per-message hot path; built by `uv sync` where there is a C compiler) unless
+`GATEWAY_PURE_PYTHON=1`; `py_encode_table` and `py_decode_table` are the pure-Python reference they
+match (same bytes, equal values, the same errors: anything off the compiled fast path is handed to
+them). The pure functions call only pure functions, so the reference is wholly pure.
+`_load_speedups` and `speedups` here serve the whole codec (properties, encoder, decoder).
 """
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Mapping
 from datetime import datetime
 from decimal import Decimal
+from types import ModuleType
 from typing import Any, NamedTuple
 
 _unpack_b = struct.Struct(">b").unpack_from
@@ -181,7 +190,7 @@ def _read_x(buf: bytes, p: int, stop: int) -> tuple[Any, int]:
 
 
 def _read_F(buf: bytes, p: int, stop: int) -> tuple[Any, int]:
-    return decode_table(buf, p, stop)
+    return py_decode_table(buf, p, stop)
 
 
 def _read_A(buf: bytes, p: int, stop: int) -> tuple[Any, int]:
@@ -312,7 +321,7 @@ def _encode_value(value: Any, out: list[bytes]) -> None:
     elif t is Typed:
         _encode_typed(value.tag, value.value, out)
     elif isinstance(value, Mapping):
-        out.append(b"F" + encode_table(value))
+        out.append(b"F" + py_encode_table(value))
     elif t is list or t is tuple:
         out.append(b"A" + encode_array(value))
     elif t is float:
@@ -364,10 +373,33 @@ def _encode_typed(tag: str, value: Any, out: list[bytes]) -> None:
     elif tag == "D":
         out.append(b"D" + _encode_decimal(Decimal(value)))
     elif tag == "F":
-        out.append(b"F" + encode_table(value))
+        out.append(b"F" + py_encode_table(value))
     elif tag == "A":
         out.append(b"A" + encode_array(value))
     elif tag == "V":
         out.append(b"V")
     else:
         raise ValueError(f"unknown field type {tag!r}")
+
+
+# --- the compiled twins ---------------------------------------------------------------------------------
+
+
+def _load_speedups() -> ModuleType | None:
+    """The compiled codec, or None: disabled by GATEWAY_PURE_PYTHON (set, not "0"), or not built."""
+    if os.environ.get("GATEWAY_PURE_PYTHON", "") not in ("", "0"):
+        return None
+    try:
+        from . import _speedups  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _speedups
+
+
+py_encode_table = encode_table
+py_decode_table = decode_table
+speedups = _load_speedups()
+if speedups is not None:
+    speedups.bind_wire(Timestamp, Decimal, py_encode_table, py_decode_table)
+    encode_table = speedups.encode_table  # noqa: F811 - the compiled twin of the above
+    decode_table = speedups.decode_table  # noqa: F811 - the compiled twin of the above
