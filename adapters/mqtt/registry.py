@@ -47,9 +47,12 @@ PERSISTENT_MAX_ATTEMPTS = 1_000_000
 
 class ClientIdClaims(Protocol):
     """Client ids unique across the processes serving one listener (`gateway start --workers`):
-    `claim` returns once no other process holds `client_id` (it was asked to evict it: `evict`)."""
+    `claim` returns once no other process holds `client_id` (it was asked to evict it: `evict`);
+    `release` says this process holds it no more (its connection ended, its session is detached)."""
 
     async def claim(self, client_id: str) -> None: ...
+
+    def release(self, client_id: str) -> None: ...
 
 
 EVICT_WAIT_S = 5.0  # how long an eviction waits for the evicted connection to end
@@ -241,12 +244,20 @@ class SessionRegistry:
                 st.attached = None
                 st.disconnected_at = time.time()
                 st.detaching = self._spawn(self._detach(st, s, will))
+                st.detaching.add_done_callback(lambda _: self._release(s.client_id))
             return
+        self._release(s.client_id)
         for sub in list(s.subs.values()):
             self._spawn(self.subscriptions.drop(sub))
         s.subs.clear()
         if will is not None:  # the session ends now, so a Will Delay Interval ends now too
             self._spawn(self._publish_will(s.ctx, will))
+
+    def _release(self, cid: str) -> None:
+        """Release the claim of `cid` across the workers, unless a newer connection of it is here:
+        its claim (sent before this release, if it came first) stays, and it releases on its end."""
+        if self.claims is not None and cid not in self.sessions:
+            self.claims.release(cid)
 
     async def _detach(self, st: SessionState, s: Session, will: Any) -> None:
         loops = self.subscriptions.detach(st)

@@ -5,11 +5,16 @@
 A worker claims a key (``mqtt:<client id>``) when a client connects. The broker makes it the owner
 and, when another worker owned it, first asks that one to evict it (close the connection with the
 protocol's "taken over" reason and finish detaching its session), so the new owner reads the
-session as the old one left it. A worker that is gone owns nothing. Workers also report `ready` on
+session as the old one left it. A worker releases a key once its connection ended and its session
+is detached (and no newer connection of it came meanwhile): the broker forgets the key unless
+another worker owns it by then, so it keeps one entry per connected client id, not one per id
+ever seen. A worker that is gone owns nothing. Workers also report `ready` on
 this channel: the supervisor logs ``gateway ready`` once all of them are.
 
 The wire is one JSON object per line: ``{"claim": key, "id": n}`` is answered ``{"id": n}``;
-``{"evict": key, "id": n}`` (broker to worker) is answered ``{"evicted": n}``; ``{"ready": index}``.
+``{"evict": key, "id": n}`` (broker to worker) is answered ``{"evicted": n}``; ``{"release": key}``
+and ``{"ready": index}`` are not answered. One worker's lines are handled in the order sent, so a
+release sent before a new claim of the same key never undoes that claim.
 Written by hand: a few lines of asyncio streams; no library adds anything here."""
 
 from __future__ import annotations
@@ -71,6 +76,10 @@ class ClaimsBroker:
                     t = asyncio.ensure_future(self._claim(peer, str(msg["claim"]), msg["id"]))
                     tasks.add(t)
                     t.add_done_callback(tasks.discard)
+                elif "release" in msg:
+                    key = str(msg["release"])
+                    if self.owners.get(key) is peer:  # (not when another worker took it over since)
+                        del self.owners[key]
                 elif "evicted" in msg:
                     fut = peer.evictions.pop(msg["evicted"], None)
                     if fut is not None and not fut.done():
@@ -207,6 +216,11 @@ class ClaimsClient:
         finally:
             self._pending.pop(rid, None)
 
+    def release(self, ns: str, name: str) -> None:
+        """This worker holds `ns:name` no more (its connection ended, its session is detached)."""
+        with contextlib.suppress(ConnectionError):  # (a supervisor that is gone keeps nothing)
+            self._send({"release": f"{ns}:{name}"})
+
     def namespace(self, ns: str) -> NamespaceClaims:
         """Claims of one namespace: `await claim(name)` (what adapters are given)."""
         return NamespaceClaims(self, ns)
@@ -223,7 +237,8 @@ class ClaimsClient:
 
 
 class NamespaceClaims:
-    """`claim(name)` of one namespace of a ClaimsClient (adapters/mqtt/registry.py ClientIdClaims)."""
+    """`claim(name)` and `release(name)` of one namespace of a ClaimsClient (adapters/mqtt/registry.py
+    ClientIdClaims)."""
 
     def __init__(self, client: ClaimsClient, ns: str) -> None:
         self.client = client
@@ -231,3 +246,6 @@ class NamespaceClaims:
 
     async def claim(self, name: str) -> None:
         await self.client.claim(self.ns, name)
+
+    def release(self, name: str) -> None:
+        self.client.release(self.ns, name)
