@@ -256,7 +256,7 @@ def _safe(fn: Any, *args: Any) -> bytes:
 
 
 @given(table=tables)
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_encode_table_matches_the_reference(sp, table: Any) -> None:
     same(sp.encode_table, wire.py_encode_table, table)
 
@@ -275,7 +275,7 @@ def test_encode_table_every_type_and_nesting(sp) -> None:
 
 
 @given(data=st.data(), table=tables, p=st.integers(-3, 3), end_delta=st.one_of(st.none(), st.integers(-6, 6)))
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_decode_table_matches_the_reference(sp, data: Any, table: Any, p: int, end_delta: int | None) -> None:
     raw = data.draw(mutated(_safe(wire.py_encode_table, table) or data.draw(st.binary(max_size=40))))
     start = max(p, 0)
@@ -305,7 +305,7 @@ def raw_tables(draw: Any) -> bytes:
 
 
 @given(raw=raw_tables(), tail=st.binary(max_size=4))
-@settings(max_examples=800, deadline=None)
+@settings(max_examples=300, deadline=None)
 def test_decode_table_of_hostile_bytes_matches_the_reference(sp, raw: bytes, tail: bytes) -> None:
     buf = raw + tail
     for end in (len(raw), len(buf)):
@@ -338,7 +338,7 @@ def test_decode_table_every_type_and_nesting(sp) -> None:
 
 
 @given(props=st.one_of(props_st, realistic_props, st.sampled_from([None, object(), {"content_type": "x"}])))
-@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_encode_properties_matches_the_reference(sp, props: Any) -> None:
     same(sp.encode_properties, properties.py_encode_properties, props)
 
@@ -349,7 +349,7 @@ def test_encode_properties_matches_the_reference(sp, props: Any) -> None:
     pad=st.integers(0, 3),
     end_delta=st.one_of(st.none(), st.integers(-4, 4)),
 )
-@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_decode_properties_matches_the_reference(
     sp, data: Any, props: Any, pad: int, end_delta: int | None
 ) -> None:
@@ -425,7 +425,7 @@ frame_maxes = st.one_of(
     body=bodies,
     frame_max=frame_maxes,
 )
-@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_encode_deliver_matches_the_reference(
     sp, channel, consumer_tag, delivery_tag, redelivered, exchange, routing_key, props, body, frame_max
 ) -> None:
@@ -542,7 +542,7 @@ def frame_streams(draw: Any) -> bytes:
     keep=st.sampled_from([None, 0, 100, 10**6]),
     header=st.booleans(),
 )
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_decoder_matches_the_reference(
     sp, data, stream, role, assemble, decode_props, frame_max, keep, header
 ) -> None:

@@ -122,7 +122,7 @@ deliveries = st.builds(
 
 
 @given(dl=deliveries, host=st.sampled_from(HOSTS))
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_encodes_as_the_reference(sp, dl: Delivery, host: str) -> None:
     _fast(sp, dl, host)
 
