@@ -22,16 +22,15 @@ pure-Python references they match byte for byte."""
 from __future__ import annotations
 
 import base64
-import os
 import struct
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import asdict
-from types import ModuleType
 from typing import Any
 
 import orjson
 
 from messaging_processor import StoreClient
+from runtime.speedups import load as load_speedups
 from store import (
     AppendResult,
     Filter,
@@ -307,20 +306,8 @@ def decode_messages(body: bytes) -> list[Message]:
     return [p.message for p in decode_popped(body)]
 
 
-def _load_speedups() -> ModuleType | None:
-    """The compiled message lists, or None: disabled by GATEWAY_PURE_PYTHON (set, not "0"), or not
-    built."""
-    if os.environ.get("GATEWAY_PURE_PYTHON", "") not in ("", "0"):
-        return None
-    try:
-        from . import _speedups  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return _speedups
-
-
 py_encode_messages, py_decode_popped = encode_messages, decode_popped
-speedups = _load_speedups()
+speedups = load_speedups("cluster._speedups")
 if speedups is not None:
     speedups.bind(
         py_encode_messages,

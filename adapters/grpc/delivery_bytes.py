@@ -20,7 +20,6 @@ Wire format facts used (protobuf encoding): a field starts with the varint key
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -36,6 +35,7 @@ from adapters.grpc.generated import definition_pb2 as d
 from messaging_processor import Delivery, Message
 from messaging_processor.properties import P_USER_PROPERTIES
 from messaging_processor.tracing import traceparent_of
+from runtime.speedups import load as load_speedups
 
 _SMALL = tuple(bytes((i,)) for i in range(128))
 _MD5 = hashlib.md5
@@ -167,17 +167,6 @@ def _properties(m: Message, sp: list[bytes]) -> bytes:
     return b"".join([_field(b"\x12", _string_field(b"\x0a", k) + _string_field(b"\x12", v)) for k, v in user])
 
 
-def _load_speedups() -> ModuleType | None:
-    """The compiled encoder, or None: disabled by GATEWAY_PURE_PYTHON (set, not "0"), or not built."""
-    if os.environ.get("GATEWAY_PURE_PYTHON", "") not in ("", "0"):
-        return None
-    try:
-        from . import _speedups  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return _speedups
-
-
 def bind_speedups(module: ModuleType) -> None:
     """Hand the compiled encoder the pure function (its fallback), the helpers and constants it uses."""
     module.bind(
@@ -197,7 +186,7 @@ def bind_speedups(module: ModuleType) -> None:
 
 
 py_delivery_response = delivery_response
-speedups = _load_speedups()
+speedups = load_speedups("adapters.grpc._speedups")
 if speedups is not None:
     bind_speedups(speedups)
     delivery_response = speedups.delivery_response  # noqa: F811 - the compiled twin of the above

@@ -28,18 +28,18 @@ table is on the per-message hot path; built by `uv sync` where there is a C comp
 `GATEWAY_PURE_PYTHON=1`; `py_encode_table` and `py_decode_table` are the pure-Python reference they
 match (same bytes, equal values, the same errors: anything off the compiled fast path is handed to
 them). The pure functions call only pure functions, so the reference is wholly pure.
-`_load_speedups` and `speedups` here serve the whole codec (properties, encoder, decoder).
+`speedups` here serves the whole codec (properties, encoder, decoder).
 """
 
 from __future__ import annotations
 
-import os
 import struct
 from collections.abc import Mapping
 from datetime import datetime
 from decimal import Decimal
-from types import ModuleType
 from typing import Any, NamedTuple
+
+from runtime.speedups import load as load_speedups
 
 _unpack_b = struct.Struct(">b").unpack_from
 _unpack_h = struct.Struct(">h").unpack_from
@@ -385,20 +385,9 @@ def _encode_typed(tag: str, value: Any, out: list[bytes]) -> None:
 # --- the compiled twins ---------------------------------------------------------------------------------
 
 
-def _load_speedups() -> ModuleType | None:
-    """The compiled codec, or None: disabled by GATEWAY_PURE_PYTHON (set, not "0"), or not built."""
-    if os.environ.get("GATEWAY_PURE_PYTHON", "") not in ("", "0"):
-        return None
-    try:
-        from . import _speedups  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return _speedups
-
-
 py_encode_table = encode_table
 py_decode_table = decode_table
-speedups = _load_speedups()
+speedups = load_speedups("adapters.amqp.codec._speedups")
 if speedups is not None:
     speedups.bind_wire(Timestamp, Decimal, py_encode_table, py_decode_table)
     encode_table = speedups.encode_table  # noqa: F811 - the compiled twin of the above

@@ -13,11 +13,11 @@ bytes, DISCONNECT and AUTH with reason 0 and no properties are 2 bytes.
 
 from __future__ import annotations
 
-import os
 import struct
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
+
+from runtime.speedups import load as load_speedups
 
 from .constants import MQTT_3_1, MQTT_5, PROTOCOL_NAMES, PacketType
 from .packets import (
@@ -267,19 +267,8 @@ def encode(packet: Any, version: int = 4) -> bytes:
     return enc(packet, version)
 
 
-def _load_speedups() -> ModuleType | None:
-    """The compiled encoder, or None: disabled by GATEWAY_PURE_PYTHON (set, not "0"), or not built."""
-    if os.environ.get("GATEWAY_PURE_PYTHON", "") not in ("", "0"):
-        return None
-    try:
-        from . import _speedups  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return _speedups
-
-
 py_encode_publish = encode_publish
-speedups = _load_speedups()
+speedups = load_speedups("adapters.mqtt.codec._speedups")
 if speedups is not None:
     speedups.bind(py_encode_publish)
     encode_publish = speedups.encode_publish  # noqa: F811 - the compiled twin of the above
