@@ -247,6 +247,16 @@ cdef inline str _short_at(const uint8_t* p, Py_ssize_t n):
     return PyUnicode_DecodeUTF8(<const char*>p, n, "surrogateescape")
 
 
+cdef inline object _short_field(const uint8_t* b, Py_ssize_t* p, Py_ssize_t end):
+    """The short string (length octet, then its bytes) at b[p[0]], moving p[0] past it; _NO when
+    it does not fit before `end`."""
+    cdef Py_ssize_t at = p[0]
+    if at >= end or at + 1 + b[at] > end:
+        return _NO
+    p[0] = at + 1 + b[at]
+    return _short_at(b + at + 1, b[at])
+
+
 # ---------------------------------------------------------------------------- field tables: encoding
 cdef int _enc_value(_W* w, object v, int depth) except -1:
     """wire._encode_value of one value into w: 0, or 1 when the value is off the fast path."""
@@ -558,17 +568,13 @@ cdef object _dec_props(const uint8_t* b, Py_ssize_t p, Py_ssize_t end):
                 break
     # each value: a short string (length octet), an octet, a uint64, or a field table
     if flags & 0x8000:
-        if p >= end or p + 1 + b[p] > end:
+        ct = _short_field(b, &p, end)
+        if ct is _NO:
             return _NO
-        q = p + 1 + b[p]
-        ct = _short_at(b + p + 1, b[p])
-        p = q
     if flags & 0x4000:
-        if p >= end or p + 1 + b[p] > end:
+        ce = _short_field(b, &p, end)
+        if ce is _NO:
             return _NO
-        q = p + 1 + b[p]
-        ce = _short_at(b + p + 1, b[p])
-        p = q
     if flags & 0x2000:
         if p + 4 > end:
             return _NO
@@ -590,58 +596,42 @@ cdef object _dec_props(const uint8_t* b, Py_ssize_t p, Py_ssize_t end):
         pr = b[p]
         p += 1
     if flags & 0x0400:
-        if p >= end or p + 1 + b[p] > end:
+        ci = _short_field(b, &p, end)
+        if ci is _NO:
             return _NO
-        q = p + 1 + b[p]
-        ci = _short_at(b + p + 1, b[p])
-        p = q
     if flags & 0x0200:
-        if p >= end or p + 1 + b[p] > end:
+        rt = _short_field(b, &p, end)
+        if rt is _NO:
             return _NO
-        q = p + 1 + b[p]
-        rt = _short_at(b + p + 1, b[p])
-        p = q
     if flags & 0x0100:
-        if p >= end or p + 1 + b[p] > end:
+        ex = _short_field(b, &p, end)
+        if ex is _NO:
             return _NO
-        q = p + 1 + b[p]
-        ex = _short_at(b + p + 1, b[p])
-        p = q
     if flags & 0x0080:
-        if p >= end or p + 1 + b[p] > end:
+        mi = _short_field(b, &p, end)
+        if mi is _NO:
             return _NO
-        q = p + 1 + b[p]
-        mi = _short_at(b + p + 1, b[p])
-        p = q
     if flags & 0x0040:
         if p + 8 > end:
             return _NO
         ts = _ld64(b + p)
         p += 8
     if flags & 0x0020:
-        if p >= end or p + 1 + b[p] > end:
+        ty = _short_field(b, &p, end)
+        if ty is _NO:
             return _NO
-        q = p + 1 + b[p]
-        ty = _short_at(b + p + 1, b[p])
-        p = q
     if flags & 0x0010:
-        if p >= end or p + 1 + b[p] > end:
+        ui = _short_field(b, &p, end)
+        if ui is _NO:
             return _NO
-        q = p + 1 + b[p]
-        ui = _short_at(b + p + 1, b[p])
-        p = q
     if flags & 0x0008:
-        if p >= end or p + 1 + b[p] > end:
+        ai = _short_field(b, &p, end)
+        if ai is _NO:
             return _NO
-        q = p + 1 + b[p]
-        ai = _short_at(b + p + 1, b[p])
-        p = q
     if flags & 0x0004:
-        if p >= end or p + 1 + b[p] > end:
+        ci2 = _short_field(b, &p, end)
+        if ci2 is _NO:
             return _NO
-        q = p + 1 + b[p]
-        ci2 = _short_at(b + p + 1, b[p])
-        p = q
     if p != end:
         return _NO
     return _properties(ct, ce, hd, dm, pr, ci, rt, ex, mi, ts, ty, ui, ai, ci2)
