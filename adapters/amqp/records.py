@@ -1,7 +1,8 @@
 """The durable records of declarations in the processor's key-value table, read and written by every
 proxy of a cluster.
 
-Namespaces: `amqp.exchanges` (durable exchanges), `amqp.queues` (every queue, so that transient and
+Namespaces: `amqp.exchanges` (every exchange, so that proxies share non-durable ones too; those
+are removed when a proxy starts), `amqp.queues` (every queue, so that transient and
 exclusive ones are removed from the store after a crash), `amqp.bindings` (bindings between a
 durable exchange and a durable queue or exchange). Keys are `<len(vhost)>:<vhost><name>` (a
 binding's name: `<len(source)>:<source><binding key>`), values JSON with arguments as base64 of the
@@ -100,7 +101,8 @@ class Records:
     async def exchange_of(self, vh: str, name: str, value: bytes) -> Exchange | None:
         try:
             r = json.loads(value)
-            return Exchange(vh, name, r["type"], True, r["auto_delete"], r["internal"], args_of(r["args"]))
+            durable = r.get("durable", True)  # records written before non-durable ones were kept
+            return Exchange(vh, name, r["type"], durable, r["auto_delete"], r["internal"], args_of(r["args"]))
         except (ValueError, KeyError, TypeError):
             log.warning("amqp: unreadable exchange record %r dropped", vkey(vh, name))
             await self.kv.kv_delete(EXCHANGES_NS, vkey(vh, name))
@@ -109,6 +111,7 @@ class Records:
     async def put_exchange(self, ex: Exchange) -> None:
         rec = {
             "type": ex.type,
+            "durable": ex.durable,
             "auto_delete": ex.auto_delete,
             "internal": ex.internal,
             "args": args_b64(ex.args),

@@ -70,12 +70,15 @@ class Registry:
         return vh
 
     async def start(self) -> None:
-        """Load durable declarations; remove what transient and exclusive queues left in the store."""
+        """Load durable declarations; remove the records of non-durable exchanges and what transient and
+        exclusive queues left in the store."""
         rs = self.records
         for key, value in await rs.exchanges():
             vh, name = parse_vkey(key)
             ex = await rs.exchange_of(vh, name, value)
-            if ex is not None:
+            if ex is not None and not ex.durable:
+                await rs.delete_exchange(vh, name)
+            elif ex is not None:
                 self.vhost(vh).exchanges[name] = ex
         for key, value in await rs.queues():
             vh, name = parse_vkey(key)
@@ -142,7 +145,7 @@ class Registry:
             await vh.topic_exchange(source)
 
     async def _load_exchange(self, vh: VHost, name: str) -> Exchange | None:
-        """A durable exchange another proxy declared (None if there is none)."""
+        """An exchange another proxy declared (None if there is none)."""
         if ("e", name) in vh.dropping:
             return None
         raw = await self.records.exchange_value(vh.name, name)
@@ -183,7 +186,7 @@ class Registry:
 
     # ------------------------------------------------------------------ exchanges
     async def find_exchange(self, vh: VHost, name: str, cls: int, mid: int) -> Exchange:
-        """An exchange this proxy knows or another proxy declared durable."""
+        """An exchange this proxy knows or another proxy declared."""
         ex = vh.exchanges.get("" if name == "amq.default" else name)
         if (
             ex is None
@@ -247,8 +250,7 @@ class Registry:
                         )
                 return
             ex = Exchange(vh.name, name, type_, durable, auto_delete, internal, args)
-            if durable:
-                await self.records.put_exchange(ex)
+            await self.records.put_exchange(ex)
             vh.exchanges[name] = ex
 
     async def delete_exchange(self, conn: Connection, vh: VHost, name: str, if_unused: bool) -> None:
@@ -279,8 +281,7 @@ class Registry:
                 gone += [b for b in other.bindings.values() if b.dest is ex]
             for b in gone:
                 await self._unlink(vh, b)
-            if ex.durable:
-                await self.records.delete_exchange(vh.name, ex.name)
+            await self.records.delete_exchange(vh.name, ex.name)
         finally:
             vh.dropping.discard(("e", ex.name))
 

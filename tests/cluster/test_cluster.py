@@ -203,6 +203,29 @@ def test_amqp_exclusive_queue_of_another_proxy_is_locked(cluster):
         c2.close()
 
 
+def test_amqp_non_durable_exchange_is_shared_by_the_proxies(cluster):
+    """As RabbitMQ's non-durable metadata is cluster-wide: an exchange declared non-durable through
+    one proxy is found through the other (it was 404 there, seen in aio-pika's own suite under
+    `--workers 2`), with its flags: publishing to it internal is 403 there too."""
+    (_, l0), (_, l1) = cluster.proxies[:2]
+    c1, ch1 = pika_channel(l0)
+    c2, ch2 = pika_channel(l1)
+    try:
+        ch1.exchange_declare("shared-transient", "fanout", durable=False, internal=True)
+        ch2.exchange_declare("shared-transient", passive=True)
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+            ch2.exchange_declare("shared-transient", "fanout", durable=True, internal=True)
+        assert e.value.reply_code == 406  # its durable flag came with it
+        ch2 = c2.channel()
+        ch2.confirm_delivery()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+            ch2.basic_publish("shared-transient", "", b"x")
+        assert e.value.reply_code == 403  # internal, as on the proxy that declared it
+    finally:
+        c1.close()
+        c2.close()
+
+
 def admin_cli(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
     return subprocess.run(GATEWAY + list(args), capture_output=True, text=True, env=env, timeout=60)

@@ -54,6 +54,9 @@ async def test_declarations_and_messages_survive_a_restart(tmp_path):
             bad = await conn.channel()
             with pytest.raises(aiormq.exceptions.ChannelPreconditionFailed):  # arguments survived
                 await bad.declare_queue("d-queue", durable=True, arguments={"x-max-length": 5})
+        exchanges = {k for k, _ in await env.processor.kv_scan("amqp.exchanges")}
+        assert any(k.endswith("d-topic") for k in exchanges)
+        assert not any(k.endswith("t-ex") for k in exchanges)  # a non-durable one's record is removed
         topics = {t.name for t in await env.processor.list_topics()}
         assert "d-queue" in topics and "t-queue" not in topics and "x-queue" not in topics
     finally:
