@@ -454,6 +454,7 @@ def run_broker(
                 [*args.gateway_args, *(["--auth"] if auth else [])],
                 cpu=args.server_cpu,
                 src=args.gateway_src,
+                profile=args.gateway_profile.resolve() if args.gateway_profile else None,
                 ready=amqp_ready,  # and the AMQP port sends connection.start
                 server_cls=AmqpServer,
                 info_src=False,
@@ -567,6 +568,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dir", default=None, help="parent of the brokers' data directories")
     p.add_argument("--gateway-src", type=Path, default=None)
     p.add_argument("--gateway-arg", dest="gateway_args", action="append", default=[])
+    p.add_argument(
+        "--gateway-profile",
+        type=Path,
+        default=None,
+        help="run the gateway under cProfile, stats written here",
+    )
     p.add_argument("--auth-rounds", type=int, default=3, help="auth on/off rounds (0: none)")
     p.add_argument("--acl-rules", type=int, default=1000)
     p.add_argument("--keep", action="store_true")
@@ -625,7 +632,8 @@ def main(argv: list[str] | None = None) -> int:
         "config": {
             k: v
             for k, v in vars(a).items()
-            if k not in ("gateway_src", "admin_password", "bench_password") and not callable(v)
+            if k not in ("gateway_src", "gateway_profile", "admin_password", "bench_password")
+            and not callable(v)
         }
         | {"gateway_src": str(a.gateway_src) if a.gateway_src else None, "cpus": os.cpu_count()},
     }

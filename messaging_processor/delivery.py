@@ -33,6 +33,8 @@ class Outcome(enum.Enum):
     SETTLED = "settled"  # the callback already acked / nacked the handle itself
 
 
+# The loop applies the outcome to the delivery's `receipt_handle` as the handler leaves it (a
+# handler that changed the invisible time meanwhile puts the new handle there).
 Handler = Callable[[Delivery], Awaitable[Outcome]]
 
 

@@ -332,8 +332,7 @@ class Channel:
             return
         t = type(m)
         action = ACK if t is c.BasicAck else REQUEUE if m.requeue else REJECT
-        for rec in self._take(m, True):
-            self._settle(rec, action)
+        self._settle_all(self._take(m, True), action)
 
     def _take(self, m: Any, remove: bool) -> list[Unacked]:
         """The unacked deliveries a basic.ack / nack / reject names (removed from the unacked ones
@@ -365,6 +364,21 @@ class Channel:
         return AMQPError(
             ReplyCode.PRECONDITION_FAILED, f"unknown delivery tag {tag}", class_id=60, method_id=m.METHOD_ID
         )
+
+    def _settle_all(self, recs: list[Unacked], action: int) -> None:
+        """Settle what one basic.ack / nack / reject named; basic.get's deliveries acked here go to
+        the store with one ack_many (a consumer's go back to its delivery loop, which does the same)."""
+        got: list[Unacked] = []
+        for rec in recs:
+            fut = rec.fut
+            if fut is not None and not fut.done():
+                fut.set_result(action)  # its consumer's handler settles it
+            elif action == ACK:
+                got.append(rec)
+            else:
+                self.conn.spawn(self.work.settle(self.conn.ctx, rec, action))
+        if got:
+            self.conn.spawn(self.work.ack_all(self.conn.ctx, got))
 
     def _settle(self, rec: Unacked, action: int) -> None:
         fut = rec.fut
@@ -458,8 +472,7 @@ class Channel:
             for a in acks:  # settled for real now
                 action = ACK if type(a) is c.BasicAck else REQUEUE if a.requeue else REJECT
                 with contextlib.suppress(AMQPError):  # settled meanwhile (e.g. recover)
-                    for rec in self._take(a, True):
-                        self._settle(rec, action)
+                    self._settle_all(self._take(a, True), action)
             self.reply(c.TxCommitOk())
 
         return run()

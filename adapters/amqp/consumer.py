@@ -1,6 +1,7 @@
 """A consumer (basic.consume): a DeliveryLoop over its queue's group whose handler writes
 basic.deliver and waits until the client settles the delivery (or its channel ends); and the record
-of an unacked delivery."""
+of an unacked delivery. Acks go back to the delivery loop, which sends those of one event-loop
+iteration (a `multiple` ack, several acks in one read) to the store with one `ack_many`."""
 
 from __future__ import annotations
 
@@ -161,5 +162,8 @@ class Consumer:
         fut = self._loop.create_future()
         rec = ch.unacked[tag] = Unacked(tag, d, q, fut, d.invisible_until - b.invisible_time_ms)
         action = await fut
+        if action == ACK:
+            d.receipt_handle = rec.handle  # (renewed meanwhile: Channel.renew)
+            return Outcome.ACK  # the delivery loop acks those settled in one iteration with one ack_many
         await self._settle(conn.ctx, rec, action)
         return Outcome.SETTLED

@@ -152,6 +152,17 @@ class QueueWork:
         except ProcessorError as e:  # e.g. purged or deleted meanwhile
             log.debug("amqp: settling delivery %d failed: %s", rec.tag, e)
 
+    async def ack_all(self, ctx: ClientContext, recs: list[Unacked]) -> None:
+        """Ack several deliveries with one store call (a failed one is redelivered later)."""
+        try:
+            errors = await self.processor.ack_many(ctx, [rec.handle for rec in recs])
+        except ProcessorError as e:
+            log.debug("amqp: settling %d deliveries failed: %s", len(recs), e)
+            return
+        for rec, e in zip(recs, errors, strict=True):
+            if e is not None:  # e.g. purged or deleted meanwhile
+                log.debug("amqp: settling delivery %d failed: %s", rec.tag, e)
+
     async def requeue(self, ctx: ClientContext, handle: str) -> None:
         """Make a popped message visible again at once."""
         with contextlib.suppress(ProcessorError):

@@ -292,3 +292,47 @@ async def test_owner_may_redeclare_its_exclusive_queue_without_exclusive(env):
             return ok.method.queue == name and b.is_open
 
     assert await run(env, scenario)
+
+
+async def test_pika_multiple_ack_settles_every_delivery_with_one_store_call(env):
+    """basic.ack multiple=True of 40 consumed deliveries, and of 5 basic.get ones, each reaches the
+    store as one ack_many with every handle (issue 30: acks in batches), and nothing stays in flight."""
+    calls: list[int] = []
+    real = env.processor.ack_many
+
+    async def ack_many(ctx, handles):
+        calls.append(len(handles))
+        return await real(ctx, handles)
+
+    env.processor.ack_many = ack_many
+
+    def scenario(env):
+        with env.blocking() as conn:
+            ch = conn.channel()
+            ch.queue_declare("batched", durable=True)
+            ch.confirm_delivery()
+            for i in range(40):
+                ch.basic_publish("", "batched", str(i).encode(), pika.BasicProperties(delivery_mode=2))
+            ch.basic_qos(prefetch_count=40)
+            tags: list[int] = []
+            ctag = ch.basic_consume("batched", lambda c, m, p, b: tags.append(m.delivery_tag))
+            while len(tags) < 40:
+                conn.process_data_events(time_limit=0.05)
+            ch.basic_ack(tags[-1], multiple=True)
+            ch.basic_cancel(ctag)
+            for i in range(5):
+                ch.basic_publish("", "batched", b"g%d" % i, pika.BasicProperties(delivery_mode=2))
+            got = []
+            while len(got) < 5:
+                method, _, body = ch.basic_get("batched")
+                if method is not None:
+                    got.append(method.delivery_tag)
+            ch.basic_ack(got[-1], multiple=True)
+            conn.process_data_events(time_limit=0.1)
+
+    await run(env, scenario)
+    deadline = asyncio.get_running_loop().time() + T
+    while await env.processor.backlog("batched", "batched") != (0, 0):
+        assert asyncio.get_running_loop().time() < deadline, await env.processor.backlog("batched", "batched")
+        await asyncio.sleep(0.02)
+    assert 40 in calls and 5 in calls and sum(calls) == 45

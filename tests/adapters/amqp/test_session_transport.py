@@ -240,14 +240,14 @@ async def test_too_many_publishes_in_flight_pause_reading_until_stored(adapter):
 async def test_consume_delivers_and_ack_settles_in_the_store(adapter):
     p = adapter.processor
     acked = asyncio.Event()
-    real_ack = p.ack
+    real_ack = p.ack_many
 
-    async def ack(*args: Any, **kw: Any) -> Any:
+    async def ack_many(*args: Any, **kw: Any) -> Any:
         r = await real_ack(*args, **kw)
         acked.set()
         return r
 
-    p.ack = ack  # type: ignore[method-assign]
+    p.ack_many = ack_many  # type: ignore[method-assign]
     c = await client(adapter)
     await c.open_channel(1)
     c.method(1, QueueDeclare("work"))
