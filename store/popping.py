@@ -52,6 +52,11 @@ class _Waiter:
         self.skip = f.skip
 
 
+def _give_up(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
 class LongPolling:
     """Pops waiting for a topic. The append path wakes those whose filter may match a new record."""
 
@@ -69,11 +74,13 @@ class LongPolling:
         w = _Waiter(self.loop.create_future(), f)
         ws = self.waiters.setdefault(topic, set())
         ws.add(w)
+        # a timer that resolves the future as a wake-up does (asyncio.wait_for costs about 6 µs
+        # more per call: its own future, task wrapper and callbacks, on every pop that waits)
+        timer = self.loop.call_later(timeout, _give_up, w.fut)
         try:
-            await asyncio.wait_for(w.fut, timeout)
-        except TimeoutError:
-            pass
+            await w.fut
         finally:
+            timer.cancel()
             ws.discard(w)
 
     def wake_topics(self, touched: dict[str, set[int]]) -> None:

@@ -114,6 +114,23 @@ async def test_requests_beyond_the_in_flight_cap_get_system_busy(served):
     assert (await c.invoke(CODE, {"n": 7}, timeout=T)).code == ResponseCode.SUCCESS  # room again
 
 
+async def test_client_invoke_times_out_and_a_late_reply_is_dropped(served):
+    """RemotingClient.invoke raises TimeoutError once its timeout passes without a reply (its own
+    timer, not asyncio.wait_for); the reply that comes later is dropped and the connection serves on."""
+    h = served.handler
+    h.release.clear()
+    c = await served.client()
+    t0 = asyncio.get_running_loop().time()
+    with pytest.raises(TimeoutError):
+        await c.invoke(CODE, {"n": 1}, timeout=0.2)
+    assert 0.15 <= asyncio.get_running_loop().time() - t0 < T
+    assert c._pending == {}
+    h.release.set()
+    r = await c.invoke(CODE, {"n": 2}, timeout=T)
+    assert (r.code, r.remark) == (ResponseCode.SUCCESS, "2")  # not the late reply to 1
+    assert not c.closed.is_set()
+
+
 async def test_not_accepting_answers_system_busy_and_drops_oneway(served):
     served.server.accepting = False
     c = await served.client()
