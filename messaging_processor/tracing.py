@@ -607,10 +607,16 @@ def _send_events(t_in: int, proto: str, client: str, user: str | None, res: Any,
     ]
 
 
+_TIE_RANK = {"received": 0, "stored": 1}
+
+
 def _trace_json(message_id: str, rows: list, msg: Message | None) -> dict[str, Any] | None:
     if not rows:
         return None
-    rows.sort(key=lambda r: r[1])  # stable: events of one ms stay in the order recorded
+    # by time; in one ms received and stored first (a subscriber reading by offset may record its
+    # delivery before the send that is waiting for the fsync records those two), the others in the
+    # order recorded (the sort is stable)
+    rows.sort(key=lambda r: (r[1], _TIE_RANK.get(r[0], 2)))
     if msg is not None:
         tp, topic = traceparent_of(msg) or "", msg.topic
     else:

@@ -274,3 +274,24 @@ async def test_a_tail_read_is_recorded_as_delivered_and_acked(traced) -> None:
         ("delivered", r.message_id, traceparent_of(got[0])),
         ("acked", r.message_id, traceparent_of(got[0])),
     ]
+
+
+def test_events_of_one_ms_put_received_and_stored_first() -> None:
+    """A subscriber reading by offset sees a record once it is written, before its fsync: its
+    delivery can be recorded before the send records received + stored, in the same ms. The trace
+    still starts with received, stored (CI saw the other order once)."""
+    from messaging_processor.tracing import _send_events, _trace_json
+
+    mid, ms = "AB" * 16, 1_700_000_000_000
+    res = (mid, "t", 0, 7, 4096, 100, ms)  # (AppendResult's fields)
+    delivered = ["delivered", ms, "mqtt", "sub", None, "g", 0, 7, 1, None, mid, TP, "t", 4096]
+    acked = ["acked", ms, "mqtt", "sub", None, "g", 0, 7, None, None, mid, TP, "t", 4096]
+    rows = [delivered, acked, *_send_events(ms, "http", "pub", None, res, TP)]  # in the order recorded
+    t = _trace_json(mid, rows, None)
+    assert t is not None
+    assert [(e["event"], e["protocol"]) for e in t["events"]] == [
+        ("received", "http"),
+        ("stored", "http"),
+        ("delivered", "mqtt"),
+        ("acked", "mqtt"),
+    ]
