@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/amqp_bench.py [--brokers gateway,rabbitmq] [--duration S] [--warmup S]
         [--publishers N] [--procs K] [--window W] [--prefetch P] [--latency-rate R] [--fixed-rate R]
-        [--fixed-publishers N] [--fixed-inflight W] [--phases P,...] [--quick] [--json]
+        [--fixed-publishers N] [--fixed-inflight W] [--phases P,...] [--gateway-profile FILE] [--quick]
+        [--json]
 
 For each broker (bench/amqp_servers.py: started on loopback in a fresh directory, pinned to
 `--server-cpu`, default CPU 0) the load generator (bench/amqp_loadgen.py: `--procs` processes
@@ -66,6 +67,9 @@ more CPU per message, auth on ≥ 0.9× off, at the fixed rate ≤ 0.5× RabbitM
 `fixed_p50_ms`, `fixed_p99_ms`, `cpu_us_per_fixed_msg`), `targets`, `ratios`, `brokers` (figures
 and details per broker), `config`. A broker that cannot start or a phase that fails gives null
 figures and an `error`; the run goes on.
+
+Profiling our gateway: `--gateway-profile FILE` runs it under `python -m cProfile -o FILE` (e.g.
+with `--brokers gateway --phases fixed`); the stats are written when it exits.
 """
 
 from __future__ import annotations
