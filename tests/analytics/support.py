@@ -33,6 +33,7 @@ class GatewayThread:
             "mqtt_port": 0,
             "flush": "async",
             "default_queues": 4,
+            "segment_size_mib": 16,  # zero-filled at start: not the 128 MiB default
         }
         s.update(settings)
         self.settings = Settings(data_dir=data_dir, **s)

@@ -26,6 +26,7 @@ MAX_BODY = 64 * 1024  # the tests' max_body_size: a 64 KiB event is accepted, on
 
 async def open_gateway(data_dir: str, **settings) -> SimpleNamespace:
     s = {"protocols": ("http", "mqtt"), "http_port": 0, "mqtt_port": 0, "flush": "async", "default_queues": 2}
+    s["segment_size_mib"] = 16  # each gateway zero-fills its first segment: not the 128 MiB default
     s.update(settings)
     gw = Gateway(Settings(data_dir=data_dir, **s))
     await gw.start()
