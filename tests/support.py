@@ -28,7 +28,9 @@ if TYPE_CHECKING:
 
 T = 10.0  # seconds any single awaited event may take
 MIB = 1024 * 1024
-TEST_SEGMENT_SIZE = 16 * MIB  # commit log segments of the stores tests open (tests/conftest.py)
+# commit log segments of the stores and gateways tests open (as tests/conftest.py gives spawned
+# gateways): each zero-fills its first segment, and the 128 MiB default cost a run ~90 s
+TEST_SEGMENT_SIZE_MIB = 16
 
 
 A = TypeVar("A")  # an adapter: `await start()`, `await stop(grace)`
@@ -67,10 +69,8 @@ class Core:
         `auth`: with authentication and ACLs on (`processor.security`; add users and rules through
         `core.security` / `core.security.directory`). `traced`: with the message trace on (1 h)."""
         store_kw.setdefault("auto_create_topics", False)
-        # a fresh store zero-fills its first segment: 16 MiB (or the largest message + 1 MiB), not
-        # the 128 MiB default, for the hundreds of stores a run opens
         largest = store_kw.get("max_message_size", StoreConfig().max_message_size)
-        store_kw.setdefault("segment_size", max(TEST_SEGMENT_SIZE, largest + MIB))
+        store_kw.setdefault("segment_size", max(TEST_SEGMENT_SIZE_MIB * MIB, largest + MIB))
         processor_kw = dict(processor_kw or {})
         store = await Store.open(StoreConfig(data_dir=data_dir, **store_kw))
         kw = dict(processor_kw)

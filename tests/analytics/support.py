@@ -19,6 +19,7 @@ import httpx
 
 from gateway.config import Settings
 from gateway.server import Gateway
+from tests.support import TEST_SEGMENT_SIZE_MIB
 
 T = 30.0  # seconds any single wait may take
 
@@ -33,7 +34,7 @@ class GatewayThread:
             "mqtt_port": 0,
             "flush": "async",
             "default_queues": 4,
-            "segment_size_mib": 16,  # zero-filled at start: not the 128 MiB default
+            "segment_size_mib": TEST_SEGMENT_SIZE_MIB,
         }
         s.update(settings)
         self.settings = Settings(data_dir=data_dir, **s)
