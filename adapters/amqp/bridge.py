@@ -298,12 +298,15 @@ class ExchangeBridge:
                 out.append((tex, rk, dest))
         return out
 
-    def _bindings_changed(self) -> None:
+    def _bindings_changed(self, made_at: int | None = None) -> None:
+        """A binding changed now, or one made through another proxy at `made_at` (epoch ms) reached
+        this one: a loop it starts takes the messages stored since then."""
         self.decisions.clear()
         for passed in self.passed.values():
             passed.clear()
-        if self.changed_at is None:
-            self.changed_at = now_ms()
+        at = now_ms() if made_at is None else made_at
+        if self.changed_at is None or at < self.changed_at:
+            self.changed_at = at
         self.changed.set()
 
     async def _wanted_topics(self) -> set[str]:

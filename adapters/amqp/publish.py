@@ -136,6 +136,7 @@ class Publisher:
         "tx_msgs",
         "sends",
         "may_bridge",
+        "missing_topics",
     )
 
     def __init__(
@@ -149,6 +150,7 @@ class Publisher:
         max_body_size: int,
         fail: Callable[[AMQPError], None],
         may_publish: Callable[[str], bool] | None = None,
+        missing_topics: Callable[[set[str]], Awaitable[set[str]]] | None = None,
     ) -> None:
         self.conn = conn
         self.number = number
@@ -167,6 +169,8 @@ class Publisher:
         self.confirms: deque[Confirm] = deque()
         self.tx_msgs: list[tuple[list[Message], set[Queue]]] = []  # deferred by tx.select
         self.sends: set[asyncio.Task] = set()
+        # Registry.missing_topics: which of these queue topics were deleted through another proxy
+        self.missing_topics = missing_topics
 
     def release(self) -> None:
         """The channel ends: deferred publishes and pending confirms are dropped."""
@@ -363,7 +367,12 @@ class Publisher:
             if limited:
                 msgs = await self._apply_reject_publish(msgs, limited, pend)
             if msgs:
-                await w.send(self.conn.ctx, msgs)
+                try:
+                    await w.send(self.conn.ctx, msgs)
+                except ProcessorError as e:
+                    msgs = await self._without_deleted_queues(msgs, queues, e)
+                    if msgs:
+                        await w.send(self.conn.ctx, msgs)
             w.after_publish(queues)
         except ProcessorError as e:
             if pend is not None:
@@ -377,6 +386,20 @@ class Publisher:
             if pend is not None:
                 pend.done = True
                 self._flush_confirms()
+
+    async def _without_deleted_queues(
+        self, msgs: list[Message], queues: set[Queue], e: ProcessorError
+    ) -> list[Message]:
+        """A queue deleted through another proxy just before this one saw its bindings go
+        (Registry.sync_bindings) fails the send with TOPIC_NOT_FOUND: the messages routed to it go
+        with it, as if the publish had come a moment later, and the others are sent again. Any other
+        failure is raised again."""
+        if e.kind is not ErrorKind.TOPIC_NOT_FOUND or self.missing_topics is None:
+            raise e
+        gone = await self.missing_topics({q.topic for q in queues})
+        if not gone:
+            raise e
+        return [m for m in msgs if m.topic not in gone]
 
     async def _apply_reject_publish(
         self, msgs: list[Message], limited: list[tuple[int, Any, int]], pend: Confirm | None

@@ -59,6 +59,7 @@ class Queue:
         "trimming",
         "has_expiring",
         "limited",
+        "remote",
     )
 
     def __init__(
@@ -101,6 +102,9 @@ class Queue:
         self.trimming = 0  # 0 idle, 1 trimming, 2 trimming and asked again
         self.has_expiring = self.ttl is not None
         self.limited = self.max_length is not None and self.overflow != "drop-head"  # reject-publish
+        # known only as the destination of a binding another proxy made (registry.sync_bindings):
+        # publishes here route to it; its timers start when a connection here uses it
+        self.remote = False
 
     @property
     def group(self) -> str:

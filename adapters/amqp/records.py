@@ -3,8 +3,10 @@ proxy of a cluster.
 
 Namespaces: `amqp.exchanges` (every exchange, so that proxies share non-durable ones too; those
 are removed when a proxy starts), `amqp.queues` (every queue, so that transient and
-exclusive ones are removed from the store after a crash), `amqp.bindings` (bindings between a
-durable exchange and a durable queue or exchange). Keys are `<len(vhost)>:<vhost><name>` (a
+exclusive ones are removed from the store after a crash), `amqp.bindings` (every binding, so that a
+publish through any proxy routes by the bindings made through the others; those with a transient end
+are removed with it), `amqp.meta` (`bindings`: a random generation, written after every change of
+`amqp.bindings`, that proxies poll). Keys are `<len(vhost)>:<vhost><name>` (a
 binding's name: `<len(source)>:<source><binding key>`), values JSON with arguments as base64 of the
 AMQP field table. A queue record names the user who declared it (`user`, for the per-user queue
 limit); records written before that have none and count for nobody. An unreadable exchange or
@@ -16,6 +18,8 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import secrets
+import time
 from typing import Any, Protocol
 
 from .codec import AMQPError, decode_table, encode_table
@@ -27,6 +31,7 @@ log = logging.getLogger("adapters.amqp")
 EXCHANGES_NS = "amqp.exchanges"
 QUEUES_NS = "amqp.queues"
 BINDINGS_NS = "amqp.bindings"
+META_NS = "amqp.meta"
 
 
 class KeyValue(Protocol):
@@ -180,6 +185,15 @@ class Records:
         r = json.loads(value)
         return r["source"], r["kind"], r["dest"], r["rk"], args_of(r["args"])
 
+    @staticmethod
+    def binding_made_at(value: bytes) -> int | None:
+        """When a stored binding was made (epoch ms; None: not recorded, or unreadable)."""
+        try:
+            at = json.loads(value).get("at")
+        except (ValueError, AttributeError):
+            return None
+        return at if isinstance(at, int) else None
+
     async def put_binding(self, vh: str, b: Binding) -> None:
         rec = {
             "source": b.source.name,
@@ -187,6 +201,7 @@ class Records:
             "dest": b.dest.name,
             "rk": b.routing_key,
             "args": args_b64(b.args),
+            "at": time.time_ns() // 1_000_000,
         }
         await self.kv.kv_put(
             BINDINGS_NS, vkey(vh, binding_name(b.source.name, b.key)), json.dumps(rec).encode()
@@ -197,3 +212,11 @@ class Records:
 
     async def delete_binding_key(self, key: str) -> None:
         await self.kv.kv_delete(BINDINGS_NS, key)
+
+    async def bindings_generation(self) -> bytes | None:
+        """The generation of `amqp.bindings` (None before the first change)."""
+        return await self.kv.kv_get(META_NS, "bindings")
+
+    async def bindings_changed(self) -> None:
+        """Write a new generation: the other proxies re-read the bindings (Registry.sync_bindings)."""
+        await self.kv.kv_put(META_NS, "bindings", secrets.token_bytes(12))

@@ -7,6 +7,12 @@ up there before anything is created (declare, passive declare, bind, consume, ge
 and a new queue's record is created atomically (kv_put_if_absent), so a second proxy declaring the
 same queue adopts it (its messages and its group's position) instead of starting it again; another
 proxy's exclusive queue is 405 RESOURCE_LOCKED. What was adopted stays cached.
+
+Bindings are kept in step (`sync_bindings`): every binding is recorded, each change writes a new
+generation, and a proxy re-reads the bindings when the generation changed, every
+`sync_interval_s` and before each exchange.declare (what publishers do first). A publish through
+any proxy then routes by the bindings made through the others, a queue another proxy serves
+(an exclusive one too) included; such a queue is `Queue.remote` here until a connection here uses it.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from .lifetimes import QueueLifetimes
 from .mapping import store_name
 from .queue_store import QueueStore
 from .queues import Queue, check_equivalent
-from .records import Records, args_b64, binding_name, binding_source, parse_vkey
+from .records import Records, args_b64, binding_name, binding_source, parse_vkey, vkey
 from .routing import EXCHANGE_TYPES, Binding, Exchange, VHost
 
 if TYPE_CHECKING:
@@ -34,6 +40,8 @@ if TYPE_CHECKING:
     Authorize = Callable[[Connection, Action, Resource, int, int, str], Awaitable[None]]
 
 log = logging.getLogger("adapters.amqp")
+
+SYNC_INTERVAL_S = 0.25  # how often a proxy looks for bindings made through other proxies
 
 
 def err(code: int, text: str, class_id: int = 0, method_id: int = 0) -> AMQPError:
@@ -61,6 +69,9 @@ class Registry:
         self.closed = False
         self.max_queues_per_vhost = 0  # queue.declare of a new queue past it: 406 (0: no cap)
         self.max_queues_per_user = 0  # the same, for the queues one user declared in every vhost
+        self.sync_interval_s = SYNC_INTERVAL_S
+        self._generation: bytes | None = None  # of the bindings this proxy has linked
+        self._sync_task: asyncio.Task | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def vhost(self, name: str) -> VHost:
@@ -73,6 +84,7 @@ class Registry:
         """Load durable declarations; remove the records of non-durable exchanges and what transient and
         exclusive queues left in the store."""
         rs = self.records
+        self._generation = await rs.bindings_generation()  # before the reads: a later change re-syncs
         for key, value in await rs.exchanges():
             vh, name = parse_vkey(key)
             ex = await rs.exchange_of(vh, name, value)
@@ -100,10 +112,13 @@ class Registry:
                 self._activate(q)
         if n:
             log.info("amqp: %d durable queues restored", n)
+        self._sync_task = asyncio.get_running_loop().create_task(self._poll_bindings())
 
     def close(self) -> None:
         """No deletion from now on; every queue's timers and TTL sweeper stop."""
         self.closed = True
+        if self._sync_task is not None:
+            self._sync_task.cancel()
         for vh in self.vhosts.values():
             for q in vh.queues.values():
                 _stop_timers(q)
@@ -184,6 +199,81 @@ class Registry:
         self._activate(q)
         return q
 
+    # ------------------------------------------------------------------ bindings of other proxies
+    async def _poll_bindings(self) -> None:
+        while not self.closed:
+            await asyncio.sleep(self.sync_interval_s)
+            try:
+                await self.sync_bindings()
+            except Exception as e:  # noqa: BLE001 - keep what is linked; try again next time
+                log.warning("amqp: reading the shared bindings failed: %s", e)
+
+    async def sync_bindings(self) -> bool:
+        """Link the recorded bindings this proxy lacks (with their exchanges and queues) and unlink
+        those whose records are gone, when the bindings' generation changed; True if it did.
+        A binding to a transient queue this proxy serves stays linked while the queue lives here:
+        a proxy that starts removes such records, other proxies' included (see `start`)."""
+        gen = await self.records.bindings_generation()
+        if gen == self._generation:
+            return False
+        async with self.lock:
+            gen = await self.records.bindings_generation()  # before the read: a later change re-syncs
+            recs = dict(await self.records.bindings())
+            linked: set[str] = set()
+            for vh in list(self.vhosts.values()):
+                for ex in list(vh.exchanges.values()):
+                    for b in list(ex.bindings.values()):
+                        key = vkey(vh.name, binding_name(ex.name, b.key))
+                        if key in recs:
+                            linked.add(key)
+                        elif not _served_transient(b.dest):
+                            _unlink_here(b)
+            for key, value in recs.items():
+                if key not in linked:
+                    await self._link_shared(key, value)
+            for vh in self.vhosts.values():
+                for name in [n for n, q in vh.queues.items() if q.remote and not q.bindings]:
+                    del vh.queues[name]  # routed to by no binding any more
+            self._generation = gen
+        return True
+
+    async def _link_shared(self, key: str, value: bytes) -> None:
+        """Link one binding another proxy recorded, finding or loading both of its ends."""
+        try:
+            vh_name, _ = parse_vkey(key)
+            source, kind, dest_name, rk, args = Records.parse_binding(value)
+        except (ValueError, KeyError, TypeError):
+            return
+        vh = self.vhost(vh_name)
+        src = vh.exchanges.get(source) or await self._load_exchange(vh, source)
+        if src is None and vh.topic_exchange is not None:
+            src = await vh.topic_exchange(source)  # a store topic's exchange (bridge.py)
+        dest: Exchange | Queue | None
+        if kind == "q":
+            dest = vh.queues.get(dest_name) or await self._load_remote_queue(vh, dest_name)
+        else:
+            dest = vh.exchanges.get(dest_name) or await self._load_exchange(vh, dest_name)
+        if src is not None and dest is not None and not src.deleted and not dest.deleted:
+            self._link(src, dest, rk, args, Records.binding_made_at(value))
+
+    async def _load_remote_queue(self, vh: VHost, name: str) -> Queue | None:
+        """A queue another proxy declared, known here as a destination only (`Queue.remote`)."""
+        if ("q", name) in vh.dropping:
+            return None
+        raw = await self.records.queue_value(vh.name, name)
+        q = None if raw is None else await self.records.queue_of(vh.name, name, raw)
+        if q is None:
+            return None
+        q.remote = True
+        vh.queues[name] = q
+        return q
+
+    async def missing_topics(self, topics: set[str]) -> set[str]:
+        """Of these queue topics, those that no longer exist, once the bindings are in step: a
+        publish routed to a queue deleted through another proxy before this proxy saw it."""
+        await self.sync_bindings()
+        return {t for t in topics if not await self.queue_store.topic_exists(t)}
+
     # ------------------------------------------------------------------ exchanges
     async def find_exchange(self, vh: VHost, name: str, cls: int, mid: int) -> Exchange:
         """An exchange this proxy knows or another proxy declared."""
@@ -210,6 +300,7 @@ class Registry:
     ) -> None:
         if name in ("", "amq.default"):
             raise err(ReplyCode.ACCESS_REFUSED, "operation not permitted on the default exchange", 40, 10)
+        await self.sync_bindings()  # a publisher declares first: it then routes by every proxy's bindings
         if passive:
             await self.find_exchange(vh, name, 40, 10)
             return
@@ -286,27 +377,25 @@ class Registry:
             vh.dropping.discard(("e", ex.name))
 
     # ------------------------------------------------------------------ bindings
-    def _link(self, src: Exchange, dest: Exchange | Queue, rk: str, args: dict[str, Any]) -> Binding | None:
+    def _link(
+        self, src: Exchange, dest: Exchange | Queue, rk: str, args: dict[str, Any], made_at: int | None = None
+    ) -> Binding | None:
         kind = "q" if isinstance(dest, Queue) else "e"
         key = f"{kind}{len(dest.name)}:{dest.name}{len(rk)}:{rk}{args_b64(args)}"
         b = Binding(src, dest, rk, args, key)
-        if not src.bind(b):
+        if not src.bind(b, made_at):
             return None
         if kind == "q":
             dest.bindings[binding_name(src.name, key)] = b  # type: ignore[union-attr]
         return b
-
-    @staticmethod
-    def _durable(b: Binding) -> bool:
-        return b.source.durable and b.dest.durable and not getattr(b.dest, "exclusive", False)
 
     async def _unlink(self, vh: VHost, b: Binding) -> None:
         src = b.source
         src.unbind(b.key)
         if isinstance(b.dest, Queue):
             b.dest.bindings.pop(binding_name(src.name, b.key), None)
-        if self._durable(b):
-            await self.records.delete_binding(vh.name, b)
+        await self.records.delete_binding(vh.name, b)
+        await self.records.bindings_changed()
         if src.auto_delete and not src.bindings and not src.deleted and src.name in vh.exchanges:
             await self._drop_exchange(vh, src)
 
@@ -330,8 +419,9 @@ class Registry:
                     ReplyCode.NOT_FOUND, f"no such destination '{dest.name}' in vhost '{vh.name}'", cls, mid
                 )
             b = self._link(src, dest, rk, args)
-            if b is not None and self._durable(b):
+            if b is not None:
                 await self.records.put_binding(vh.name, b)
+                await self.records.bindings_changed()
 
     async def unbind(
         self,
@@ -364,6 +454,9 @@ class Registry:
             raise err(ReplyCode.NOT_FOUND, f"no queue '{name}' in vhost '{vh.name}'", cls, mid)
         if q.exclusive and q.owner is not conn:
             raise err(ReplyCode.RESOURCE_LOCKED, _locked(name, vh.name), cls, mid)
+        if q.remote:  # used here from now on: its timers run here too, as for an adopted queue
+            q.remote = False
+            self._activate(q)
         return q
 
     async def find_queue(self, conn: Connection, vh: VHost, name: str, cls: int, mid: int) -> Queue:
@@ -519,6 +612,18 @@ class Registry:
 
         if not q.deleted and not self.closed:
             self.spawn(run())
+
+
+def _served_transient(dest: Exchange | Queue) -> bool:
+    """A non-durable or exclusive queue that this proxy serves (not `remote`)."""
+    return isinstance(dest, Queue) and not dest.remote and (dest.exclusive or not dest.durable)
+
+
+def _unlink_here(b: Binding) -> None:
+    """Unlink a binding in this proxy only (another proxy removed it and its record)."""
+    b.source.unbind(b.key)
+    if isinstance(b.dest, Queue):
+        b.dest.bindings.pop(binding_name(b.source.name, b.key), None)
 
 
 def _stop_timers(q: Queue) -> None:

@@ -85,21 +85,21 @@ class Exchange:
         self.deleted = False
         self.queues_only = True  # no exchange-to-exchange binding from here
         # the MQTT exchange (bridge.py): the store message for MQTT of a publish, and a callback
-        # for binding changes
+        # for binding changes (with the time a new binding was made, epoch ms, when it is known)
         self.bridge: Callable[[str, bytes, bytes, Any], Message | None] | None = None
-        self.watch: Callable[[], None] | None = None
+        self.watch: Callable[[int | None], None] | None = None
         self.stores = False  # the exchange of a store topic (bridge.py): a publish is stored on it
 
     def __repr__(self) -> str:
         return f"Exchange({self.vhost!r}, {self.name!r}, {self.type})"
 
     # ------------------------------------------------------------------ bindings
-    def bind(self, b: Binding) -> bool:
-        """Add a binding; False if it already exists."""
+    def bind(self, b: Binding, made_at: int | None = None) -> bool:
+        """Add a binding (made at `made_at`, epoch ms, if not now); False if it already exists."""
         if b.key in self.bindings:
             return False
         self.bindings[b.key] = b
-        self._rebuild()
+        self._rebuild(made_at)
         return True
 
     def unbind(self, key: str) -> Binding | None:
@@ -108,7 +108,7 @@ class Exchange:
             self._rebuild()
         return b
 
-    def _rebuild(self) -> None:
+    def _rebuild(self, made_at: int | None = None) -> None:
         self._cache.clear()
         direct: dict[str, list[Any]] = {}
         headers: list[tuple[bool, bool, dict[str, Any], Any]] = []
@@ -126,7 +126,7 @@ class Exchange:
         self._headers = headers
         self.queues_only = all(not isinstance(b.dest, Exchange) for b in self.bindings.values())
         if self.watch is not None:
-            self.watch()
+            self.watch(made_at)
 
     # ------------------------------------------------------------------ matching
     def match(self, routing_key: str, raw_properties: bytes) -> tuple[Any, ...] | list[Any]:

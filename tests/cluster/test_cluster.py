@@ -226,6 +226,94 @@ def test_amqp_non_durable_exchange_is_shared_by_the_proxies(cluster):
         c2.close()
 
 
+def publish_until(ch, exchange: str, rk: str, body: bytes, routed: bool, timeout: float = 10.0) -> int:
+    """Publish (mandatory, confirmed) until the publish is routed (`routed`) or returned as
+    unroutable (not `routed`); the number of publishes it took. A binding made or removed through
+    another proxy reaches this one within a poll of the shared records (0.25 s)."""
+    deadline = time.monotonic() + timeout
+    n = 0
+    while True:
+        n += 1
+        try:
+            ch.basic_publish(exchange, rk, body, mandatory=True)
+            if routed:
+                return n
+        except pika.exceptions.UnroutableError:
+            if not routed:
+                return n
+        assert time.monotonic() < deadline, f"still {'un' if routed else ''}routable after {timeout} s"
+
+
+def test_amqp_bindings_made_through_one_proxy_route_publishes_through_the_other(cluster):
+    """RabbitMQ's pub/sub tutorial across proxies: a subscriber's exclusive queue bound through one
+    proxy receives what a publisher publishes through the other. Before, the publisher's proxy knew
+    only its own bindings and the publishes were lost (unroutable)."""
+    (_, l0), (_, l1) = cluster.proxies[:2]
+    c1, ch1 = pika_channel(l0)
+    c2, ch2 = pika_channel(l1)
+    conns = [c1, c2]
+    try:
+        # The publisher's proxy knows the exchange before the bindings exist: they reach it by poll.
+        ch2.exchange_declare("news", "direct", durable=False)
+        ch2.confirm_delivery()
+        q = ch1.queue_declare("", exclusive=True).method.queue
+        ch1.exchange_declare("news", "direct", durable=False)
+        ch1.queue_bind(q, "news", "eu")
+        tries = publish_until(ch2, "news", "eu", b"first", routed=True)
+        # A publisher that declares the exchange gets the bindings made up to then at once.
+        q2 = ch1.queue_declare("", exclusive=True).method.queue
+        ch1.queue_bind(q2, "news", "eu")
+        c3, ch3 = pika_channel(l1)
+        conns.append(c3)
+        ch3.exchange_declare("news", "direct", durable=False)
+        ch3.confirm_delivery()
+        ch3.basic_publish("news", "eu", b"second", mandatory=True)  # routed: would raise UnroutableError
+        # Everything routed reached the queues, each message once.
+        got = {q: [], q2: []}
+        deadline = time.monotonic() + 10
+        while (len(got[q]) < 2 or not got[q2]) and time.monotonic() < deadline:
+            for name, bodies in got.items():
+                method, _, body = ch1.basic_get(name, auto_ack=True)
+                if method is not None:
+                    bodies.append(body)
+        # (sorted: in CLUSTER mode a queue's topic has a queue on each store, so no order between them)
+        assert {k: sorted(v) for k, v in got.items()} == {q: [b"first", b"second"], q2: [b"second"]}, tries
+        # Unbinding through one proxy stops the routing through the other.
+        ch1.queue_unbind(q, "news", "eu")
+        ch1.queue_unbind(q2, "news", "eu")
+        publish_until(ch2, "news", "eu", b"late", routed=False)
+    finally:
+        for c in conns:
+            c.close()
+
+
+def test_amqp_closing_an_exclusive_queue_owner_unbinds_it_on_the_other_proxy(cluster):
+    """The owner's connection closes: its exclusive queue, bound to a durable fanout exchange, is
+    deleted with its bindings, and the other proxy stops routing to it (its publishes are unroutable,
+    not failed)."""
+    (_, l0), (_, l1) = cluster.proxies[:2]
+    c1, ch1 = pika_channel(l0)
+    c2, ch2 = pika_channel(l1)
+    try:
+        ch1.exchange_declare("alerts", "fanout", durable=True)
+        q = ch1.queue_declare("", exclusive=True).method.queue
+        ch1.queue_bind(q, "alerts")
+        ch2.exchange_declare("alerts", "fanout", durable=True)
+        ch2.confirm_delivery()
+        ch2.basic_publish("alerts", "", b"one", mandatory=True)
+        deadline = time.monotonic() + 10
+        while (got := ch1.basic_get(q, auto_ack=True))[0] is None and time.monotonic() < deadline:
+            pass
+        assert got[2] == b"one"
+        c1.close()
+        publish_until(ch2, "alerts", "", b"two", routed=False)
+        assert ch2.is_open
+    finally:
+        if c1.is_open:
+            c1.close()
+        c2.close()
+
+
 def admin_cli(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
     return subprocess.run(GATEWAY + list(args), capture_output=True, text=True, env=env, timeout=60)

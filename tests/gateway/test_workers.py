@@ -7,7 +7,8 @@ proxies sharing every port with SO_REUSEPORT), driven by real clients of every p
   a message in through one protocol and out through another;
 - an MQTT client id connecting on the other worker takes the session over (5.0 DISCONNECT 0x8E to
   the old connection, session present on the new);
-- an AMQP exclusive queue of one worker is locked for the other's connections;
+- an AMQP exclusive queue of one worker is locked for the other's connections, and its bindings
+  route publishes made through the other worker (pub/sub across workers);
 - `kill -9` of a worker loses nothing it acknowledged, and the supervisor starts another."""
 
 from __future__ import annotations
@@ -270,6 +271,54 @@ def test_amqp_exclusive_queue_of_one_worker_is_locked_on_the_other(gw):
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
             c2.channel().queue_declare("only-mine", exclusive=True)
         assert e.value.reply_code == 405  # RESOURCE_LOCKED
+    finally:
+        for c in conns:
+            with contextlib.suppress(Exception):
+                c.close()
+
+
+def test_amqp_pub_sub_across_workers(gw):
+    """RabbitMQ's pub/sub tutorial with the two sides on different workers: the subscriber's
+    exclusive queue is bound to a fanout exchange through one worker, publishers declare the
+    exchange and publish through the other. Before, the publishing worker knew only its own
+    bindings, and every such publish was lost (unroutable)."""
+    proc, listeners = gw
+    host, p = port(listeners, "amqp")
+    conns = []
+
+    def open_on_worker() -> tuple[pika.BlockingConnection, int]:
+        c = pika.BlockingConnection(pika.ConnectionParameters(host, p, connection_attempts=1))
+        conns.append(c)
+        local = c._impl._transport._sock.getsockname()[1]
+        return c, wait_for(lambda: worker_serving(proc.pid, p, local))
+
+    try:
+        sub, sub_worker = open_on_worker()
+        ch = sub.channel()
+        ch.exchange_declare("logs", "fanout", durable=False)
+        q = ch.queue_declare("", exclusive=True).method.queue
+        ch.queue_bind(q, "logs")
+        sent = {}
+        for i in range(40):
+            c, w = open_on_worker()
+            pub = c.channel()
+            pub.exchange_declare("logs", "fanout", durable=False)
+            pub.confirm_delivery()
+            pub.basic_publish("logs", "", f"m{i}".encode(), mandatory=True)  # UnroutableError if lost
+            sent[f"m{i}"] = w
+            c.close()
+            if len(set(sent.values())) == 2 and len(sent) >= 4:
+                break
+        else:
+            pytest.fail("40 connections all landed on one worker")
+        got = set()
+        deadline = time.monotonic() + 20
+        while len(got) < len(sent) and time.monotonic() < deadline:
+            method, _, body = ch.basic_get(q, auto_ack=True)
+            if method is not None:
+                got.add(body.decode())
+        assert got == set(sent)
+        assert any(w != sub_worker for w in sent.values())
     finally:
         for c in conns:
             with contextlib.suppress(Exception):
