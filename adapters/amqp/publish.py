@@ -460,7 +460,12 @@ class Publisher:
             queues |= qs
         if msgs:
             try:
-                await self.work.send(self.conn.ctx, msgs)
+                try:
+                    await self.work.send(self.conn.ctx, msgs)
+                except ProcessorError as e:
+                    msgs = await self._without_deleted_queues(msgs, queues, e)
+                    if msgs:
+                        await self.work.send(self.conn.ctx, msgs)
             except ProcessorError as e:
                 if e.kind in (ErrorKind.FORBIDDEN, ErrorKind.UNAUTHORIZED):  # the rules changed meanwhile
                     raise AMQPError(ReplyCode.ACCESS_REFUSED, e.message, class_id=90, method_id=20) from None

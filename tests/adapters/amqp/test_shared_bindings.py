@@ -1,0 +1,123 @@
+"""Bindings shared by the proxies of one store (registry.sync_bindings), with two AMQP "proxies" in
+one process: each its own MessagingProcessor (so its own cache of known topics) and AmqpAdapter
+over the same store, as two workers or CLUSTER proxies are. Proxy B does not poll (its interval is
+an hour), so what it learns, it learns at an exchange.declare or when a send finds a queue's topic
+gone: the test does not depend on timing. Real clients: aio-pika."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aio_pika
+import pytest
+
+from adapters.amqp import AmqpAdapter
+from adapters.amqp.mapping import store_name
+from messaging_processor import MessagingProcessor, ProcessorError
+from messaging_processor.store_client import LocalStoreClient
+from tests.adapters.amqp.support import Env, get_message
+from tests.support import T
+
+
+@pytest.fixture
+async def proxy_b(env: Env):
+    """A second proxy over env's store that never polls for bindings."""
+    processor = MessagingProcessor(LocalStoreClient(env.store))
+    await processor.start()
+    adapter = AmqpAdapter(processor, "127.0.0.1", 0)
+    adapter.broker.registry.sync_interval_s = 3600
+    await adapter.start()
+    try:
+        yield adapter
+    finally:
+        await adapter.stop(1.0)
+        await processor.close()
+
+
+async def connect(port: int) -> aio_pika.abc.AbstractConnection:
+    return await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{port}/", timeout=T)
+
+
+async def topic_gone(processor: MessagingProcessor, topic: str) -> None:
+    """Until `topic` no longer exists (an exclusive queue is dropped after its owner's close)."""
+    deadline = time.monotonic() + T
+    while time.monotonic() < deadline:
+        try:
+            await processor.get_topic(topic)
+        except ProcessorError:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"topic {topic} still exists")
+
+
+async def test_a_publisher_on_another_proxy_routes_by_bindings_made_here(env: Env, proxy_b: AmqpAdapter):
+    """RabbitMQ's pub/sub across proxies: the subscriber's exclusive queue and a durable queue are
+    bound through proxy A; a publisher on proxy B declares the exchange and publishes (confirmed,
+    and in a transaction): both queues get every message."""
+    sub = await connect(env.port)
+    pub = await connect(proxy_b.bound_port)
+    try:
+        ch = await sub.channel()
+        fan = await ch.declare_exchange("fan", aio_pika.ExchangeType.FANOUT, durable=False)
+        mine = await ch.declare_queue("", exclusive=True)
+        kept = await ch.declare_queue("kept", durable=True)
+        await mine.bind(fan)
+        await kept.bind(fan)
+        pch = await pub.channel()
+        pfan = await pch.declare_exchange("fan", aio_pika.ExchangeType.FANOUT, durable=False)
+        await pfan.publish(aio_pika.Message(b"confirmed"), "", mandatory=True)  # a return would raise
+        tch = await pub.channel(publisher_confirms=False)
+        tfan = await tch.declare_exchange("fan", aio_pika.ExchangeType.FANOUT, durable=False)
+        tx = tch.transaction()
+        await tx.select()
+        await tfan.publish(aio_pika.Message(b"in-tx"), "")
+        await tx.commit()
+        for q in (mine, kept):
+            got = [(await get_message(q)).body for _ in range(2)]
+            assert sorted(got) == [b"confirmed", b"in-tx"], q.name
+    finally:
+        await pub.close()
+        await sub.close()
+
+
+async def test_a_queue_deleted_through_another_proxy_is_dropped_from_its_publishes(
+    env: Env, proxy_b: AmqpAdapter
+):
+    """Proxy B still routes to an exclusive queue that proxy A deleted (its owner closed) when B
+    publishes before it saw the change: the send finds the queue's topic gone, B re-reads the
+    bindings and stores the other copies. The publish is confirmed (not nacked), and a transaction
+    commits (not 500 INTERNAL_ERROR)."""
+    keeper = await connect(env.port)
+    pub = await connect(proxy_b.bound_port)
+    try:
+        kch = await keeper.channel()
+        fan = await kch.declare_exchange("fan2", aio_pika.ExchangeType.FANOUT, durable=True)
+        kept = await kch.declare_queue("kept2", durable=True)
+        await kept.bind(fan)
+        pch = await pub.channel()
+        tch = await pub.channel(publisher_confirms=False)
+        for publish_through in ("confirm", "tx"):
+            owner = await connect(env.port)
+            och = await owner.channel()
+            mine = await och.declare_queue("", exclusive=True)
+            await mine.bind("fan2")
+            pfan = await pch.declare_exchange("fan2", aio_pika.ExchangeType.FANOUT, durable=True)  # learns it
+            await pfan.publish(aio_pika.Message(b"before"), "")
+            assert (await get_message(mine)).body == b"before"
+            await owner.close()
+            await topic_gone(env.processor, store_name("/", mine.name))
+            if publish_through == "confirm":
+                await pfan.publish(aio_pika.Message(b"after"), "")  # DeliveryError if nacked
+            else:
+                tx = tch.transaction()
+                await tx.select()
+                tfan = await tch.get_exchange("fan2", ensure=False)
+                await tfan.publish(aio_pika.Message(b"after"), "")
+                await tx.commit()  # ChannelClosed (500) if the send failed
+            assert [(await get_message(kept)).body for _ in range(2)] == [b"before", b"after"]
+            queues = proxy_b.broker.vhosts["/"].queues
+            assert mine.name not in queues  # B's bindings are in step again
+    finally:
+        await pub.close()
+        await keeper.close()
