@@ -65,6 +65,7 @@ class Channel:
             self.fail,
             conn.publish_acl.allows if conn.publish_acl is not None else None,
             b.registry.missing_topics,
+            b.registry.look_up_exchange,
         )
         self.declaring = Declaring(conn, vh, b.registry, b.queue_store, self.reply, self.publisher.wait_sends)
         self._publish = self.publisher.publish

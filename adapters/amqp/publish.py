@@ -137,6 +137,7 @@ class Publisher:
         "sends",
         "may_bridge",
         "missing_topics",
+        "look_up_exchange",
     )
 
     def __init__(
@@ -151,6 +152,7 @@ class Publisher:
         fail: Callable[[AMQPError], None],
         may_publish: Callable[[str], bool] | None = None,
         missing_topics: Callable[[set[str]], Awaitable[set[str]]] | None = None,
+        look_up_exchange: Callable[[VHost, str], Awaitable[Any]] | None = None,
     ) -> None:
         self.conn = conn
         self.number = number
@@ -171,6 +173,9 @@ class Publisher:
         self.sends: set[asyncio.Task] = set()
         # Registry.missing_topics: which of these queue topics were deleted through another proxy
         self.missing_topics = missing_topics
+        # Registry.look_up_exchange: an exchange this proxy does not know yet (another proxy's, a
+        # store topic's); None: only store topics' exchanges (VHost.topic_exchange) are looked up
+        self.look_up_exchange = look_up_exchange
 
     def release(self) -> None:
         """The channel ends: deferred publishes and pending confirms are dropped."""
@@ -187,11 +192,11 @@ class Publisher:
     def publish(self, events: list[Any], tx: bool, looked_up: bool = False) -> Awaitable[None] | None:
         """Route the publishes of one read and store them with one send (confirm tags in order);
         in a transaction (`tx`) keep them for tx.commit. Publishes to exchanges this proxy does
-        not know that may be store topics' exchanges (bridge.py) wait for that look-up: the
-        awaitable returned (the channel handles what follows after it)."""
+        not know (declared through another proxy, or store topics' exchanges, bridge.py) wait for
+        that look-up: the awaitable returned (the channel handles what follows after it)."""
         conn = self.conn
         vh = self.vhost
-        if vh.topic_exchange is not None and not looked_up:
+        if (self.look_up_exchange is not None or vh.topic_exchange is not None) and not looked_up:
             known = vh.exchanges
             for ev in events:
                 if ev.method.exchange not in known and ev.method.exchange != "amq.default":
@@ -316,10 +321,14 @@ class Publisher:
         return None
 
     async def _publish_later(self, events: list[Any], tx: bool, names: set[str]) -> None:
-        find = self.vhost.topic_exchange
-        assert find is not None
+        look_up = self.look_up_exchange
         for name in names:
-            await find(name)
+            if look_up is not None:
+                await look_up(self.vhost, name)
+            else:
+                find = self.vhost.topic_exchange
+                assert find is not None
+                await find(name)
         self.publish(events, tx, True)
 
     def _check_stored(self, m: Message, exchange: str) -> None:

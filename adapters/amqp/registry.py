@@ -274,6 +274,15 @@ class Registry:
         await self.sync_bindings()
         return {t for t in topics if not await self.queue_store.topic_exists(t)}
 
+    async def look_up_exchange(self, vh: VHost, name: str) -> Exchange | None:
+        """An exchange a publish names that this proxy does not know: one declared through another
+        proxy (with every binding made up to now), or a store topic's (bridge.py); None if none."""
+        await self.sync_bindings()
+        ex = vh.exchanges.get(name) or await self._load_exchange(vh, name)
+        if ex is None and vh.topic_exchange is not None:
+            ex = await vh.topic_exchange(name)
+        return ex
+
     # ------------------------------------------------------------------ exchanges
     async def find_exchange(self, vh: VHost, name: str, cls: int, mid: int) -> Exchange:
         """An exchange this proxy knows or another proxy declared."""

@@ -121,3 +121,26 @@ async def test_a_queue_deleted_through_another_proxy_is_dropped_from_its_publish
     finally:
         await pub.close()
         await keeper.close()
+
+
+async def test_a_publish_to_an_exchange_declared_through_another_proxy_needs_no_declare(
+    env: Env, proxy_b: AmqpAdapter
+):
+    """A producer that only publishes (the topology was declared elsewhere, as often): proxy B
+    looks the exchange and its bindings up in the shared records. Before, that was 404 NOT_FOUND
+    and closed the channel whenever the producer reached another proxy or worker."""
+    sub = await connect(env.port)
+    pub = await connect(proxy_b.bound_port)
+    try:
+        ch = await sub.channel()
+        ex = await ch.declare_exchange("orders", aio_pika.ExchangeType.DIRECT, durable=True)
+        q = await ch.declare_queue("orders-eu", durable=True)
+        await q.bind(ex, "eu")
+        pch = await pub.channel()
+        pex = await pch.get_exchange("orders", ensure=False)  # no exchange.declare
+        await pex.publish(aio_pika.Message(b"o1"), "eu", mandatory=True)  # a return would raise
+        assert (await get_message(q)).body == b"o1"
+        assert not pch.is_closed
+    finally:
+        await pub.close()
+        await sub.close()
