@@ -64,8 +64,7 @@ class Channel:
             b.max_body_size,
             self.fail,
             conn.publish_acl.allows if conn.publish_acl is not None else None,
-            b.registry.missing_topics,
-            b.registry.look_up_exchange,
+            b.registry,
         )
         self.declaring = Declaring(conn, vh, b.registry, b.queue_store, self.reply, self.publisher.wait_sends)
         self._publish = self.publisher.publish

@@ -106,6 +106,14 @@ class PublishAcl:
         return ok
 
 
+class SharedDeclarations(Protocol):
+    """What a publish needs of the declarations other proxies made (registry.Registry)."""
+
+    async def look_up_exchange(self, vh: VHost, name: str) -> Any: ...
+    async def look_up_queue(self, vh: VHost, name: str) -> Any: ...
+    async def missing_topics(self, topics: set[str]) -> set[str]: ...
+
+
 class Confirm:
     """The confirms of the publishes of one read: tags first..last, the nacked ones."""
 
@@ -136,8 +144,7 @@ class Publisher:
         "tx_msgs",
         "sends",
         "may_bridge",
-        "missing_topics",
-        "look_up_exchange",
+        "shared",
     )
 
     def __init__(
@@ -151,8 +158,7 @@ class Publisher:
         max_body_size: int,
         fail: Callable[[AMQPError], None],
         may_publish: Callable[[str], bool] | None = None,
-        missing_topics: Callable[[set[str]], Awaitable[set[str]]] | None = None,
-        look_up_exchange: Callable[[VHost, str], Awaitable[Any]] | None = None,
+        shared: SharedDeclarations | None = None,
     ) -> None:
         self.conn = conn
         self.number = number
@@ -171,11 +177,9 @@ class Publisher:
         self.confirms: deque[Confirm] = deque()
         self.tx_msgs: list[tuple[list[Message], set[Queue]]] = []  # deferred by tx.select
         self.sends: set[asyncio.Task] = set()
-        # Registry.missing_topics: which of these queue topics were deleted through another proxy
-        self.missing_topics = missing_topics
-        # Registry.look_up_exchange: an exchange this proxy does not know yet (another proxy's, a
-        # store topic's); None: only store topics' exchanges (VHost.topic_exchange) are looked up
-        self.look_up_exchange = look_up_exchange
+        # the declarations of the other proxies (the Registry); None: only store topics' exchanges
+        # (VHost.topic_exchange) are looked up
+        self.shared = shared
 
     def release(self) -> None:
         """The channel ends: deferred publishes and pending confirms are dropped."""
@@ -191,18 +195,16 @@ class Publisher:
     # ------------------------------------------------------------------ publishing
     def publish(self, events: list[Any], tx: bool, looked_up: bool = False) -> Awaitable[None] | None:
         """Route the publishes of one read and store them with one send (confirm tags in order);
-        in a transaction (`tx`) keep them for tx.commit. Publishes to exchanges this proxy does
-        not know (declared through another proxy, or store topics' exchanges, bridge.py) wait for
-        that look-up: the awaitable returned (the channel handles what follows after it)."""
+        in a transaction (`tx`) keep them for tx.commit. Publishes to exchanges, or through the
+        default exchange to queues, that this proxy does not know (declared through another proxy,
+        or store topics' exchanges, bridge.py) wait for that look-up: the awaitable returned (the
+        channel handles what follows after it)."""
         conn = self.conn
         vh = self.vhost
-        if (self.look_up_exchange is not None or vh.topic_exchange is not None) and not looked_up:
-            known = vh.exchanges
+        if not looked_up and (self.shared is not None or vh.topic_exchange is not None):
             for ev in events:
-                if ev.method.exchange not in known and ev.method.exchange != "amq.default":
-                    missing = {e.method.exchange for e in events if e.method.exchange not in known}
-                    missing.discard("amq.default")
-                    return self._publish_later(events, tx, missing)
+                if self._unknown(ev.method):
+                    return self._publish_later(events, tx)
         route = vh.route
         copies = self.work.copies
         max_body_size = self.max_body_size
@@ -320,15 +322,35 @@ class Publisher:
             raise error
         return None
 
-    async def _publish_later(self, events: list[Any], tx: bool, names: set[str]) -> None:
-        look_up = self.look_up_exchange
-        for name in names:
-            if look_up is not None:
-                await look_up(self.vhost, name)
+    def _unknown(self, m: Any) -> str | None:
+        """ "e" if the exchange of basic.publish `m` is unknown here, "q" if it is the default
+        exchange and its queue is (only looked up with `shared`), else None."""
+        vh = self.vhost
+        x = m.exchange
+        if x in ("", "amq.default"):
+            rk = m.routing_key
+            if self.shared is not None and rk not in vh.queues and not rk.startswith(REPLY_PREFIX):
+                return "q"
+            return None
+        return "e" if x not in vh.exchanges else None
+
+    async def _publish_later(self, events: list[Any], tx: bool) -> None:
+        vh, shared = self.vhost, self.shared
+        seen: set[tuple[str, str]] = set()
+        for ev in events:
+            m = ev.method
+            kind = self._unknown(m)
+            name = m.routing_key if kind == "q" else m.exchange
+            if kind is None or (kind, name) in seen:
+                continue
+            seen.add((kind, name))
+            if shared is None:
+                assert vh.topic_exchange is not None
+                await vh.topic_exchange(name)
+            elif kind == "e":
+                await shared.look_up_exchange(vh, name)
             else:
-                find = self.vhost.topic_exchange
-                assert find is not None
-                await find(name)
+                await shared.look_up_queue(vh, name)
         self.publish(events, tx, True)
 
     def _check_stored(self, m: Message, exchange: str) -> None:
@@ -403,9 +425,9 @@ class Publisher:
         (Registry.sync_bindings) fails the send with TOPIC_NOT_FOUND: the messages routed to it go
         with it, as if the publish had come a moment later, and the others are sent again. Any other
         failure is raised again."""
-        if e.kind is not ErrorKind.TOPIC_NOT_FOUND or self.missing_topics is None:
+        if e.kind is not ErrorKind.TOPIC_NOT_FOUND or self.shared is None:
             raise e
-        gone = await self.missing_topics({q.topic for q in queues})
+        gone = await self.shared.missing_topics({q.topic for q in queues})
         if not gone:
             raise e
         return [m for m in msgs if m.topic not in gone]

@@ -9,7 +9,9 @@ are removed with it), `amqp.meta` (`bindings`: a random generation, written afte
 `amqp.bindings`, that proxies poll). Keys are `<len(vhost)>:<vhost><name>` (a
 binding's name: `<len(source)>:<source><binding key>`), values JSON with arguments as base64 of the
 AMQP field table. A queue record names the user who declared it (`user`, for the per-user queue
-limit); records written before that have none and count for nobody. An unreadable exchange or
+limit); records written before that have none and count for nobody. Exchange and queue records
+name the process that declared them (`owner`, owners.py): a proxy that starts removes only the
+transient ones whose process is gone. An unreadable exchange or
 queue record is deleted when it is read.
 """
 
@@ -23,6 +25,7 @@ import time
 from typing import Any, Protocol
 
 from .codec import AMQPError, decode_table, encode_table
+from .owners import this_process
 from .queues import Queue
 from .routing import Binding, Exchange
 
@@ -79,6 +82,15 @@ def binding_source(value: bytes, queue: str) -> str | None:
         return None
 
 
+def record_owner(value: bytes) -> str | None:
+    """The process that declared a stored exchange or queue (None: not recorded, or unreadable)."""
+    try:
+        owner = json.loads(value).get("owner")
+    except (ValueError, AttributeError):
+        return None
+    return owner if isinstance(owner, str) else None
+
+
 def queue_user(value: bytes) -> str | None:
     """The user who declared a stored queue (None: not recorded, or an unreadable record)."""
     try:
@@ -120,6 +132,7 @@ class Records:
             "auto_delete": ex.auto_delete,
             "internal": ex.internal,
             "args": args_b64(ex.args),
+            "owner": this_process(),
         }
         await self.kv.kv_put(EXCHANGES_NS, vkey(ex.vhost, ex.name), json.dumps(rec).encode())
 
@@ -164,6 +177,7 @@ class Records:
         existing record if there is one."""
         rec = q.record()
         rec["args"] = args_b64(args)
+        rec["owner"] = this_process()
         if user is not None:
             rec["user"] = user
         return await self.kv.kv_put_if_absent(QUEUES_NS, vkey(q.vhost, q.name), json.dumps(rec).encode())

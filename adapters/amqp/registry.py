@@ -29,9 +29,10 @@ from messaging_processor import Action, ProcessorError, Resource
 from .codec import AMQPError, ReplyCode
 from .lifetimes import QueueLifetimes
 from .mapping import store_name
+from .owners import alive
 from .queue_store import QueueStore
 from .queues import Queue, check_equivalent
-from .records import Records, args_b64, binding_name, binding_source, parse_vkey, vkey
+from .records import Records, args_b64, binding_name, binding_source, parse_vkey, record_owner, vkey
 from .routing import EXCHANGE_TYPES, Binding, Exchange, VHost
 
 if TYPE_CHECKING:
@@ -81,15 +82,19 @@ class Registry:
         return vh
 
     async def start(self) -> None:
-        """Load durable declarations; remove the records of non-durable exchanges and what transient and
-        exclusive queues left in the store."""
+        """Load the declarations. Remove the records of non-durable exchanges and of transient and
+        exclusive queues (with their messages) that a process which is gone left behind; those of
+        processes still running (other workers, proxies on this host: owners.py) are kept, their
+        queues known here as `remote` destinations. Then the bindings whose ends are gone."""
         rs = self.records
         self._generation = await rs.bindings_generation()  # before the reads: a later change re-syncs
+        removed = False
         for key, value in await rs.exchanges():
             vh, name = parse_vkey(key)
             ex = await rs.exchange_of(vh, name, value)
-            if ex is not None and not ex.durable:
+            if ex is not None and not ex.durable and not alive(record_owner(value)):
                 await rs.delete_exchange(vh, name)
+                removed = True
             elif ex is not None:
                 self.vhost(vh).exchanges[name] = ex
         for key, value in await rs.queues():
@@ -98,16 +103,27 @@ class Registry:
             if q is None:
                 continue
             if not q.durable or q.exclusive:
+                if alive(record_owner(value)):
+                    q.remote = True  # another running process's
+                    self.vhost(vh).queues[name] = q
+                    continue
                 await self.queue_store.drop(q)
                 await rs.delete_queue(vh, name)
+                removed = True
                 continue
             self.vhost(vh).queues[name] = q
         for key, value in await rs.bindings():
             await self._store_topic_source(key, value)
-            self._link_record(key, value, None)
+            if not self._link_record(key, value):
+                await rs.delete_binding_key(key)  # an end is gone (or the record is unreadable)
+                removed = True
+        if removed:
+            await rs.bindings_changed()  # the running proxies unlink what went (sync_bindings)
         n = 0
         for vh in self.vhosts.values():
             for q in vh.queues.values():
+                if q.remote:
+                    continue
                 n += 1
                 self._activate(q)
         if n:
@@ -130,10 +146,10 @@ class Registry:
             self.start_sweeper(q)
 
     # ------------------------------------------------------------------ shared declarations
-    def _link_record(self, key: str, value: bytes, dest_queue: str | None) -> None:
-        """Link one stored binding whose source and destination this proxy knows. At start
-        (`dest_queue` None) a record that is unreadable or misses an end is deleted; when a queue
-        is adopted, such a record is another proxy's business and left alone."""
+    def _link_record(self, key: str, value: bytes) -> bool:
+        """Link one stored binding whose source and destination this proxy knows; False if the
+        record is unreadable or an end is unknown (at start: deleted; when a queue is adopted,
+        another proxy's business and left alone)."""
         try:
             vh_name, _ = parse_vkey(key)
             source, kind, dest_name, rk, args = Records.parse_binding(value)
@@ -143,10 +159,9 @@ class Registry:
         except (ValueError, KeyError, TypeError):
             src = dest = None
         if src is None or dest is None:
-            if dest_queue is None:
-                self.spawn(self.records.delete_binding_key(key))
-            return
+            return False
         self._link(src, dest, rk, args)
+        return True
 
     async def _store_topic_source(self, key: str, value: bytes) -> None:
         """Make the exchange of a store topic that a stored binding has as its source (those are
@@ -195,7 +210,7 @@ class Registry:
             if src is not None:
                 if src not in vh.exchanges:
                     await self._load_exchange(vh, src)
-                self._link_record(key, value, name)
+                self._link_record(key, value)
         self._activate(q)
         return q
 
@@ -270,9 +285,20 @@ class Registry:
 
     async def missing_topics(self, topics: set[str]) -> set[str]:
         """Of these queue topics, those that no longer exist, once the bindings are in step: a
-        publish routed to a queue deleted through another proxy before this proxy saw it."""
+        publish routed to a queue deleted through another proxy before this proxy saw it. Such a
+        queue known here as `remote` is forgotten."""
         await self.sync_bindings()
-        return {t for t in topics if not await self.queue_store.topic_exists(t)}
+        gone = {t for t in topics if not await self.queue_store.topic_exists(t)}
+        for vh in self.vhosts.values():
+            for name in [n for n, q in vh.queues.items() if q.remote and q.topic in gone]:
+                for b in list(vh.queues.pop(name).bindings.values()):
+                    _unlink_here(b)
+        return gone
+
+    async def look_up_queue(self, vh: VHost, name: str) -> Queue | None:
+        """A queue a publish through the default exchange names that this proxy does not know: one
+        declared through another proxy (`remote` here), or None."""
+        return vh.queues.get(name) or await self._load_remote_queue(vh, name)
 
     async def look_up_exchange(self, vh: VHost, name: str) -> Exchange | None:
         """An exchange a publish names that this proxy does not know: one declared through another

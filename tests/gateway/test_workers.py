@@ -9,7 +9,8 @@ proxies sharing every port with SO_REUSEPORT), driven by real clients of every p
   the old connection, session present on the new);
 - an AMQP exclusive queue of one worker is locked for the other's connections, and its bindings
   route publishes made through the other worker (pub/sub across workers);
-- `kill -9` of a worker loses nothing it acknowledged, and the supervisor starts another."""
+- `kill -9` of a worker loses nothing it acknowledged (MQTT, and the AMQP exclusive queues of the
+  other worker), and the supervisor starts another."""
 
 from __future__ import annotations
 
@@ -319,6 +320,66 @@ def test_amqp_pub_sub_across_workers(gw):
                 got.add(body.decode())
         assert got == set(sent)
         assert any(w != sub_worker for w in sent.values())
+    finally:
+        for c in conns:
+            with contextlib.suppress(Exception):
+                c.close()
+
+
+def test_amqp_kill9_of_a_worker_spares_the_other_workers_exclusive_queues(gw):
+    """Subscribers' exclusive queues on both workers, bound to one fanout exchange; `kill -9` of
+    one worker. Its replacement removes the dead worker's queue but not the live one: a confirmed
+    message published before the kill is still there, and so is every one published after through
+    either worker (each confirmed, and routed: mandatory). Before, the replacement removed every
+    transient queue it found, the live worker's included, with its confirmed messages."""
+    proc, listeners = gw
+    host, p = port(listeners, "amqp")
+    conns = []
+
+    def open_on_worker() -> tuple[pika.BlockingConnection, int]:
+        c = pika.BlockingConnection(pika.ConnectionParameters(host, p, connection_attempts=1))
+        conns.append(c)
+        local = c._impl._transport._sock.getsockname()[1]
+        return c, wait_for(lambda: worker_serving(proc.pid, p, local))
+
+    def subscriber() -> tuple[object, str, int]:
+        c, w = open_on_worker()
+        ch = c.channel()
+        ch.exchange_declare("k9-fan", "fanout", durable=True)
+        q = ch.queue_declare("", exclusive=True).method.queue
+        ch.queue_bind(q, "k9-fan")
+        return ch, q, w
+
+    def publish(body: bytes) -> None:
+        """Through a new connection (either worker), confirmed; UnroutableError if routed nowhere."""
+        c, _ = open_on_worker()
+        ch = c.channel()
+        ch.confirm_delivery()
+        ch.basic_publish("k9-fan", "", body, mandatory=True)
+        c.close()
+
+    try:
+        live_ch, live_q, live_w = subscriber()
+        for _ in range(40):
+            _, _, dead_w = subscriber()
+            if dead_w != live_w:
+                break
+        else:
+            pytest.fail("40 connections all landed on one worker")
+        publish(b"before")
+        os.kill(dead_w, signal.SIGKILL)
+        assert proc.wait_line(rf"worker \d \(pid {dead_w}\) exited", 10)
+        assert proc.wait_line(r"worker \d ready", 30)  # its replacement has started
+        sent = [b"before"] + [f"after-{i}".encode() for i in range(12)]
+        for body in sent[1:]:
+            publish(body)
+        got = []
+        deadline = time.monotonic() + 20
+        while len(got) < len(sent) and time.monotonic() < deadline:
+            method, _, body = live_ch.basic_get(live_q, auto_ack=True)
+            if method is not None:
+                got.append(body)
+        assert sorted(got) == sorted(sent)
     finally:
         for c in conns:
             with contextlib.suppress(Exception):

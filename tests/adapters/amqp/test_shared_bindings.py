@@ -144,3 +144,26 @@ async def test_a_publish_to_an_exchange_declared_through_another_proxy_needs_no_
     finally:
         await pub.close()
         await sub.close()
+
+
+async def test_a_publish_through_the_default_exchange_finds_a_queue_declared_through_another_proxy(
+    env: Env, proxy_b: AmqpAdapter
+):
+    """RabbitMQ's work queue with a producer that does not declare the queue: proxy B looks the
+    queue up in the shared records (an exclusive queue of another connection too, as RabbitMQ
+    allows). Before, B did not know the queue: the publish was unroutable and the message lost."""
+    sub = await connect(env.port)
+    pub = await connect(proxy_b.bound_port)
+    try:
+        ch = await sub.channel()
+        work = await ch.declare_queue("work", durable=True)
+        mine = await ch.declare_queue("", exclusive=True)
+        pch = await pub.channel(on_return_raises=True)
+        for q in (work, mine):
+            await pch.default_exchange.publish(aio_pika.Message(b"job"), q.name, mandatory=True)
+            assert (await get_message(q)).body == b"job"
+        with pytest.raises(aio_pika.exceptions.DeliveryError):  # a queue nobody declared: returned
+            await pch.default_exchange.publish(aio_pika.Message(b"lost"), "nobody", mandatory=True)
+    finally:
+        await pub.close()
+        await sub.close()
