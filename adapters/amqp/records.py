@@ -82,22 +82,23 @@ def binding_source(value: bytes, queue: str) -> str | None:
         return None
 
 
-def record_owner(value: bytes) -> str | None:
-    """The process that declared a stored exchange or queue (None: not recorded, or unreadable)."""
+def _text_field(value: bytes, name: str) -> str | None:
+    """A record's text field `name` (None: not recorded, or an unreadable record)."""
     try:
-        owner = json.loads(value).get("owner")
+        v = json.loads(value).get(name)
     except (ValueError, AttributeError):
         return None
-    return owner if isinstance(owner, str) else None
+    return v if isinstance(v, str) else None
+
+
+def record_owner(value: bytes) -> str | None:
+    """The process that declared a stored exchange or queue (owners.py)."""
+    return _text_field(value, "owner")
 
 
 def queue_user(value: bytes) -> str | None:
-    """The user who declared a stored queue (None: not recorded, or an unreadable record)."""
-    try:
-        user = json.loads(value).get("user")
-    except (ValueError, AttributeError):
-        return None
-    return user if isinstance(user, str) else None
+    """The user who declared a stored queue."""
+    return _text_field(value, "user")
 
 
 class Records:

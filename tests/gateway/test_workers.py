@@ -248,23 +248,35 @@ def test_mqtt_client_id_taken_over_on_the_other_worker(gw):
             s.close()
 
 
-def test_amqp_exclusive_queue_of_one_worker_is_locked_on_the_other(gw):
-    proc, listeners = gw
-    host, p = port(listeners, "amqp")
-    conns = []
+class AmqpConnections:
+    """pika connections to the workers' AMQP port, each with the worker serving it."""
 
-    def open_on_worker() -> tuple[pika.BlockingConnection, int]:
-        c = pika.BlockingConnection(pika.ConnectionParameters(host, p, connection_attempts=1))
-        conns.append(c)
+    def __init__(self, gw) -> None:
+        proc, listeners = gw
+        self.supervisor = proc.pid
+        self.host, self.port = port(listeners, "amqp")
+        self.conns: list[pika.BlockingConnection] = []
+
+    def open(self) -> tuple[pika.BlockingConnection, int]:
+        c = pika.BlockingConnection(pika.ConnectionParameters(self.host, self.port, connection_attempts=1))
+        self.conns.append(c)
         local = c._impl._transport._sock.getsockname()[1]
-        return c, wait_for(lambda: worker_serving(proc.pid, p, local))
+        return c, wait_for(lambda: worker_serving(self.supervisor, self.port, local))
 
+    def close(self) -> None:
+        for c in self.conns:
+            with contextlib.suppress(Exception):
+                c.close()
+
+
+def test_amqp_exclusive_queue_of_one_worker_is_locked_on_the_other(gw):
+    amqp = AmqpConnections(gw)
     try:
-        c1, w1 = open_on_worker()
+        c1, w1 = amqp.open()
         ch1 = c1.channel()
         ch1.queue_declare("only-mine", exclusive=True)
         for _ in range(40):
-            c2, w2 = open_on_worker()
+            c2, w2 = amqp.open()
             if w2 != w1:
                 break
         else:
@@ -273,9 +285,7 @@ def test_amqp_exclusive_queue_of_one_worker_is_locked_on_the_other(gw):
             c2.channel().queue_declare("only-mine", exclusive=True)
         assert e.value.reply_code == 405  # RESOURCE_LOCKED
     finally:
-        for c in conns:
-            with contextlib.suppress(Exception):
-                c.close()
+        amqp.close()
 
 
 def test_amqp_pub_sub_across_workers(gw):
@@ -283,25 +293,16 @@ def test_amqp_pub_sub_across_workers(gw):
     exclusive queue is bound to a fanout exchange through one worker, publishers declare the
     exchange and publish through the other. Before, the publishing worker knew only its own
     bindings, and every such publish was lost (unroutable)."""
-    proc, listeners = gw
-    host, p = port(listeners, "amqp")
-    conns = []
-
-    def open_on_worker() -> tuple[pika.BlockingConnection, int]:
-        c = pika.BlockingConnection(pika.ConnectionParameters(host, p, connection_attempts=1))
-        conns.append(c)
-        local = c._impl._transport._sock.getsockname()[1]
-        return c, wait_for(lambda: worker_serving(proc.pid, p, local))
-
+    amqp = AmqpConnections(gw)
     try:
-        sub, sub_worker = open_on_worker()
+        sub, sub_worker = amqp.open()
         ch = sub.channel()
         ch.exchange_declare("logs", "fanout", durable=False)
         q = ch.queue_declare("", exclusive=True).method.queue
         ch.queue_bind(q, "logs")
         sent = {}
         for i in range(40):
-            c, w = open_on_worker()
+            c, w = amqp.open()
             pub = c.channel()
             pub.exchange_declare("logs", "fanout", durable=False)
             pub.confirm_delivery()
@@ -321,9 +322,7 @@ def test_amqp_pub_sub_across_workers(gw):
         assert got == set(sent)
         assert any(w != sub_worker for w in sent.values())
     finally:
-        for c in conns:
-            with contextlib.suppress(Exception):
-                c.close()
+        amqp.close()
 
 
 def test_amqp_kill9_of_a_worker_spares_the_other_workers_exclusive_queues(gw):
@@ -332,18 +331,11 @@ def test_amqp_kill9_of_a_worker_spares_the_other_workers_exclusive_queues(gw):
     message published before the kill is still there, and so is every one published after through
     either worker (each confirmed, and routed: mandatory). Before, the replacement removed every
     transient queue it found, the live worker's included, with its confirmed messages."""
-    proc, listeners = gw
-    host, p = port(listeners, "amqp")
-    conns = []
-
-    def open_on_worker() -> tuple[pika.BlockingConnection, int]:
-        c = pika.BlockingConnection(pika.ConnectionParameters(host, p, connection_attempts=1))
-        conns.append(c)
-        local = c._impl._transport._sock.getsockname()[1]
-        return c, wait_for(lambda: worker_serving(proc.pid, p, local))
+    proc = gw[0]
+    amqp = AmqpConnections(gw)
 
     def subscriber() -> tuple[object, str, int]:
-        c, w = open_on_worker()
+        c, w = amqp.open()
         ch = c.channel()
         ch.exchange_declare("k9-fan", "fanout", durable=True)
         q = ch.queue_declare("", exclusive=True).method.queue
@@ -352,7 +344,7 @@ def test_amqp_kill9_of_a_worker_spares_the_other_workers_exclusive_queues(gw):
 
     def publish(body: bytes) -> None:
         """Through a new connection (either worker), confirmed; UnroutableError if routed nowhere."""
-        c, _ = open_on_worker()
+        c, _ = amqp.open()
         ch = c.channel()
         ch.confirm_delivery()
         ch.basic_publish("k9-fan", "", body, mandatory=True)
@@ -381,9 +373,7 @@ def test_amqp_kill9_of_a_worker_spares_the_other_workers_exclusive_queues(gw):
                 got.append(body)
         assert sorted(got) == sorted(sent)
     finally:
-        for c in conns:
-            with contextlib.suppress(Exception):
-                c.close()
+        amqp.close()
 
 
 async def test_kill9_of_a_worker_loses_nothing_acknowledged(gw):

@@ -7,7 +7,10 @@ gone: the test does not depend on timing. Real clients: aio-pika."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
+from typing import Any
 
 import aio_pika
 import pytest
@@ -39,6 +42,18 @@ async def connect(port: int) -> aio_pika.abc.AbstractConnection:
     return await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{port}/", timeout=T)
 
 
+@contextlib.asynccontextmanager
+async def clients(env: Env, proxy_b: AmqpAdapter) -> AsyncIterator[tuple[Any, Any]]:
+    """A connection to proxy A (env's adapter) and one to proxy B."""
+    a = await connect(env.port)
+    b = await connect(proxy_b.bound_port)
+    try:
+        yield a, b
+    finally:
+        await b.close()
+        await a.close()
+
+
 async def topic_gone(processor: MessagingProcessor, topic: str) -> None:
     """Until `topic` no longer exists (an exclusive queue is dropped after its owner's close)."""
     deadline = time.monotonic() + T
@@ -55,9 +70,7 @@ async def test_a_publisher_on_another_proxy_routes_by_bindings_made_here(env: En
     """RabbitMQ's pub/sub across proxies: the subscriber's exclusive queue and a durable queue are
     bound through proxy A; a publisher on proxy B declares the exchange and publishes (confirmed,
     and in a transaction): both queues get every message."""
-    sub = await connect(env.port)
-    pub = await connect(proxy_b.bound_port)
-    try:
+    async with clients(env, proxy_b) as (sub, pub):
         ch = await sub.channel()
         fan = await ch.declare_exchange("fan", aio_pika.ExchangeType.FANOUT, durable=False)
         mine = await ch.declare_queue("", exclusive=True)
@@ -76,9 +89,6 @@ async def test_a_publisher_on_another_proxy_routes_by_bindings_made_here(env: En
         for q in (mine, kept):
             got = [(await get_message(q)).body for _ in range(2)]
             assert sorted(got) == [b"confirmed", b"in-tx"], q.name
-    finally:
-        await pub.close()
-        await sub.close()
 
 
 async def test_a_queue_deleted_through_another_proxy_is_dropped_from_its_publishes(
@@ -88,9 +98,7 @@ async def test_a_queue_deleted_through_another_proxy_is_dropped_from_its_publish
     publishes before it saw the change: the send finds the queue's topic gone, B re-reads the
     bindings and stores the other copies. The publish is confirmed (not nacked), and a transaction
     commits (not 500 INTERNAL_ERROR)."""
-    keeper = await connect(env.port)
-    pub = await connect(proxy_b.bound_port)
-    try:
+    async with clients(env, proxy_b) as (keeper, pub):
         kch = await keeper.channel()
         fan = await kch.declare_exchange("fan2", aio_pika.ExchangeType.FANOUT, durable=True)
         kept = await kch.declare_queue("kept2", durable=True)
@@ -118,9 +126,6 @@ async def test_a_queue_deleted_through_another_proxy_is_dropped_from_its_publish
             assert [(await get_message(kept)).body for _ in range(2)] == [b"before", b"after"]
             queues = proxy_b.broker.vhosts["/"].queues
             assert mine.name not in queues  # B's bindings are in step again
-    finally:
-        await pub.close()
-        await keeper.close()
 
 
 async def test_a_publish_to_an_exchange_declared_through_another_proxy_needs_no_declare(
@@ -129,9 +134,7 @@ async def test_a_publish_to_an_exchange_declared_through_another_proxy_needs_no_
     """A producer that only publishes (the topology was declared elsewhere, as often): proxy B
     looks the exchange and its bindings up in the shared records. Before, that was 404 NOT_FOUND
     and closed the channel whenever the producer reached another proxy or worker."""
-    sub = await connect(env.port)
-    pub = await connect(proxy_b.bound_port)
-    try:
+    async with clients(env, proxy_b) as (sub, pub):
         ch = await sub.channel()
         ex = await ch.declare_exchange("orders", aio_pika.ExchangeType.DIRECT, durable=True)
         q = await ch.declare_queue("orders-eu", durable=True)
@@ -141,9 +144,6 @@ async def test_a_publish_to_an_exchange_declared_through_another_proxy_needs_no_
         await pex.publish(aio_pika.Message(b"o1"), "eu", mandatory=True)  # a return would raise
         assert (await get_message(q)).body == b"o1"
         assert not pch.is_closed
-    finally:
-        await pub.close()
-        await sub.close()
 
 
 async def test_a_publish_through_the_default_exchange_finds_a_queue_declared_through_another_proxy(
@@ -152,9 +152,7 @@ async def test_a_publish_through_the_default_exchange_finds_a_queue_declared_thr
     """RabbitMQ's work queue with a producer that does not declare the queue: proxy B looks the
     queue up in the shared records (an exclusive queue of another connection too, as RabbitMQ
     allows). Before, B did not know the queue: the publish was unroutable and the message lost."""
-    sub = await connect(env.port)
-    pub = await connect(proxy_b.bound_port)
-    try:
+    async with clients(env, proxy_b) as (sub, pub):
         ch = await sub.channel()
         work = await ch.declare_queue("work", durable=True)
         mine = await ch.declare_queue("", exclusive=True)
@@ -164,6 +162,3 @@ async def test_a_publish_through_the_default_exchange_finds_a_queue_declared_thr
             assert (await get_message(q)).body == b"job"
         with pytest.raises(aio_pika.exceptions.DeliveryError):  # a queue nobody declared: returned
             await pch.default_exchange.publish(aio_pika.Message(b"lost"), "nobody", mandatory=True)
-    finally:
-        await pub.close()
-        await sub.close()
