@@ -277,8 +277,11 @@ class Registry:
             return None
         raw = await self.records.queue_value(vh.name, name)
         q = None if raw is None else await self.records.queue_of(vh.name, name, raw)
-        if q is None:
+        if q is None or ("q", name) in vh.dropping:
             return None
+        known = vh.queues.get(name)  # declared or looked up here meanwhile (a publish looks up unlocked)
+        if known is not None:
+            return known
         q.remote = True
         vh.queues[name] = q
         return q
