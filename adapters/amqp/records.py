@@ -2,16 +2,16 @@
 proxy of a cluster.
 
 Namespaces: `amqp.exchanges` (every exchange, so that proxies share non-durable ones too; those
-are removed when a proxy starts), `amqp.queues` (every queue, so that transient and
-exclusive ones are removed from the store after a crash), `amqp.bindings` (every binding, so that a
-publish through any proxy routes by the bindings made through the others; those with a transient end
-are removed with it), `amqp.meta` (`bindings`: a random generation, written after every change of
-`amqp.bindings`, that proxies poll). Keys are `<len(vhost)>:<vhost><name>` (a
-binding's name: `<len(source)>:<source><binding key>`), values JSON with arguments as base64 of the
-AMQP field table. A queue record names the user who declared it (`user`, for the per-user queue
-limit); records written before that have none and count for nobody. Exchange and queue records
-name the process that declared them (`owner`, owners.py): a proxy that starts removes only the
-transient ones whose process is gone. An unreadable exchange or
+are removed when a proxy starts), `amqp.queues` (every queue, so that transient and exclusive ones
+are removed from the store after a crash), `amqp.bindings` (every binding, so that a publish
+through any proxy routes by the bindings made through the others; those with a transient end are
+removed with it), `amqp.meta` (`bindings`: a random generation, written after every change of
+`amqp.bindings` and every deletion of an exchange or queue, that proxies poll). Keys are
+`<len(vhost)>:<vhost><name>` (a binding's name: `<len(source)>:<source><binding key>`), values
+JSON with arguments as base64 of the AMQP field table. A queue record names the user who declared
+it (`user`, for the per-user queue limit); records written before that have none and count for
+nobody. Exchange and queue records name the process that declared them (`owner`, owners.py): a
+proxy that starts removes only the transient ones whose process is gone. An unreadable exchange or
 queue record is deleted when it is read.
 """
 

@@ -8,11 +8,14 @@ and a new queue's record is created atomically (kv_put_if_absent), so a second p
 same queue adopts it (its messages and its group's position) instead of starting it again; another
 proxy's exclusive queue is 405 RESOURCE_LOCKED. What was adopted stays cached.
 
-Bindings are kept in step (`sync_bindings`): every binding is recorded, each change writes a new
-generation, and a proxy re-reads the bindings when the generation changed, every
-`sync_interval_s` and before each exchange.declare (what publishers do first). A publish through
-any proxy then routes by the bindings made through the others, a queue another proxy serves
-(an exclusive one too) included; such a queue is `Queue.remote` here until a connection here uses it.
+Bindings are kept in step (`sync_bindings`): every binding is recorded, each change of a binding
+and each deletion of an exchange or queue writes a new generation, and a proxy re-reads the
+records when the generation changed, every `sync_interval_s` and before each exchange.declare and
+queue.declare (what clients do first). A publish through any proxy then routes by the bindings made
+through the others, a queue another proxy serves (an exclusive one too) included; such a queue is
+`Queue.remote` here until a connection here uses it. An exchange or queue deleted through another
+proxy (its record gone, or declared again with other flags) is forgotten here: its consumers here
+get basic.cancel, its bindings here go.
 """
 
 from __future__ import annotations
@@ -233,6 +236,7 @@ class Registry:
             return False
         async with self.lock:
             gen = await self.records.bindings_generation()  # before the read: a later change re-syncs
+            await self._forget_deleted()
             recs = dict(await self.records.bindings())
             linked: set[str] = set()
             for vh in list(self.vhosts.values()):
@@ -251,6 +255,72 @@ class Registry:
                     del vh.queues[name]  # routed to by no binding any more
             self._generation = gen
         return True
+
+    async def _forget_deleted(self) -> None:
+        """Forget the exchanges and queues known here that were deleted through another proxy: their
+        record is gone or holds another declaration (deleted and declared again with other flags).
+        A candidate is read again alone before it goes (one looked up meanwhile, unlocked, is kept)."""
+        rs = self.records
+        queues = dict(await rs.queues())
+        exchanges = dict(await rs.exchanges())
+        for vh in list(self.vhosts.values()):
+            for name, q in list(vh.queues.items()):
+                if await self._same_queue(q, queues.get(vkey(vh.name, name))):
+                    continue
+                raw = await rs.queue_value(vh.name, name)
+                if vh.queues.get(name) is q and not await self._same_queue(q, raw):
+                    self._forget_queue(vh, q)
+            for name, ex in list(vh.exchanges.items()):
+                if ex.stores or not name or name.startswith("amq."):
+                    continue  # a store topic's or a pre-declared exchange: not recorded
+                if await self._same_exchange(ex, exchanges.get(vkey(vh.name, name))):
+                    continue
+                raw = await rs.exchange_value(vh.name, name)
+                if vh.exchanges.get(name) is ex and not await self._same_exchange(ex, raw):
+                    self._forget_exchange(vh, ex)
+
+    async def _same_queue(self, q: Queue, raw: bytes | None) -> bool:
+        """Whether a queue record declares `q` (with its flags and compared arguments)."""
+        if raw is None:
+            return False
+        r = await self.records.queue_of(q.vhost, q.name, raw)
+        if r is None or r.topic != q.topic or r.exclusive != q.exclusive:
+            return False
+        try:
+            check_equivalent(q, r.durable, r.exclusive, r.auto_delete, r.args)
+        except AMQPError:
+            return False
+        return True
+
+    async def _same_exchange(self, ex: Exchange, raw: bytes | None) -> bool:
+        """Whether an exchange record declares `ex` (type, flags, alternate exchange)."""
+        if raw is None:
+            return False
+        r = await self.records.exchange_of(ex.vhost, ex.name, raw)
+        return r is not None and _flags(r) == _flags(ex)
+
+    def _forget_queue(self, vh: VHost, q: Queue) -> None:
+        """A queue deleted through another proxy (which dropped its messages and records): its
+        consumers here are cancelled (basic.cancel), its bindings here unlinked."""
+        q.deleted = True
+        vh.queues.pop(q.name, None)
+        _stop_timers(q)
+        for c in list(q.consumers):
+            c.channel.server_cancel(c)
+        for b in list(q.bindings.values()):
+            _unlink_here(b)
+        if q.owner is not None:
+            q.owner.exclusive_queues.discard(q)  # type: ignore[attr-defined]
+
+    def _forget_exchange(self, vh: VHost, ex: Exchange) -> None:
+        """An exchange deleted through another proxy: its bindings here, both ways, unlinked."""
+        ex.deleted = True
+        vh.exchanges.pop(ex.name, None)
+        gone = list(ex.bindings.values())
+        for other in vh.exchanges.values():
+            gone += [b for b in other.bindings.values() if b.dest is ex]
+        for b in gone:
+            _unlink_here(b)
 
     async def _link_shared(self, key: str, value: bytes) -> None:
         """Link one binding another proxy recorded, finding or loading both of its ends."""
@@ -410,7 +480,11 @@ class Registry:
                 gone += [b for b in other.bindings.values() if b.dest is ex]
             for b in gone:
                 await self._unlink(vh, b)
+            await self._delete_binding_records(
+                vh, lambda src, kind, dest: src == ex.name or (kind == "e" and dest == ex.name)
+            )
             await self.records.delete_exchange(vh.name, ex.name)
+            await self.records.bindings_changed()  # the other proxies forget it (sync_bindings)
         finally:
             vh.dropping.discard(("e", ex.name))
 
@@ -514,6 +588,7 @@ class Registry:
         auto_delete: bool,
         args: dict[str, Any],
     ) -> Queue:
+        await self.sync_bindings()  # a queue deleted through another proxy is not declared here any more
         if passive:
             q = await self.find_queue(conn, vh, name, 50, 10)
             self.lifetimes.touch(q)
@@ -636,10 +711,23 @@ class Registry:
                 await self._unlink(vh, b)
             if q.owner is not None:
                 q.owner.exclusive_queues.discard(q)  # type: ignore[attr-defined]
+            await self._delete_binding_records(vh, lambda src, kind, dest: kind == "q" and dest == q.name)
             await self.queue_store.drop(q)  # first: a crash meanwhile leaves the record, cleaned up at start
             await self.records.delete_queue(q.vhost, q.name)
+            await self.records.bindings_changed()  # the other proxies forget it (sync_bindings)
         finally:
             vh.dropping.discard(("q", q.name))
+
+    async def _delete_binding_records(self, vh: VHost, of: Callable[[str, str, str], bool]) -> None:
+        """Delete the recorded bindings of an exchange or queue being deleted that this proxy has
+        not linked (made through another proxy since its last sync): none outlives its end."""
+        for key, value in await self.records.bindings(vh.name):
+            try:
+                source, kind, dest, _, _ = Records.parse_binding(value)
+            except (ValueError, KeyError, TypeError):
+                continue
+            if of(source, kind, dest):
+                await self.records.delete_binding_key(key)
 
     def drop_later(self, q: Queue) -> None:
         """Delete a queue from a synchronous context (auto-delete, exclusive owner gone, x-expires)."""
@@ -662,6 +750,11 @@ def _unlink_here(b: Binding) -> None:
     b.source.unbind(b.key)
     if isinstance(b.dest, Queue):
         b.dest.bindings.pop(binding_name(b.source.name, b.key), None)
+
+
+def _flags(ex: Exchange) -> tuple[Any, ...]:
+    """What exchange.declare compares: type, flags and alternate exchange."""
+    return ex.type, ex.durable, ex.auto_delete, ex.internal, ex.args.get("alternate-exchange")
 
 
 def _stop_timers(q: Queue) -> None:

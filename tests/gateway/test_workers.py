@@ -325,6 +325,36 @@ def test_amqp_pub_sub_across_workers(gw):
         amqp.close()
 
 
+def test_amqp_queue_deleted_through_one_worker_is_gone_on_the_other(gw):
+    """A queue known to both workers is deleted through one: on the other, a passive declare is
+    404 NOT_FOUND and a declare with other flags makes a new queue. Before, the other worker kept
+    the deleted queue until its restart (declare-ok for the passive declare, 406 for new flags)."""
+    amqp = AmqpConnections(gw)
+    try:
+        c1, w1 = amqp.open()
+        ch1 = c1.channel()
+        ch1.queue_declare("del-me", durable=True)
+        for _ in range(40):
+            c2, w2 = amqp.open()
+            if w2 != w1:
+                break
+        else:
+            pytest.fail("40 connections all landed on one worker")
+        c2.channel().queue_declare("del-me", durable=True)  # known to the other worker too
+        ch1.queue_delete("del-me")
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+            c2.channel().queue_declare("del-me", passive=True)
+        assert e.value.reply_code == 404
+        ch2 = c2.channel()
+        ch2.queue_declare("del-me", durable=False, arguments={"x-max-length": 3})
+        ch1.confirm_delivery()
+        ch1.basic_publish("", "del-me", b"to-the-new-queue", mandatory=True)
+        method, _, body = ch2.basic_get("del-me", auto_ack=True)
+        assert body == b"to-the-new-queue"
+    finally:
+        amqp.close()
+
+
 def test_amqp_kill9_of_a_worker_spares_the_other_workers_exclusive_queues(gw):
     """Subscribers' exclusive queues on both workers, bound to one fanout exchange; `kill -9` of
     one worker. Its replacement removes the dead worker's queue but not the live one: a confirmed

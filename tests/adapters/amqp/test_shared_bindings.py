@@ -23,9 +23,9 @@ from tests.adapters.amqp.support import Env, get_message
 from tests.support import T
 
 
-@pytest.fixture
-async def proxy_b(env: Env):
-    """A second proxy over env's store that never polls for bindings."""
+@contextlib.asynccontextmanager
+async def quiet_proxy(env: Env) -> AsyncIterator[AmqpAdapter]:
+    """Another proxy over env's store that never polls for bindings."""
     processor = MessagingProcessor(LocalStoreClient(env.store))
     await processor.start()
     adapter = AmqpAdapter(processor, "127.0.0.1", 0)
@@ -36,6 +36,13 @@ async def proxy_b(env: Env):
     finally:
         await adapter.stop(1.0)
         await processor.close()
+
+
+@pytest.fixture
+async def proxy_b(env: Env):
+    """A second proxy over env's store that never polls for bindings."""
+    async with quiet_proxy(env) as adapter:
+        yield adapter
 
 
 async def connect(port: int) -> aio_pika.abc.AbstractConnection:
@@ -162,3 +169,69 @@ async def test_a_publish_through_the_default_exchange_finds_a_queue_declared_thr
             assert (await get_message(q)).body == b"job"
         with pytest.raises(aio_pika.exceptions.DeliveryError):  # a queue nobody declared: returned
             await pch.default_exchange.publish(aio_pika.Message(b"lost"), "nobody", mandatory=True)
+
+
+async def test_a_queue_deleted_through_another_proxy_is_forgotten_there(env: Env, proxy_b: AmqpAdapter):
+    """Proxy C (which never polls) deletes a queue that a consumer on proxy B consumes and that B
+    bound: at B's next queue.declare B forgets it. The consumer gets basic.cancel; the queue
+    declared again through B with other flags is a new queue (not 406 PRECONDITION_FAILED against
+    the deleted one's flags), and without the deleted one's binding (C deleted its record too)."""
+    async with quiet_proxy(env) as proxy_c, clients(env, proxy_b) as (a, b):
+        c = await connect(proxy_c.bound_port)
+        cch = await c.channel()
+        await cch.declare_queue("work", durable=True)
+        bch = await b.channel()
+        cancelled: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        raw = await bch.get_underlay_channel()
+        raw.on_consumer_cancel_callbacks.add(lambda frame: cancelled.set_result(frame.consumer_tag))
+        work = await bch.declare_queue("work", durable=True)  # adopted by B
+        await work.bind("amq.fanout")
+
+        async def ack(m: aio_pika.abc.AbstractIncomingMessage) -> None:
+            await m.ack()
+
+        tag = await work.consume(ack)
+        await cch.queue_delete("work")
+        await c.close()
+        again = await bch.declare_queue("work", durable=False, arguments={"x-max-length": 5})
+        assert await asyncio.wait_for(cancelled, T) == tag
+        q = proxy_b.broker.vhosts["/"].queues["work"]
+        assert (q.durable, q.max_length) == (False, 5)
+        ach = await a.channel()
+        await ach.default_exchange.publish(aio_pika.Message(b"new"), "work")
+        assert (await get_message(again)).body == b"new"
+        other = await bch.declare_queue("other", durable=True)
+        await other.bind("amq.fanout")
+        await bch.declare_queue("other", durable=True)  # B re-reads the bindings
+        fan = await bch.get_exchange("amq.fanout", ensure=False)
+        await fan.publish(aio_pika.Message(b"fanned"), "")
+        assert (await get_message(other)).body == b"fanned"
+        assert await again.get(fail=False) is None  # the deleted queue's binding went with it
+
+
+async def test_an_exchange_deleted_through_another_proxy_is_forgotten_there_with_its_bindings(
+    env: Env, proxy_b: AmqpAdapter
+):
+    """An exchange that proxy B knows, with a queue bound through B, is deleted through proxy C
+    (which never polls, so it did not know that binding): B's exchange.declare of it with another
+    type makes a new exchange (not 406), and the old binding, deleted with the exchange by C,
+    routes nothing to the old queue."""
+    async with quiet_proxy(env) as proxy_c, clients(env, proxy_b) as (_, b):
+        c = await connect(proxy_c.bound_port)
+        try:
+            cch = await c.channel()
+            await cch.declare_exchange("ex-gone", aio_pika.ExchangeType.DIRECT, durable=True)
+            bch = await b.channel()
+            old = await bch.declare_queue("bound-before", durable=True)
+            await old.bind("ex-gone", "k")  # B learns the exchange
+            await cch.exchange_delete("ex-gone")
+        finally:
+            await c.close()
+        ex = await bch.declare_exchange("ex-gone", aio_pika.ExchangeType.FANOUT, durable=True)
+        new = await bch.declare_queue("bound-after", durable=True)
+        await new.bind(ex)
+        ex = await bch.declare_exchange("ex-gone", aio_pika.ExchangeType.FANOUT, durable=True)  # re-reads
+        await ex.publish(aio_pika.Message(b"m"), "k")
+        assert (await get_message(new)).body == b"m"
+        assert await old.get(fail=False) is None  # the publish was routed (above) and not to it
+        assert proxy_b.broker.vhosts["/"].exchanges["ex-gone"].type == "fanout"
