@@ -263,6 +263,14 @@ class AmqpConnections:
         local = c._impl._transport._sock.getsockname()[1]
         return c, wait_for(lambda: worker_serving(self.supervisor, self.port, local))
 
+    def open_elsewhere(self, worker: int) -> pika.BlockingConnection:
+        """A connection served by a worker other than `worker`."""
+        for _ in range(40):
+            c, w = self.open()
+            if w != worker:
+                return c
+        pytest.fail("40 connections all landed on one worker")
+
     def close(self) -> None:
         for c in self.conns:
             with contextlib.suppress(Exception):
@@ -275,12 +283,7 @@ def test_amqp_exclusive_queue_of_one_worker_is_locked_on_the_other(gw):
         c1, w1 = amqp.open()
         ch1 = c1.channel()
         ch1.queue_declare("only-mine", exclusive=True)
-        for _ in range(40):
-            c2, w2 = amqp.open()
-            if w2 != w1:
-                break
-        else:
-            pytest.fail("40 connections all landed on one worker")
+        c2 = amqp.open_elsewhere(w1)
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
             c2.channel().queue_declare("only-mine", exclusive=True)
         assert e.value.reply_code == 405  # RESOURCE_LOCKED
@@ -334,12 +337,7 @@ def test_amqp_queue_deleted_through_one_worker_is_gone_on_the_other(gw):
         c1, w1 = amqp.open()
         ch1 = c1.channel()
         ch1.queue_declare("del-me", durable=True)
-        for _ in range(40):
-            c2, w2 = amqp.open()
-            if w2 != w1:
-                break
-        else:
-            pytest.fail("40 connections all landed on one worker")
+        c2 = amqp.open_elsewhere(w1)
         c2.channel().queue_declare("del-me", durable=True)  # known to the other worker too
         ch1.queue_delete("del-me")
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
