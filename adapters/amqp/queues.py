@@ -60,6 +60,7 @@ class Queue:
         "has_expiring",
         "limited",
         "remote",
+        "stored",
     )
 
     def __init__(
@@ -105,6 +106,7 @@ class Queue:
         # known only as the destination of a binding another proxy made (registry.sync_bindings):
         # publishes here route to it; its timers start when a connection here uses it
         self.remote = False
+        self.stored: bytes | None = None  # its record in the store (records.py)
 
     @property
     def group(self) -> str:

@@ -120,13 +120,16 @@ class Records:
         try:
             r = json.loads(value)
             durable = r.get("durable", True)  # records written before non-durable ones were kept
-            return Exchange(vh, name, r["type"], durable, r["auto_delete"], r["internal"], args_of(r["args"]))
+            ex = Exchange(vh, name, r["type"], durable, r["auto_delete"], r["internal"], args_of(r["args"]))
         except (ValueError, KeyError, TypeError):
             log.warning("amqp: unreadable exchange record %r dropped", vkey(vh, name))
             await self.kv.kv_delete(EXCHANGES_NS, vkey(vh, name))
             return None
+        ex.stored = value
+        return ex
 
     async def put_exchange(self, ex: Exchange) -> None:
+        """Write a new exchange's record (kept as `ex.stored`)."""
         rec = {
             "type": ex.type,
             "durable": ex.durable,
@@ -135,7 +138,8 @@ class Records:
             "args": args_b64(ex.args),
             "owner": this_process(),
         }
-        await self.kv.kv_put(EXCHANGES_NS, vkey(ex.vhost, ex.name), json.dumps(rec).encode())
+        ex.stored = json.dumps(rec).encode()
+        await self.kv.kv_put(EXCHANGES_NS, vkey(ex.vhost, ex.name), ex.stored)
 
     async def delete_exchange(self, vh: str, name: str) -> None:
         await self.kv.kv_delete(EXCHANGES_NS, vkey(vh, name))
@@ -158,7 +162,7 @@ class Records:
     async def queue_of(self, vh: str, name: str, value: bytes) -> Queue | None:
         try:
             r = json.loads(value)
-            return Queue(
+            q = Queue(
                 vh,
                 name,
                 r["topic"],
@@ -172,16 +176,19 @@ class Records:
             log.warning("amqp: unreadable queue record %r dropped", vkey(vh, name))
             await self.kv.kv_delete(QUEUES_NS, vkey(vh, name))
             return None
+        q.stored = value
+        return q
 
     async def create_queue(self, q: Queue, args: dict[str, Any], user: str | None = None) -> bytes | None:
-        """Write a new queue's record (declared by `user`, None: nobody's) unless one exists; the
-        existing record if there is one."""
+        """Write a new queue's record (declared by `user`, None: nobody's; kept as `q.stored`) unless
+        one exists; the existing record if there is one."""
         rec = q.record()
         rec["args"] = args_b64(args)
         rec["owner"] = this_process()
         if user is not None:
             rec["user"] = user
-        return await self.kv.kv_put_if_absent(QUEUES_NS, vkey(q.vhost, q.name), json.dumps(rec).encode())
+        q.stored = json.dumps(rec).encode()
+        return await self.kv.kv_put_if_absent(QUEUES_NS, vkey(q.vhost, q.name), q.stored)
 
     async def delete_queue(self, vh: str, name: str) -> None:
         await self.kv.kv_delete(QUEUES_NS, vkey(vh, name))

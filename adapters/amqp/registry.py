@@ -258,46 +258,25 @@ class Registry:
 
     async def _forget_deleted(self) -> None:
         """Forget the exchanges and queues known here that were deleted through another proxy: their
-        record is gone or holds another declaration (deleted and declared again with other flags).
-        A candidate is read again alone before it goes (one looked up meanwhile, unlocked, is kept)."""
+        record is gone or is another one (deleted and declared again). Records are compared as
+        bytes, with the one each was declared or loaded with (`stored`). A candidate is read again
+        alone before it goes (one looked up meanwhile, unlocked, is kept)."""
         rs = self.records
         queues = dict(await rs.queues())
         exchanges = dict(await rs.exchanges())
         for vh in list(self.vhosts.values()):
             for name, q in list(vh.queues.items()):
-                if await self._same_queue(q, queues.get(vkey(vh.name, name))):
+                if q.stored is None or queues.get(vkey(vh.name, name)) == q.stored:
                     continue
                 raw = await rs.queue_value(vh.name, name)
-                if vh.queues.get(name) is q and not await self._same_queue(q, raw):
+                if vh.queues.get(name) is q and raw != q.stored:
                     self._forget_queue(vh, q)
             for name, ex in list(vh.exchanges.items()):
-                if ex.stores or not name or name.startswith("amq."):
-                    continue  # a store topic's or a pre-declared exchange: not recorded
-                if await self._same_exchange(ex, exchanges.get(vkey(vh.name, name))):
-                    continue
+                if ex.stored is None or exchanges.get(vkey(vh.name, name)) == ex.stored:
+                    continue  # (None: a pre-declared or store topic's exchange, not recorded)
                 raw = await rs.exchange_value(vh.name, name)
-                if vh.exchanges.get(name) is ex and not await self._same_exchange(ex, raw):
+                if vh.exchanges.get(name) is ex and raw != ex.stored:
                     self._forget_exchange(vh, ex)
-
-    async def _same_queue(self, q: Queue, raw: bytes | None) -> bool:
-        """Whether a queue record declares `q` (with its flags and compared arguments)."""
-        if raw is None:
-            return False
-        r = await self.records.queue_of(q.vhost, q.name, raw)
-        if r is None or r.topic != q.topic or r.exclusive != q.exclusive:
-            return False
-        try:
-            check_equivalent(q, r.durable, r.exclusive, r.auto_delete, r.args)
-        except AMQPError:
-            return False
-        return True
-
-    async def _same_exchange(self, ex: Exchange, raw: bytes | None) -> bool:
-        """Whether an exchange record declares `ex` (type, flags, alternate exchange)."""
-        if raw is None:
-            return False
-        r = await self.records.exchange_of(ex.vhost, ex.name, raw)
-        return r is not None and _flags(r) == _flags(ex)
 
     def _forget_queue(self, vh: VHost, q: Queue) -> None:
         """A queue deleted through another proxy (which dropped its messages and records): its
@@ -750,11 +729,6 @@ def _unlink_here(b: Binding) -> None:
     b.source.unbind(b.key)
     if isinstance(b.dest, Queue):
         b.dest.bindings.pop(binding_name(b.source.name, b.key), None)
-
-
-def _flags(ex: Exchange) -> tuple[Any, ...]:
-    """What exchange.declare compares: type, flags and alternate exchange."""
-    return ex.type, ex.durable, ex.auto_delete, ex.internal, ex.args.get("alternate-exchange")
 
 
 def _stop_timers(q: Queue) -> None:

@@ -57,6 +57,7 @@ class Exchange:
         "bridge",
         "watch",
         "stores",
+        "stored",
     )
 
     def __init__(
@@ -76,6 +77,7 @@ class Exchange:
         self.auto_delete = auto_delete
         self.internal = internal
         self.args = args or {}
+        self.stored: bytes | None = None  # its record in the store (records.py); None: not recorded
         ae = self.args.get("alternate-exchange")
         self.alternate: str | None = ae if isinstance(ae, str) and ae else None
         self.bindings: dict[str, Binding] = {}
