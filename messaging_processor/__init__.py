@@ -1,6 +1,7 @@
 """The protocol-neutral MessagingProcessor every adapter calls (send, pop, ack, change invisible
 time, DLQ, transactions, routes, admin, client registry, authorization) and its delivery loops
-(pop/ack, and by offset for consumers that do not compete).
+(pop/ack, and by offset for consumers that do not compete; LocalFeed: pop/ack in memory over
+offset reads for a queue only this process reads).
 
 Adapters import from here, never from `store`: the message types (Message, MessageType, Filter,
 ALL, RetryPolicy) and `now_ms` are re-exported for them."""
@@ -10,6 +11,7 @@ from store.message import now_ms
 
 from .delivery import DeliveryLoop, Handler, Outcome
 from .errors import ErrorKind, ProcessorError, store_error
+from .local_feed import LocalFeed
 from .metrics import Metrics
 from .model import (
     ANONYMOUS,
@@ -52,6 +54,7 @@ __all__ = [
     "Handler",
     "Identity",
     "Limits",
+    "LocalFeed",
     "LocalStoreClient",
     "Message",
     "MessageType",

@@ -277,10 +277,10 @@ class Channel:
     def _get(self, m: c.BasicGet) -> Any:
         async def run() -> None:
             b = self.broker
-            p = b.processor
             ctx = self.conn.pop_ctx
             await self._may_read(m.queue, 70)
             q = await self.declaring.queue(m.queue, 60, 70)
+            p = q.feed or b.processor
             if not b.secured:
                 await b.authorize(self.conn, Action.SUBSCRIBE, Resource("topic", q.topic), 60, 70)
             await self.publisher.wait_sends()
@@ -301,7 +301,7 @@ class Channel:
                 await p.ack(ctx, d.receipt_handle)
             n = await b.queue_store.ready_count(q)
             if self.state != OPEN:
-                await self.work.requeue(ctx, d.receipt_handle)
+                await self.work.requeue(ctx, q, d.receipt_handle)
                 return
             tag = self.delivery_tag = self.delivery_tag + 1
             ex, rk, raw = present(d.message)
@@ -412,7 +412,7 @@ class Channel:
                     )
                 )
                 return
-            if rec.deadline - now < b.invisible_time_ms // 2:
+            if rec.deadline - now < b.invisible_time_ms // 2 and rec.queue.feed is None:
                 self.conn.spawn(self._renew(rec))
 
     async def _renew(self, rec: Unacked) -> None:

@@ -89,7 +89,7 @@ class Consumer:
         q = self.queue
         mi = self.max_inflight()
         self.loop = DeliveryLoop(
-            b.processor,
+            q.feed or b.processor,  # (an exclusive queue's deliveries are kept in memory: LocalFeed)
             ch.conn.pop_ctx,
             q.group,
             q.topic,
@@ -145,7 +145,7 @@ class Consumer:
                     if not g:
                         break
         except asyncio.CancelledError:
-            conn.spawn(ch.work.requeue(conn.ctx, d.receipt_handle))
+            conn.spawn(ch.work.requeue(conn.ctx, q, d.receipt_handle))
             raise
         if self.cancelled or ch.state != OPEN:
             return Outcome.REQUEUE

@@ -1,11 +1,13 @@
 """A queue's store topic and consumer group: creation (a new queue starts empty, its group positioned
-at the end of its topic), the count of ready messages, purge and removal."""
+at the end of its topic), the count of ready messages, purge and removal. An exclusive queue with
+its own topic is read through a LocalFeed (pop/ack in memory over offset reads): only its owning
+connection reads it and it ends with that connection, so its deliveries need no state in the store."""
 
 from __future__ import annotations
 
 import contextlib
 
-from messaging_processor import ClientContext, MessagingProcessor, ProcessorError
+from messaging_processor import ClientContext, LocalFeed, MessagingProcessor, ProcessorError
 
 from .queues import Queue
 
@@ -41,7 +43,17 @@ class QueueStore:
             _, hi = await p.queue_offsets(q.topic, r.queue_id)
             await p.commit_offset(self.ctx, q.group, q.topic, r.queue_id, hi)
 
+    def feed(self, q: Queue, ctx: ClientContext) -> LocalFeed | None:
+        """The LocalFeed of an exclusive queue just created by the connection of `ctx` (None for a
+        queue over an existing topic: others may read that topic's group too)."""
+        return LocalFeed(self.processor, ctx, q.group, q.topic) if q.own_topic else None
+
     async def ready_count(self, q: Queue) -> int:
+        if q.feed is not None:
+            try:
+                return await q.feed.ready()
+            except ProcessorError:
+                return 0
         try:
             backlog, inflight = await self.processor.backlog(q.group, q.topic)
         except ProcessorError:
@@ -49,6 +61,11 @@ class QueueStore:
         return max(backlog - inflight, 0)
 
     async def purge(self, q: Queue) -> int:
+        if q.feed is not None:
+            try:
+                return await q.feed.purge()
+            except ProcessorError:
+                return 0
         n = await self.ready_count(q)
         with contextlib.suppress(ProcessorError):
             await self.position_at_end(q)
@@ -57,6 +74,8 @@ class QueueStore:
     async def drop(self, q: Queue) -> None:
         """Remove the queue's messages, its group and, if it created it, its topic."""
         p = self.processor
+        if q.feed is not None:
+            await q.feed.close()
         with contextlib.suppress(ProcessorError):
             await self.position_at_end(q)
         with contextlib.suppress(ProcessorError):

@@ -105,7 +105,7 @@ class QueueWork:
 
     async def _trim(self, q: Queue) -> None:
         """x-max-length with drop-head: drop (dead-letter, reason maxlen) the oldest ready messages."""
-        p, ctx = self.processor, self.ctx
+        p, ctx = q.feed or self.processor, self.ctx
         try:
             while not q.deleted:
                 excess = await self.ready_count(q) - (q.max_length or 0)
@@ -132,7 +132,7 @@ class QueueWork:
     async def settle(self, ctx: ClientContext, rec: Unacked, action: int) -> None:
         """Apply a client's settlement of a delivery: ack; requeue (dead-lettered, reason
         delivery_limit, past the queue's x-delivery-limit); reject (dead-lettered, reason rejected)."""
-        p = self.processor
+        p = rec.queue.feed or self.processor
         try:
             if action == ACK:
                 await p.ack(ctx, rec.handle)
@@ -153,7 +153,16 @@ class QueueWork:
             log.debug("amqp: settling delivery %d failed: %s", rec.tag, e)
 
     async def ack_all(self, ctx: ClientContext, recs: list[Unacked]) -> None:
-        """Ack several deliveries with one store call (a failed one is redelivered later)."""
+        """Ack several deliveries with one store call (a failed one is redelivered later); those
+        of exclusive queues where they are kept (LocalFeed)."""
+        local = [rec for rec in recs if rec.queue.feed is not None]
+        if local:
+            for rec in local:
+                with contextlib.suppress(ProcessorError):
+                    await rec.queue.feed.ack(ctx, rec.handle)
+            recs = [rec for rec in recs if rec.queue.feed is None]
+            if not recs:
+                return
         try:
             errors = await self.processor.ack_many(ctx, [rec.handle for rec in recs])
         except ProcessorError as e:
@@ -163,10 +172,10 @@ class QueueWork:
             if e is not None:  # e.g. purged or deleted meanwhile
                 log.debug("amqp: settling delivery %d failed: %s", rec.tag, e)
 
-    async def requeue(self, ctx: ClientContext, handle: str) -> None:
-        """Make a popped message visible again at once."""
+    async def requeue(self, ctx: ClientContext, q: Queue, handle: str) -> None:
+        """Make a message popped from `q` visible again at once."""
         with contextlib.suppress(ProcessorError):
-            await self.processor.change_invisible_time(ctx, handle, 0)
+            await (q.feed or self.processor).change_invisible_time(ctx, handle, 0)
 
     # ------------------------------------------------------------------ dead-lettering
     async def dead_letter(self, q: Queue, m: Message, reason: str) -> None:
@@ -226,7 +235,10 @@ class QueueWork:
         due: int | None = None
         route = await p.query_route(ctx, q.topic)
         for r in route.queues:
-            start = await p.committed_offset(q.group, q.topic, r.queue_id)
+            if q.feed is not None:  # (what it has not read yet)
+                start = q.feed.position(r.queue_id)
+            else:
+                start = await p.committed_offset(q.group, q.topic, r.queue_id)
             if start < 0:
                 start = (await p.queue_offsets(q.topic, r.queue_id))[0]
             msgs = await p.read(ctx, q.topic, r.queue_id, start, None, 64)
@@ -240,14 +252,15 @@ class QueueWork:
                 break
         if not expired:
             return None if due is None else max(due, 1) / 1000
-        ds = await p.pop(ctx, q.group, q.topic, max_messages=min(expired, 1024), invisible_time_ms=60_000)
+        src = q.feed or p
+        ds = await src.pop(ctx, q.group, q.topic, max_messages=min(expired, 1024), invisible_time_ms=60_000)
         for d in ds:
             e = expires_at(d.message)
             if e and e <= now_ms():
                 await self.dead_letter(q, d.message, "expired")
                 with contextlib.suppress(ProcessorError):
-                    await p.ack(ctx, d.receipt_handle)
+                    await src.ack(ctx, d.receipt_handle)
             else:
                 with contextlib.suppress(ProcessorError):
-                    await p.change_invisible_time(ctx, d.receipt_handle, 0)
+                    await src.change_invisible_time(ctx, d.receipt_handle, 0)
         return 0 if ds else 1.0

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 from .codec import AMQPError, ReplyCode
 
 if TYPE_CHECKING:
+    from messaging_processor import LocalFeed
+
     from .consumer import Consumer
     from .routing import Binding
 
@@ -61,6 +63,7 @@ class Queue:
         "limited",
         "remote",
         "stored",
+        "feed",
     )
 
     def __init__(
@@ -107,6 +110,9 @@ class Queue:
         # publishes here route to it; its timers start when a connection here uses it
         self.remote = False
         self.stored: bytes | None = None  # its record in the store (records.py)
+        # an exclusive queue's deliveries, kept in memory over offset reads (LocalFeed); None: the
+        # queue's consumers pop and ack in the store
+        self.feed: LocalFeed | None = None
 
     @property
     def group(self) -> str:

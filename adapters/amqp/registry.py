@@ -620,6 +620,7 @@ class Registry:
             if exclusive:
                 q.owner = conn
                 conn.exclusive_queues.add(q)
+                q.feed = self.queue_store.feed(q, conn.pop_ctx)
             vh.queues[name] = q
             self._activate(q)
             return q
