@@ -2,8 +2,8 @@
 
     .venv/bin/python bench/amqp_bench.py [--brokers gateway,rabbitmq] [--duration S] [--warmup S]
         [--publishers N] [--procs K] [--window W] [--prefetch P] [--latency-rate R] [--fixed-rate R]
-        [--fixed-publishers N] [--fixed-inflight W] [--phases P,...] [--gateway-profile FILE] [--quick]
-        [--json]
+        [--fixed-publishers N] [--fixed-inflight W] [--fixed-exclusive] [--phases P,...]
+        [--gateway-profile FILE] [--quick] [--json]
 
 For each broker (bench/amqp_servers.py: started on loopback in a fresh directory, pinned to
 `--server-cpu`, default CPU 0) the load generator (bench/amqp_loadgen.py: `--procs` processes
@@ -28,7 +28,8 @@ this process is pinned there too) measures, in this order:
    (3,000) msg/s in total with at most `--fixed-inflight` (100) unconfirmed messages in total
    (a publisher held back by its share of the window falls behind the pace, counted in `behind`),
    and one consumer (basic.consume, prefetch 100, manual ack) on the same durable queue
-   `amqpbench.fixed`: publish + consume + ack. After `--warmup` s, over `--duration` s: confirmed
+   `amqpbench.fixed`: publish + consume + ack (`--fixed-exclusive`: an exclusive queue the consumer
+   declares, `queue` in the phase's details). After `--warmup` s, over `--duration` s: confirmed
    and delivered msg/s, publish→receive latency p50/p99 (stamped as in phase 3), `other_util`,
    `host_steal`, and server CPU µs per confirmed message over the whole server process tree
    (`cpu_us_per_fixed_msg`: the gateway and its children; beam.smp and its children such as
@@ -392,7 +393,9 @@ class BrokerBench:
         n = max(1, min(a.fixed_publishers, a.fixed_inflight))
         q = "amqpbench.fixed"
         specs = [Spec("fixpub", i, q) for i in range(n)] + [Spec("latsub", 0, q)]
-        base = replace(self.base, rate=a.fixed_rate / n, window=a.fixed_inflight // n)
+        base = replace(
+            self.base, rate=a.fixed_rate / n, window=a.fixed_inflight // n, exclusive=a.fixed_exclusive
+        )
         gen = Generator(base, specs, a.procs, [0] * n + [1 % max(1, a.procs)])
         # the gateway and its children (fsync helper, if any); beam.smp and its children (erl_child_setup...)
         kids = descendants(self.server.pid)
@@ -408,6 +411,7 @@ class BrokerBench:
         return {
             "rate_target": a.fixed_rate,
             "publishers": n,
+            "queue": "exclusive" if a.fixed_exclusive else "durable",
             "inflight_max": base.window * n,
             "published": published,
             "delivered": delivered,
@@ -565,6 +569,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fixed-rate", type=float, default=3000.0, help="paced msg/s of phase fixed (total)")
     p.add_argument("--fixed-publishers", type=int, default=4, help="confirmed publishers of phase fixed")
     p.add_argument("--fixed-inflight", type=int, default=100, help="unconfirmed messages at most, in total")
+    p.add_argument(
+        "--fixed-exclusive",
+        action="store_true",
+        help="phase fixed into an exclusive queue its consumer declares (default: a durable queue)",
+    )
     p.add_argument("--consume-max", type=float, default=60.0)
     p.add_argument("--server-cpu", type=int, default=0)
     p.add_argument("--gen-cpus", default="1")

@@ -19,6 +19,9 @@ Roles (one AMQP connection and one channel each):
 - `fixpub`: a `latpub` that also keeps at most `window` messages unconfirmed (it falls behind the pace
   rather than exceed it: `behind` counts the writes the window held back), for the fixed-rate phase.
 
+With `exclusive` (a Job field), the consumer roles declare their queue exclusive (transient) and the
+publishers declare nothing: pub/sub into a queue only the consumer's connection reads.
+
 Each worker process runs its specs in one event loop and talks to the bench over a Pipe:
 ("ready", info) after setup, then ("run", t_start, t0, t1) -> ("result", {...}).
 """
@@ -74,6 +77,7 @@ class Job:
     cpus: list[int] | None = None
     user: str = "guest"
     password: str = "guest"
+    exclusive: bool = False  # the consumer declares its queue exclusive; publishers declare none
 
 
 class Conn:
@@ -160,9 +164,9 @@ class Conn:
             self.writer.close()
 
 
-async def declare(conn: Conn, queue: str) -> int:
-    """Durable queue.declare; the message count of the declare-ok."""
-    p = await conn.call(QueueDeclare(queue=queue, durable=True), 50, 11)
+async def declare(conn: Conn, queue: str, exclusive: bool = False) -> int:
+    """Durable queue.declare (or an exclusive, transient one); the message count of the declare-ok."""
+    p = await conn.call(QueueDeclare(queue=queue, durable=not exclusive, exclusive=exclusive), 50, 11)
     qlen = p[4]
     return struct.unpack_from(">I", p, 5 + qlen)[0]
 
@@ -187,9 +191,13 @@ class Role:
 
     async def setup(self) -> None:
         await self.conn.open(self.job)
-        self.backlog = await declare(self.conn, self.spec.queue)
         role = self.spec.role
-        if role in ("pub", "latpub", "fixpub"):
+        publishes = role in ("pub", "latpub", "fixpub")
+        if not self.job.exclusive:
+            self.backlog = await declare(self.conn, self.spec.queue)
+        elif not publishes:  # (the queue is the consumer's connection's alone)
+            self.backlog = await declare(self.conn, self.spec.queue, exclusive=True)
+        if publishes:
             await self.conn.call(ConfirmSelect(), 85, 11)
         else:
             await self.conn.call(
