@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from time import time_ns
 
 from runtime.tasks import cancel_and_wait
@@ -108,27 +108,20 @@ class LocalFeed:
             out = self._from_requeued(max_messages, invisible_time_ms)
             if out:
                 return out
-            msgs = await self.processor.tail(
-                self.ctx, self.topic, dict(self.positions), max_messages, group=self.group
-            )
-            out = self._hand_out(msgs, invisible_time_ms)
+            msgs = await self._read(max_messages, 0)
+            out = self._hand_out(msgs, max_messages, invisible_time_ms)
             if out or long_poll_ms <= 0:
                 return out
             self._requeue.clear()
             msgs = await self._wait(max_messages, long_poll_ms)
             if msgs is None:  # a requeue: take it
                 continue
-            return self._hand_out(msgs, invisible_time_ms)
+            return self._hand_out(msgs, max_messages, invisible_time_ms)
 
     async def _wait(self, max_messages: int, long_poll_ms: int) -> list[Message] | None:
-        """New messages (empty when none came in time) or None when a requeue came first. The
-        read works on a copy of the positions: others may pop meanwhile (`_hand_out` drops what
-        they took)."""
-        read = asyncio.ensure_future(
-            self.processor.tail(
-                self.ctx, self.topic, dict(self.positions), max_messages, long_poll_ms, group=self.group
-            )
-        )
+        """New messages (empty when none came in time) or None when a requeue came first. Others
+        may pop meanwhile (`_hand_out` drops what they took)."""
+        read = asyncio.ensure_future(self._read(max_messages, long_poll_ms))
         woken = asyncio.ensure_future(self._requeue.wait())
         try:
             await asyncio.wait((read, woken), return_when=asyncio.FIRST_COMPLETED)
@@ -140,11 +133,19 @@ class LocalFeed:
             return None
         return read.result()
 
-    def _hand_out(self, msgs: Sequence[Message], invisible_time_ms: int) -> list[Delivery]:
+    def _read(self, max_messages: int, wait_ms: int) -> Awaitable[list[Message]]:
+        p = self.processor
+        return p.tail(self.ctx, self.topic, self.positions, max_messages, wait_ms, group=self.group)
+
+    def _hand_out(self, msgs: Sequence[Message], max_messages: int, invisible_time_ms: int) -> list[Delivery]:
+        """Deliveries of the messages not taken yet, at most `max_messages` (a read of several
+        stores may return more: the rest are read again, their positions are not moved)."""
         positions, queues, held = self.positions, self.queues, self.held
         until = time_ns() // 1_000_000 + invisible_time_ms
-        out = []
+        out: list[Delivery] = []
         for m in msgs:
+            if len(out) >= max_messages:
+                break
             qid, off = m.queue_id, m.queue_offset
             if off < positions.get(qid, 0):
                 continue  # another pop took it meanwhile (or a purge passed it)
