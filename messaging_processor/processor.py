@@ -11,6 +11,7 @@ import contextlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Set as AbstractSet
 from time import time_ns
 
 from store import (
@@ -332,11 +333,15 @@ class MessagingProcessor:
             )
 
     # ------------------------------------------------------------------ topics
-    async def _ensure_topic(self, topic: str, auto_create: bool | None) -> None:
+    async def _ensure_topic(self, topic: str, auto_create: bool | AbstractSet[str] | None) -> None:
         if topic in self._known_topics:
             return
         if await self.store.get_topic(topic) is None:
-            if not (self.auto_create_topics if auto_create is None else auto_create):
+            if auto_create is None:
+                auto_create = self.auto_create_topics
+            elif not isinstance(auto_create, bool):
+                auto_create = topic in auto_create
+            if not auto_create:
                 raise ProcessorError(ErrorKind.TOPIC_NOT_FOUND, f"topic {topic} does not exist")
             with StoreCall(None, "", ""):
                 await self.store.create_topic(topic, None, None, None)
@@ -349,11 +354,13 @@ class MessagingProcessor:
         ctx: ClientContext,
         messages: Sequence[Message],
         *,
-        auto_create: bool | None = None,
+        auto_create: bool | AbstractSet[str] | None = None,
         receipts: bool = True,
     ) -> list[SendReceipt]:
         """Store messages; returns once every one is durable per the store's flush policy.
         With `receipts=False` it returns [] (callers that only need "stored" skip building them).
+        `auto_create`: whether a missing topic is created (None: `auto_create_topics`; a set: only
+        those topics are).
 
         All messages are validated before any is stored. A store failure raises ProcessorError;
         messages of the batch stored before it stay stored (producers retry, as in RocketMQ)."""

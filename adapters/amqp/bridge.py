@@ -420,7 +420,7 @@ class ExchangeBridge:
                         msgs.extend(work.copies(dest, ex.name, rk, raw, m.body, None, ttl, now))
                         queues.update(dest)
                 if msgs:
-                    await work.send(ctx, msgs)
+                    await work.send_routed(ctx, msgs, queues)
                     work.after_publish(queues)
                     self.routed += len(msgs)
                 for d in ds:

@@ -399,11 +399,11 @@ class Publisher:
                 msgs = await self._apply_reject_publish(msgs, limited, pend)
             if msgs:
                 try:
-                    await w.send(self.conn.ctx, msgs)
+                    await w.send(self.conn.ctx, msgs, queues)
                 except ProcessorError as e:
                     msgs = await self._without_deleted_queues(msgs, queues, e)
                     if msgs:
-                        await w.send(self.conn.ctx, msgs)
+                        await w.send(self.conn.ctx, msgs, queues)
             w.after_publish(queues)
         except ProcessorError as e:
             if pend is not None:
@@ -492,11 +492,11 @@ class Publisher:
         if msgs:
             try:
                 try:
-                    await self.work.send(self.conn.ctx, msgs)
+                    await self.work.send(self.conn.ctx, msgs, queues)
                 except ProcessorError as e:
                     msgs = await self._without_deleted_queues(msgs, queues, e)
                     if msgs:
-                        await self.work.send(self.conn.ctx, msgs)
+                        await self.work.send(self.conn.ctx, msgs, queues)
             except ProcessorError as e:
                 if e.kind in (ErrorKind.FORBIDDEN, ErrorKind.UNAUTHORIZED):  # the rules changed meanwhile
                     raise AMQPError(ReplyCode.ACCESS_REFUSED, e.message, class_id=90, method_id=20) from None

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any
 
 from messaging_processor import ClientContext, ErrorKind, Message, MessagingProcessor, ProcessorError
@@ -76,20 +76,45 @@ class QueueWork:
             out.append(Message(q.topic, body, tag, (), p))
         return out
 
-    async def send(self, ctx: ClientContext, msgs: list[Message]) -> None:
+    async def send(self, ctx: ClientContext, msgs: list[Message], queues: Iterable[Queue]) -> None:
         """processor.send in chunks of the processor's batch limit; blocks connections when the
-        store is full."""
+        store is full. The topics of `queues` (the copies' queues) are never created here: a queue
+        deleted through another proxy a moment ago fails the send with TOPIC_NOT_FOUND (the caller
+        drops its copies) rather than leave its topic behind; the MQTT exchange's store topics are
+        created on first use, as MQTT does."""
         p = self.processor
         step = p.limits.max_batch
+        owned = {q.topic for q in queues}
+        creatable = {m.topic for m in msgs if m.topic not in owned}
         try:
             for i in range(0, len(msgs), step):
-                await p.send(
-                    ctx, msgs[i : i + step] if len(msgs) > step else msgs, auto_create=True, receipts=False
-                )
+                chunk = msgs[i : i + step] if len(msgs) > step else msgs
+                await p.send(ctx, chunk, auto_create=creatable, receipts=False)
         except ProcessorError as e:
             if e.kind is ErrorKind.STORE_FULL:
                 self.block(str(e))
             raise
+
+    async def send_routed(self, ctx: ClientContext, msgs: list[Message], queues: Iterable[Queue]) -> None:
+        """`send`; when a destination queue's topic is gone (deleted through another proxy a moment
+        ago), its copies are dropped and the others sent again, as if routed a moment later."""
+        queues = list(queues)
+        try:
+            await self.send(ctx, msgs, queues)
+        except ProcessorError as e:
+            if e.kind is not ErrorKind.TOPIC_NOT_FOUND:
+                raise
+            gone = set()
+            for topic in {q.topic for q in queues}:
+                try:
+                    await self.processor.get_topic(topic)
+                except ProcessorError:
+                    gone.add(topic)
+            if not gone:
+                raise
+            rest = [m for m in msgs if m.topic not in gone]
+            if rest:
+                await self.send(ctx, rest, queues)
 
     def after_publish(self, queues: set[Queue]) -> None:
         """Once stored: wake TTL sweepers, trim queues over x-max-length (drop-head)."""
@@ -199,7 +224,7 @@ class QueueWork:
         msgs = self.copies(
             queues, ex.name, new_rk, new_raw, m.body, decode_properties(new_raw), None, now_ms()
         )
-        await self.send(self.ctx, msgs)
+        await self.send_routed(self.ctx, msgs, queues)
         self.after_publish(set(queues))
 
     # ------------------------------------------------------------------ TTL expiry without consumers

@@ -135,6 +135,33 @@ async def test_a_queue_deleted_through_another_proxy_is_dropped_from_its_publish
             assert mine.name not in queues  # B's bindings are in step again
 
 
+async def test_a_publish_racing_a_queue_deletion_elsewhere_leaves_no_orphan_topic(
+    env: Env, proxy_b: AmqpAdapter
+):
+    """Proxy B routes to an exclusive queue it never sent to (so its processor does not know the
+    queue's topic) after proxy A deleted the queue: the copy for it is dropped, the publish is
+    confirmed with the other queue's copy stored, and the deleted queue's topic is not created
+    again (before, the send created it: a topic nobody would ever read or delete)."""
+    async with clients(env, proxy_b) as (keeper, pub):
+        kch = await keeper.channel()
+        fan = await kch.declare_exchange("fan3", aio_pika.ExchangeType.FANOUT, durable=True)
+        kept = await kch.declare_queue("kept3", durable=True)
+        await kept.bind(fan)
+        owner = await connect(env.port)
+        mine = await (await owner.channel()).declare_queue("", exclusive=True)
+        await mine.bind("fan3")
+        pch = await pub.channel()
+        pfan = await pch.declare_exchange("fan3", aio_pika.ExchangeType.FANOUT, durable=True)  # B learns both
+        assert mine.name in proxy_b.broker.vhosts["/"].queues
+        await owner.close()
+        topic = store_name("/", mine.name)
+        await topic_gone(env.processor, topic)
+        await pfan.publish(aio_pika.Message(b"after"), "")  # DeliveryError if nacked
+        assert (await get_message(kept)).body == b"after"
+        with pytest.raises(ProcessorError):
+            await env.processor.get_topic(topic)
+
+
 async def test_a_publish_to_an_exchange_declared_through_another_proxy_needs_no_declare(
     env: Env, proxy_b: AmqpAdapter
 ):
