@@ -18,19 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import logging
 from collections.abc import Awaitable, Sequence
 from time import time_ns
 
 from runtime.tasks import cancel_and_wait
 from store import ALL, Filter
 
+from .commit_schedule import CommitSchedule
 from .errors import ErrorKind, ProcessorError
 from .model import ClientContext, Delivery, Message
 from .offset_delivery import QueueProgress
 from .processor import MessagingProcessor
-
-log = logging.getLogger("messaging_processor.local_feed")
 
 COMMIT_INTERVAL_S = 1.0
 
@@ -69,8 +67,7 @@ class LocalFeed:
         self._begin_lock = asyncio.Lock()
         self._begun = False
         self._requeue = asyncio.Event()  # set when a message is requeued (ends a waiting pop)
-        self._commit_timer: asyncio.TimerHandle | None = None
-        self._committing: asyncio.Task | None = None
+        self._commits = CommitSchedule(self.commit, commit_interval_s, f"{group}/{topic}")
 
     # ------------------------------------------------------------------ reading
     async def _begin(self) -> None:
@@ -188,7 +185,7 @@ class LocalFeed:
         qp = self.queues.get(m.queue_id)
         if qp is not None:
             qp.finish(m.queue_offset)
-        self._schedule_commit()
+        self._commits.changed()
 
     async def ack(self, ctx: ClientContext, handle: str) -> None:
         self._done(self._take(handle).message)
@@ -248,27 +245,10 @@ class LocalFeed:
         while self.requeued:
             self._done(self.requeued.popleft().message)
             n += 1
-        self._schedule_commit()
+        self._commits.changed()
         return n
 
     # ------------------------------------------------------------------ progress
-    def _schedule_commit(self) -> None:
-        if self._commit_timer is None and self._committing is None and not self.closed:
-            loop = asyncio.get_running_loop()
-            self._commit_timer = loop.call_later(self.commit_interval_s, self._commit_now)
-
-    def _commit_now(self) -> None:
-        self._commit_timer = None
-        self._committing = asyncio.get_running_loop().create_task(self._commit_task())
-
-    async def _commit_task(self) -> None:
-        try:
-            await self.commit()
-        except ProcessorError as e:
-            log.info("commit of %s/%s failed: %s", self.group, self.topic, e)
-        finally:
-            self._committing = None
-
     async def commit(self) -> None:
         """Per queue id, the first offset not done (else the next to read) to the store."""
         for qid, qp in list(self.queues.items()):
@@ -281,11 +261,7 @@ class LocalFeed:
         """Stop: pops fail from now on; what is held is forgotten (the queue is going away)."""
         self.closed = True
         self._requeue.set()
-        if self._commit_timer is not None:
-            self._commit_timer.cancel()
-            self._commit_timer = None
-        await cancel_and_wait(self._committing, errors=True)
-        self._committing = None
+        await self._commits.stop()
         self.held.clear()
         self.requeued.clear()
 

@@ -26,6 +26,7 @@ from functools import partial
 
 from runtime.tasks import cancel_and_wait
 
+from .commit_schedule import CommitSchedule
 from .delivery import InflightBound, after_read_error
 from .errors import ProcessorError
 from .model import ClientContext, Message
@@ -100,9 +101,7 @@ class OffsetDeliveryLoop:
         self.queues: dict[int, QueueProgress] = {}
         self._task: asyncio.Task | None = None
         self._pending: set[asyncio.Future[bool]] = set()  # the handler's answers still to come
-        self._dirty = False  # progress not yet committed
-        self._commit_timer: asyncio.TimerHandle | None = None
-        self._committing: asyncio.Task | None = None
+        self._commits = CommitSchedule(self.commit, commit_interval_s, f"{group}/{topic}")
         self._stalled = False  # a message could not be delivered: read nothing more
 
     @property
@@ -130,12 +129,7 @@ class OffsetDeliveryLoop:
             for f in list(self._pending):
                 f.cancel()  # (its callback runs on the next iteration: not done)
             await asyncio.sleep(0)
-        if self._commit_timer is not None:
-            self._commit_timer.cancel()
-            self._commit_timer = None
-        await cancel_and_wait(self._committing, errors=True)  # (may stop it between queues)
-        self._committing = None
-        self._dirty = True  # so the final commit covers every queue
+        await self._commits.stop()  # (may stop a commit between queues: the last one covers them)
         try:
             await self.commit()
         except ProcessorError as e:  # the next reader starts from the last commit: at least once
@@ -198,7 +192,6 @@ class OffsetDeliveryLoop:
             if qp is None:  # a queue added since the start
                 qp = queues[qid] = QueueProgress(-1)
             if wants is not None and not wants(m):
-                self._dirty = True
                 continue
             qp.outstanding.append(off)
             self.bound.out(len(m.body))
@@ -213,8 +206,7 @@ class OffsetDeliveryLoop:
                 self._pending.add(r)
                 r.add_done_callback(partial(self._answered, m, qp))
         if msgs:
-            self._dirty = True
-            self._schedule_commit()
+            self._commits.changed()
         self.bound.update()
 
     def _answered(self, m: Message, qp: QueueProgress, f: asyncio.Future[bool]) -> None:
@@ -231,8 +223,7 @@ class OffsetDeliveryLoop:
     def _settle(self, m: Message, qp: QueueProgress, delivered: bool) -> None:
         if delivered:
             qp.finish(m.queue_offset)
-            self._dirty = True
-            self._schedule_commit()
+            self._commits.changed()
         elif not self._stalled:
             self._stalled = True  # nothing more is read; what follows comes again later
             if self._task is not None and self._task is not asyncio.current_task():
@@ -240,31 +231,8 @@ class OffsetDeliveryLoop:
         self.bound.settled(len(m.body))
 
     # ------------------------------------------------------------------ progress
-    def _schedule_commit(self) -> None:
-        if self._commit_timer is None and self._committing is None:
-            loop = asyncio.get_running_loop()
-            self._commit_timer = loop.call_later(self.commit_interval_s, self._commit_now)
-
-    def _commit_now(self) -> None:
-        self._commit_timer = None
-        self._committing = asyncio.get_running_loop().create_task(self._commit_task())
-
-    async def _commit_task(self) -> None:
-        try:
-            await self.commit()
-        except ProcessorError as e:
-            log.info("commit of %s/%s failed: %s", self.group, self.topic, e)
-            self._dirty = True
-        finally:
-            self._committing = None
-        if self._dirty:
-            self._schedule_commit()
-
     async def commit(self) -> None:
         """Commit, per queue, the first offset not done (only forward)."""
-        if not self._dirty:
-            return
-        self._dirty = False
         p = self.processor
         for qid, qp in list(self.queues.items()):
             nxt = self.positions.get(qid)
