@@ -13,27 +13,21 @@ from messaging_processor import (
     ClientContext,
     ErrorKind,
     LocalFeed,
-    LocalStoreClient,
     Message,
-    MessagingProcessor,
 )
 from messaging_processor.errors import ProcessorError
-from store import Store, StoreConfig
 
 pytestmark = pytest.mark.timeout(60)
 CTX = ClientContext("test", client_id="c1")
 
 
 @pytest.fixture
-async def proc(tmp_path):
-    store = await Store.open(StoreConfig(data_dir=str(tmp_path / "data"), segment_size=1 << 20))
-    p = MessagingProcessor(LocalStoreClient(store), auto_create_topics=True)
-    await p.start()
-    await p.create_topic("t", queues=2)
+async def two_queues(proc):
+    """`proc` with topic `t` grown to two queues, and group `t`."""
+    p, store = proc
+    await p.resize_topic("t", 2)
     await p.create_group("t")
-    yield p, store
-    await p.close()
-    await store.close()
+    return p, store
 
 
 def feed_of(p) -> LocalFeed:
@@ -44,8 +38,8 @@ async def pop(f: LocalFeed, n: int = 32, wait_ms: int = 0):
     return await f.pop(CTX, "t", "t", max_messages=n, long_poll_ms=wait_ms)
 
 
-async def test_concurrent_pops_hand_each_message_out_once(proc) -> None:
-    p, _ = proc
+async def test_concurrent_pops_hand_each_message_out_once(two_queues) -> None:
+    p, _ = two_queues
     f = feed_of(p)
     waiting = [asyncio.create_task(pop(f, 3, 5_000)) for _ in range(4)]
     await asyncio.sleep(0.05)  # (let them reach the store's wait: they read from the same positions)
@@ -59,8 +53,8 @@ async def test_concurrent_pops_hand_each_message_out_once(proc) -> None:
     await f.close()
 
 
-async def test_a_requeue_ends_a_waiting_pop_and_comes_back_as_a_second_attempt(proc) -> None:
-    p, _ = proc
+async def test_a_requeue_ends_a_waiting_pop_and_comes_back_as_a_second_attempt(two_queues) -> None:
+    p, _ = two_queues
     f = feed_of(p)
     await p.send(CTX, [Message("t", b"only")])
     (d,) = await pop(f)
@@ -76,8 +70,8 @@ async def test_a_requeue_ends_a_waiting_pop_and_comes_back_as_a_second_attempt(p
     await f.close()
 
 
-async def test_progress_committed_is_the_first_offset_not_done(proc) -> None:
-    p, _ = proc
+async def test_progress_committed_is_the_first_offset_not_done(two_queues) -> None:
+    p, _ = two_queues
     f = feed_of(p)
     await p.send(CTX, [Message("t", b"%d" % i, queue_id=0) for i in range(5)])
     ds = await pop(f)

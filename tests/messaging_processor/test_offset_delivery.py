@@ -11,26 +11,12 @@ import pytest
 
 from messaging_processor import (
     ClientContext,
-    LocalStoreClient,
     Message,
-    MessagingProcessor,
     OffsetDeliveryLoop,
 )
-from store import Store, StoreConfig
 
 pytestmark = pytest.mark.timeout(60)
 CTX = ClientContext("test", client_id="c1")
-
-
-@pytest.fixture
-async def proc(tmp_path):
-    store = await Store.open(StoreConfig(data_dir=str(tmp_path / "data"), segment_size=1 << 20))
-    p = MessagingProcessor(LocalStoreClient(store), auto_create_topics=True)
-    await p.start()
-    await p.create_topic("t", queues=1)
-    yield p, store
-    await p.close()
-    await store.close()
 
 
 async def until(cond, timeout: float = 10.0) -> None:
