@@ -57,7 +57,6 @@ class LocalFeed:
         self.ctx = ctx  # reads are traced (and authorized) as this client's
         self.group = group
         self.topic = topic
-        self.commit_interval_s = commit_interval_s
         self.positions: dict[int, int] = {}  # queue id -> next offset to read
         self.queues: dict[int, QueueProgress] = {}
         self.held: dict[str, _Held] = {}  # receipt handle -> delivered, not yet settled

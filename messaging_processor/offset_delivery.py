@@ -94,7 +94,6 @@ class OffsetDeliveryLoop:
         self.handler = handler
         self.wants = wants
         self.long_poll_ms = long_poll_ms
-        self.commit_interval_s = commit_interval_s
         self.on_error = on_error
         self.gate = gate
         self.positions: dict[int, int] = {}  # queue id -> next offset to read (missing: its start)

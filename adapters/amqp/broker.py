@@ -82,6 +82,7 @@ class Broker:
             self.work.start_sweeper,
             self.spawn,
         )
+        self.work.missing_topics = self.registry.missing_topics
         self.registry.max_queues_per_vhost = max_queues_per_vhost
         self.registry.max_queues_per_user = max_queues_per_user  # 0: no cap (as RabbitMQ)
         self.lifetimes = self.registry.lifetimes

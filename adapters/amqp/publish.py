@@ -111,7 +111,6 @@ class SharedDeclarations(Protocol):
 
     async def look_up_exchange(self, vh: VHost, name: str) -> Any: ...
     async def look_up_queue(self, vh: VHost, name: str) -> Any: ...
-    async def missing_topics(self, topics: set[str]) -> set[str]: ...
 
 
 class Confirm:
@@ -398,12 +397,7 @@ class Publisher:
             if limited:
                 msgs = await self._apply_reject_publish(msgs, limited, pend)
             if msgs:
-                try:
-                    await w.send(self.conn.ctx, msgs, queues)
-                except ProcessorError as e:
-                    msgs = await self._without_deleted_queues(msgs, queues, e)
-                    if msgs:
-                        await w.send(self.conn.ctx, msgs, queues)
+                await w.send_routed(self.conn.ctx, msgs, queues)
             w.after_publish(queues)
         except ProcessorError as e:
             if pend is not None:
@@ -417,20 +411,6 @@ class Publisher:
             if pend is not None:
                 pend.done = True
                 self._flush_confirms()
-
-    async def _without_deleted_queues(
-        self, msgs: list[Message], queues: set[Queue], e: ProcessorError
-    ) -> list[Message]:
-        """A queue deleted through another proxy just before this one saw its bindings go
-        (Registry.sync_bindings) fails the send with TOPIC_NOT_FOUND: the messages routed to it go
-        with it, as if the publish had come a moment later, and the others are sent again. Any other
-        failure is raised again."""
-        if e.kind is not ErrorKind.TOPIC_NOT_FOUND or self.shared is None:
-            raise e
-        gone = await self.shared.missing_topics({q.topic for q in queues})
-        if not gone:
-            raise e
-        return [m for m in msgs if m.topic not in gone]
 
     async def _apply_reject_publish(
         self, msgs: list[Message], limited: list[tuple[int, Any, int]], pend: Confirm | None
@@ -491,12 +471,7 @@ class Publisher:
             queues |= qs
         if msgs:
             try:
-                try:
-                    await self.work.send(self.conn.ctx, msgs, queues)
-                except ProcessorError as e:
-                    msgs = await self._without_deleted_queues(msgs, queues, e)
-                    if msgs:
-                        await self.work.send(self.conn.ctx, msgs, queues)
+                await self.work.send_routed(self.conn.ctx, msgs, queues)
             except ProcessorError as e:
                 if e.kind in (ErrorKind.FORBIDDEN, ErrorKind.UNAUTHORIZED):  # the rules changed meanwhile
                     raise AMQPError(ReplyCode.ACCESS_REFUSED, e.message, class_id=90, method_id=20) from None

@@ -41,6 +41,9 @@ class QueueWork:
         self.block = block
         self.spawn = spawn
         self.closed = False
+        # of these queue topics, those gone (deleted through another proxy): Registry.missing_topics,
+        # which also brings this proxy's bindings in step (set by the broker)
+        self.missing_topics: Callable[[set[str]], Awaitable[set[str]]] = self._missing_topics
 
     def close(self) -> None:
         """No new TTL sweeper from now on (the broker cancels the running ones)."""
@@ -104,17 +107,21 @@ class QueueWork:
         except ProcessorError as e:
             if e.kind is not ErrorKind.TOPIC_NOT_FOUND:
                 raise
-            gone = set()
-            for topic in {q.topic for q in queues}:
-                try:
-                    await self.processor.get_topic(topic)
-                except ProcessorError:
-                    gone.add(topic)
+            gone = await self.missing_topics({q.topic for q in queues})
             if not gone:
                 raise
             rest = [m for m in msgs if m.topic not in gone]
             if rest:
                 await self.send(ctx, rest, queues)
+
+    async def _missing_topics(self, topics: set[str]) -> set[str]:
+        gone = set()
+        for topic in topics:
+            try:
+                await self.processor.get_topic(topic)
+            except ProcessorError:
+                gone.add(topic)
+        return gone
 
     def after_publish(self, queues: set[Queue]) -> None:
         """Once stored: wake TTL sweepers, trim queues over x-max-length (drop-head)."""
@@ -180,14 +187,16 @@ class QueueWork:
     async def ack_all(self, ctx: ClientContext, recs: list[Unacked]) -> None:
         """Ack several deliveries with one store call (a failed one is redelivered later); those
         of exclusive queues where they are kept (LocalFeed)."""
-        local = [rec for rec in recs if rec.queue.feed is not None]
-        if local:
-            for rec in local:
-                with contextlib.suppress(ProcessorError):
-                    await rec.queue.feed.ack(ctx, rec.handle)
-            recs = [rec for rec in recs if rec.queue.feed is None]
-            if not recs:
-                return
+        stored = []
+        for rec in recs:
+            feed = rec.queue.feed
+            if feed is None:
+                stored.append(rec)
+            else:
+                await feed.ack_many(ctx, [rec.handle])  # (never raises: an unknown handle was settled)
+        recs = stored
+        if not recs:
+            return
         try:
             errors = await self.processor.ack_many(ctx, [rec.handle for rec in recs])
         except ProcessorError as e:
