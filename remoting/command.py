@@ -10,13 +10,20 @@ Frame (big-endian)::
 
 Decoding is lenient (extFields values of any JSON type become strings, unknown header keys are
 ignored, a missing `extFields` is empty); encoding is strict (JSON, string extFields, keys sorted
-like fastjson, `remark` omitted when None)."""
+like fastjson, `remark` omitted when None).
+
+JSON headers go through orjson (every frame of the CLUSTER store protocol has one, both ways: the
+stdlib's json took 11-12 µs per header, orjson 1-2). The stdlib stays the fallback for what orjson
+refuses and the stdlib accepts (NaN, integers past 64 bits, lone surrogates), so what decoded
+before still does, and the bytes written are the same (`tests/remoting/test_codec_frames.py`)."""
 
 from __future__ import annotations
 
 import json
 import struct
 from dataclasses import dataclass, field
+
+import orjson
 
 from .codes import FLAG_ONEWAY, FLAG_RESPONSE, JSON, LANGUAGE_CODES, ROCKETMQ, SERVER_VERSION, language_name
 
@@ -91,6 +98,8 @@ def _ext_value(v: object) -> str | None:
 
 
 def _int(v: object, name: str) -> int:
+    if type(v) is int:  # the common case, fast
+        return v
     if isinstance(v, bool):
         return int(v)
     if isinstance(v, int):
@@ -106,10 +115,12 @@ def _int(v: object, name: str) -> int:
 
 def encode_json_header(cmd: RemotingCommand) -> bytes:
     """The JSON header, keys sorted like fastjson's output, every extFields value a string."""
-    ext = {k: (v if isinstance(v, str) else _ext_value(v) or "") for k, v in cmd.ext_fields.items()}
-    head: dict[str, object] = {
+    ext = cmd.ext_fields
+    if not all(type(v) is str for v in ext.values()):
+        ext = {k: (v if isinstance(v, str) else _ext_value(v) or "") for k, v in ext.items()}
+    head: dict[str, object] = {  # the top-level keys in sorted order: OPT_SORT_KEYS sorts extFields
         "code": cmd.code,
-        "extFields": dict(sorted(ext.items())),
+        "extFields": ext,
         "flag": cmd.flag,
         "language": cmd.language,
         "opaque": cmd.opaque,
@@ -118,7 +129,11 @@ def encode_json_header(cmd: RemotingCommand) -> bytes:
         head["remark"] = cmd.remark
     head["serializeTypeCurrentRPC"] = "JSON"
     head["version"] = cmd.version
-    return json.dumps(head, separators=(",", ":"), ensure_ascii=False).encode()
+    try:
+        return orjson.dumps(head, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # (orjson.JSONEncodeError) e.g. a lone surrogate: the stdlib's error, as before
+        head["extFields"] = dict(sorted(ext.items()))
+        return json.dumps(head, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def encode_binary_header(cmd: RemotingCommand) -> bytes:
@@ -150,11 +165,19 @@ def encode_command(cmd: RemotingCommand, serialize_type: int = JSON) -> bytes:
 # ---------------------------------------------------------------------------------------- decode
 
 
-def decode_json_header(data: bytes | memoryview) -> RemotingCommand:
+def _parse_json(data: bytes | memoryview) -> object:
     try:
-        h = json.loads(bytes(data))
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        pass  # maybe what only the stdlib reads (NaN, integers past 64 bits, lone surrogates)
+    try:
+        return json.loads(bytes(data))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise RemotingCodecError(f"header is not JSON: {e}") from None
+
+
+def decode_json_header(data: bytes | memoryview) -> RemotingCommand:
+    h = _parse_json(data)
     if not isinstance(h, dict):
         raise RemotingCodecError("header is not a JSON object")
     if "code" not in h:

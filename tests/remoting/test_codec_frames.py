@@ -119,6 +119,55 @@ def test_response_encoding_is_strict_json():
     assert with_remark.remark == "boom" and with_remark.is_response
 
 
+def stdlib_json_header(cmd: RemotingCommand) -> bytes:
+    """The header as the stdlib's json wrote it before orjson: the reference for the bytes."""
+    ext = {k: (v if isinstance(v, str) else str(v)) for k, v in cmd.ext_fields.items()}
+    head: dict[str, object] = {
+        "code": cmd.code,
+        "extFields": dict(sorted(ext.items())),
+        "flag": cmd.flag,
+        "language": cmd.language,
+        "opaque": cmd.opaque,
+    }
+    if cmd.remark is not None:
+        head["remark"] = cmd.remark
+    head["serializeTypeCurrentRPC"] = "JSON"
+    head["version"] = cmd.version
+    return json.dumps(head, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        RemotingCommand(9100, 1, ext_fields={"a": '{"topic":"t","positions":{"0":12}}'}),
+        RemotingCommand(
+            10,
+            2**31 - 1,
+            1,
+            "JAVA",
+            121,
+            'quote " backslash \\ tab \t newline \n nul \x00 unit sep \x1f del \x7f',
+            {"z": "last", "a": "first", "ü": "Grüße ✓ 𝄞 \u2028", "M": "", "_": "x"},
+            b"body",
+        ),
+        RemotingCommand(0, 5, remark=""),
+    ],
+)
+def test_json_headers_are_the_bytes_the_stdlib_wrote(cmd):
+    data = cmd.encode()
+    (_, word) = struct.unpack_from(">II", data)
+    assert data[8 : 8 + (word & 0xFFFFFF)] == stdlib_json_header(cmd)
+    again = decode_command(data)
+    assert (again.remark, again.ext_fields, again.body) == (cmd.remark, cmd.ext_fields, cmd.body)
+
+
+def test_headers_only_the_stdlib_parses_still_decode():
+    """What orjson refuses and the stdlib read before keeps decoding (the stdlib is the fallback)."""
+    big = 2**70
+    cmd = decode_command(frame(b'{"code":11,"opaque":1,"extFields":{"n":NaN,"big":%d,"s":"\\ud800"}}' % big))
+    assert cmd.code == 11 and cmd.ext_fields == {"n": "nan", "big": str(big), "s": "\ud800"}
+
+
 def test_oneway_flag():
     cmd = decode_command(frame(b'{"code":15,"flag":2,"opaque":3,"extFields":{"commitOffset":-1}}'))
     assert cmd.is_oneway and not cmd.is_response and cmd.ext_fields == {"commitOffset": "-1"}
