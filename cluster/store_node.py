@@ -225,7 +225,8 @@ class StoreNode:
             if refused is not None:
                 return refused
         if name in w.MESSAGE_REPLIES:
-            return cmd.response(ResponseCode.SUCCESS, None, None, w.encode_messages(result))
+            body = result if type(result) is w.EncodedMessages else w.encode_messages(result)
+            return cmd.response(ResponseCode.SUCCESS, None, None, body)
         return cmd.response(ResponseCode.SUCCESS, None, None, w.reply_body(result))
 
     def _sync_policy(self) -> bool:

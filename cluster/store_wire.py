@@ -14,7 +14,9 @@ TXN_CHECK (oneway, body = one encoded message) asks a proxy to run a transaction
 
 Encoded messages: `u32 count`, then per message `u16 len + receipt handle, i64 invisible_until,
 i64 commitlog_offset, i32 reconsume_times, u32 len + record` where the record is the commit log
-record of store/codec.py (every Message field but commitlog_offset / reconsume_times).
+record of store/codec.py (every Message field but commitlog_offset / reconsume_times). A TAIL
+reply carries the records as the node's commit log holds them (`Store.tail_records`,
+`encode_records`): the node neither decodes nor encodes the messages it sends to a subscriber.
 `encode_messages` and `decode_popped` are compiled (`_speedups.pyx`, built by `uv sync` where there
 is a C compiler) unless `GATEWAY_PURE_PYTHON=1`; `py_encode_messages` and `py_decode_popped` are the
 pure-Python references they match byte for byte."""
@@ -29,7 +31,7 @@ from typing import Any
 
 import orjson
 
-from messaging_processor import StoreClient
+from messaging_processor import LocalStoreClient, StoreClient
 from runtime.speedups import load as load_speedups
 from store import (
     AppendResult,
@@ -276,6 +278,24 @@ def encode_messages(items: Iterable[Message | PoppedMessage]) -> bytes:
     return _I.pack(n) + b"".join(parts)
 
 
+_RAW_ENTRY = struct.Struct(">HqqiI")  # an empty handle, invisible_until 0, offset, reconsume 0, length
+
+
+def encode_records(records: Iterable[tuple[int, bytes]]) -> bytes:
+    """(commit log offset, record as stored) pairs as one body of encoded messages: the bytes
+    `encode_messages` writes for the decoded messages (when the record is in the current format),
+    without decoding or encoding them."""
+    parts: list[bytes] = []
+    pack = _RAW_ENTRY.pack
+    for clo, rec in records:
+        parts += (pack(0, 0, clo, 0, len(rec)), rec)
+    return _I.pack(len(parts) // 2) + b"".join(parts)
+
+
+class EncodedMessages(bytes):
+    """A reply body of encoded messages made already (a TAIL's records)."""
+
+
 def decode_popped(body: bytes) -> list[PoppedMessage]:
     """What `encode_messages` wrote (plain messages come back with an empty handle)."""
     try:
@@ -323,7 +343,7 @@ if speedups is not None:
 
 
 # ----------------------------------------------------------------------------- the node side
-Op = Callable[[StoreClient, dict[str, Any], bytes], Awaitable[Any]]
+Op = Callable[[LocalStoreClient, dict[str, Any], bytes], Awaitable[Any]]  # a node serves its own store
 
 
 def _filter(a: dict[str, Any]) -> Filter:
@@ -401,8 +421,11 @@ SERVE: dict[str, Op] = {
     "get_by_id": lambda c, a, b: c.get_by_id(a["id"]),
     "get_by_key": lambda c, a, b: c.get_by_key(a["key"]),
     "ack_many": _ack_many,
-    "tail": lambda c, a, b: c.tail(
-        a["topic"], {int(q): o for q, o in a["positions"].items()}, a["max"], a["wait_ms"]
+    "tail": lambda c, a, b: _then(
+        c.store.tail_records(
+            a["topic"], {int(q): o for q, o in a["positions"].items()}, a["max"], a["wait_ms"]
+        ),
+        lambda records: EncodedMessages(encode_records(records)),
     ),
     "get_message": lambda c, a, b: _then(c.get_message(a["offset"]), lambda m: [m]),
     "latest": lambda c, a, b: _then(c.latest(a["topic"], a["key"], True), lambda m: [] if m is None else [m]),

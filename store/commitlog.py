@@ -296,6 +296,19 @@ class CommitLog:
             log.error("unreadable message at commit log offset %d: %s", clo, e)
             return None
 
+    def read_record(self, clo: int, size: int) -> bytes:
+        """The record at `clo` as stored, checked (length, magic, CRC) but not decoded; b"" (and a
+        log line) where `read_message` gives None. TieredRangeNotCached passes through."""
+        try:
+            rec = self.read(clo, size)
+            if codec.check(rec, 0, size)[0] != size or rec[8] != codec.MAGIC_MESSAGE:
+                raise codec.CorruptRecord("not one message record")
+            return rec
+        except (KeyError, codec.CorruptRecord) as e:
+            if size:
+                log.error("unreadable message at commit log offset %d: %s", clo, e)
+            return b""
+
     def scan(self, start: int) -> Iterator[tuple[int, memoryview, int, int]]:
         """Yield (offset, buffer, pos, size) of valid message records from `start`.
 

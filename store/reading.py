@@ -82,7 +82,23 @@ class Reader:
         oldest first across queues (by commit log offset: the order they were stored in, so a
         publisher's messages spread over queues round robin come out in order, and no busy queue
         starves the others). Records compaction removed are passed over."""
-        picked: list[tuple[int, int]] = []  # (commit log offset, size)
+        read = self.commitlog.read_message
+        picks = self._tail_picks(topic, positions, max_messages)
+        return [m for clo, size in picks if (m := read(clo, size)) is not None]
+
+    def tail_records(
+        self, topic: str, positions: dict[int, int], max_messages: int
+    ) -> list[tuple[int, bytes]]:
+        """`tail`, as (commit log offset, record) pairs: each record's bytes as stored (checked:
+        length, magic, CRC), not decoded. A store node sends them on as they are
+        (cluster/store_wire.py)."""
+        read = self.commitlog.read_record
+        picks = self._tail_picks(topic, positions, max_messages)
+        return [(clo, r) for clo, size in picks if (r := read(clo, size))]
+
+    def _tail_picks(self, topic: str, positions: dict[int, int], max_messages: int) -> list[tuple[int, int]]:
+        """(commit log offset, size) of what `tail` reads, in commit log order."""
+        picked: list[tuple[int, int]] = []
         qs = self.catalog.readable(topic)
         for cq in qs:
             off = max(positions.get(cq.queue_id, 0), cq.min_offset)
@@ -97,8 +113,7 @@ class Reader:
                 off += n
         if len(qs) > 1:
             picked.sort()
-        read = self.commitlog.read_message
-        return [m for clo, size in picked[:max_messages] if (m := read(clo, size)) is not None]
+        return picked[:max_messages]
 
     # Raw range reads for bulk consumers (the gateway's read API for Spark): record bytes instead of
     # one decoded Message per record. Record layout: store/codec.py and docs/store.md.

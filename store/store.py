@@ -15,6 +15,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from .appending import Appender
 from .catalog import Catalog
@@ -44,6 +45,7 @@ from .writer import GroupCommitWriter
 __all__ = ["Store"]
 
 log = logging.getLogger("store")
+T = TypeVar("T")
 
 
 class Store:
@@ -400,6 +402,23 @@ class Store:
         offset; a queue missing from `positions` is read from its first retained offset); with none
         there, wait up to `wait_ms` for an append to the topic. The caller keeps its positions and
         moves each past the messages it got (`Message.queue_offset` + 1)."""
+        return await self._tail(self._reader.tail, topic, positions, max_messages, wait_ms)
+
+    async def tail_records(
+        self, topic: str, positions: dict[int, int], max_messages: int = 128, wait_ms: int = 0
+    ) -> list[tuple[int, bytes]]:
+        """`tail` as (commit log offset, record bytes as stored) pairs, for a store node to send on
+        without decoding and encoding each message (codec.decode reads a record)."""
+        return await self._tail(self._reader.tail_records, topic, positions, max_messages, wait_ms)
+
+    async def _tail(
+        self,
+        read: Callable[[str, dict[int, int], int], list[T]],
+        topic: str,
+        positions: dict[int, int],
+        max_messages: int,
+        wait_ms: int,
+    ) -> list[T]:
         if max_messages < 1:
             raise ValueError("max_messages must be positive")
         self._catalog.topic(topic, create=False)
@@ -407,7 +426,7 @@ class Store:
         misses = 0
         while True:
             try:
-                out = self._reader.tail(topic, positions, max_messages)
+                out = read(topic, positions, max_messages)
             except TieredRangeNotCached as miss:  # a queue read from its start reached a tiered range
                 misses += 1
                 if misses > MAX_TIER_FETCHES:

@@ -4,11 +4,13 @@ No pop state, nothing to ack; the caller keeps the positions."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import time
 
 import pytest
 
-from store import Message, TopicNotFound
+from store import Message, TopicNotFound, codec
 
 
 def advance(positions: dict[int, int], msgs: list[Message]) -> None:
@@ -98,3 +100,50 @@ async def test_records_compaction_removed_are_passed_over(make_store):
         advance(positions, batch)
         got += [m.body for m in batch]
     assert got == [b"0-49", b"1-49"]
+
+
+async def test_tail_records_are_the_stored_records_of_what_tail_reads(make_store):
+    """`tail_records` (what a store node sends on undecoded) picks what `tail` picks, in the same
+    order, as the commit log's own bytes: plain records and the inner records of a batch record."""
+    s = await make_store()
+    s.create_topic("t", 4)
+    await s.append(Message("t", b"plain"))
+    props = {"mqtt.topic": "a/b", "x": "Grüße"}
+    await s.append(Message("t", b"tagged", tag="TagA", keys=("k1", "k2"), properties=props))
+    batch = await s.append_many([Message("t", b"batch%d" % i, queue_id=2) for i in range(5)])
+    head = s.commitlog.read(batch[0].commitlog_offset - codec.BATCH_HEADER_SIZE, codec.BATCH_HEADER_SIZE)
+    assert head[8] == codec.MAGIC_BATCH  # one batch record holds the five
+    positions = {2: 1}  # the first of the batch already read
+    msgs = await s.tail("t", dict(positions), 100)
+    records = await s.tail_records("t", dict(positions), 100)
+    assert [m.body for m in msgs] == [b"plain", b"tagged"] + [b"batch%d" % i for i in range(1, 5)]
+    assert [clo for clo, _ in records] == [m.commitlog_offset for m in msgs]
+    assert [codec.decode(rec, 0, clo) for clo, rec in records] == msgs
+    assert all(rec == s.commitlog.read(clo, len(rec)) for clo, rec in records)
+    assert len(await s.tail_records("t", positions, 3)) == 3
+    end = {q: s.max_offset("t", q) for q in range(4)}
+    waiting = asyncio.ensure_future(s.tail_records("t", end, 8, wait_ms=10_000))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    r = await s.append(Message("t", b"wake"))
+    [(clo, rec)] = await asyncio.wait_for(waiting, 2)
+    assert clo == r.commitlog_offset and codec.decode(rec, 0, clo).body == b"wake"
+
+
+async def test_a_corrupt_record_is_logged_and_passed_over_by_both_reads(make_store, caplog):
+    s = await make_store()
+    s.create_topic("t", 1)
+    sent = [await s.append(Message("t", b"m%d" % i)) for i in range(3)]
+    bad = sent[1]
+    seg = s.commitlog.segment_for(bad.commitlog_offset)
+    fd = os.open(s.commitlog._path(seg.base), os.O_WRONLY)
+    try:  # the record's last body byte: its CRC no longer holds
+        os.pwrite(fd, b"X", bad.commitlog_offset - seg.base + bad.size - 1)
+    finally:
+        os.close(fd)
+    with caplog.at_level(logging.ERROR, logger="store"):
+        assert [m.body for m in await s.tail("t", {}, 10)] == [b"m0", b"m2"]
+        records = await s.tail_records("t", {}, 10)
+    assert [codec.decode(rec, 0, clo).body for clo, rec in records] == [b"m0", b"m2"]
+    logged = [r.getMessage() for r in caplog.records if "unreadable message" in r.getMessage()]
+    assert len(logged) == 2 and all(str(bad.commitlog_offset) in line for line in logged)
