@@ -30,6 +30,7 @@ from messaging_processor import (
 from .blocking import Blocking
 from .bridge import ExchangeBridge
 from .codec import AMQPError, ReplyCode
+from .owners import OwnerLeases, this_process
 from .queue_store import QueueStore
 from .queue_work import QueueWork
 from .records import Records
@@ -74,6 +75,7 @@ class Broker:
         self.work = QueueWork(
             processor, self.ctx, self.vhosts, self.queue_store.ready_count, self.blocking.block, self.spawn
         )
+        self.leases = OwnerLeases(processor, this_process())
         self.registry = Registry(
             self.vhosts,
             Records(processor),
@@ -81,6 +83,7 @@ class Broker:
             self.authorize,
             self.work.start_sweeper,
             self.spawn,
+            self.leases,
         )
         self.work.missing_topics = self.registry.missing_topics
         self.registry.max_queues_per_vhost = max_queues_per_vhost
@@ -98,6 +101,7 @@ class Broker:
         )
 
     async def start(self) -> None:
+        await self.leases.start()  # before the records this proxy writes: they name it
         await self.registry.start()
         await self.bridge.start()
 
@@ -111,6 +115,7 @@ class Broker:
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.leases.close()
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task:
         t = asyncio.get_running_loop().create_task(coro)

@@ -3,16 +3,33 @@
 A proxy that starts removes the transient declarations (non-durable exchanges, non-durable and
 exclusive queues) that a process which died left in the shared records. It must not remove those of
 processes still running: the other workers of `gateway start --workers N`, or CLUSTER proxies on
-the same host. So each such record names its owner, `<host>/<pid>/<start time>` (the start time
-from /proc, so that a reused pid is not taken for the old process), and `alive` checks it. A record
-without an owner, or of another host, or where /proc cannot tell, counts as dead: it is removed,
-as every transient record was before owners were recorded."""
+this host or another. So each such record names its owner, `<host>/<pid>/<start time>` (the start
+time from /proc, so that a reused pid is not taken for the old process).
+
+- On this host, `alive` asks /proc: at once and exactly.
+- On another host (`foreign`), the owner's lease tells (`OwnerLeases`): every proxy rewrites its
+  lease record in the key-value table every `BEAT_INTERVAL_S` (2 s) with a random value. A process
+  whose record did not change (or is missing) over three beats is gone. Values are compared, not
+  clocks, so hosts need not agree on the time. The check takes that long, so a starting proxy runs
+  it in the background and treats the records meanwhile as a running process's.
+- A record without a readable owner counts as dead: it is removed, as every transient record was
+  before owners were recorded."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
+import logging
 import os
+import secrets
 import socket
+from typing import Protocol
+
+log = logging.getLogger("adapters.amqp")
+
+LEASES_NS = "amqp.leases"  # key: an owner name; value: random bytes, rewritten every beat
+BEAT_INTERVAL_S = 2.0
 
 
 def _start_time(pid: int) -> str | None:
@@ -44,3 +61,74 @@ def alive(owner: object) -> bool:
     if host != socket.gethostname() or not pid.isdigit() or not started:
         return False
     return _start_time(int(pid)) == started
+
+
+def foreign(owner: object) -> bool:
+    """Whether `owner` names a process on another host: only its lease tells whether it runs."""
+    if not isinstance(owner, str):
+        return False
+    host, _, rest = owner.partition("/")
+    pid, _, started = rest.partition("/")
+    return bool(host) and host != socket.gethostname() and pid.isdigit() and bool(started)
+
+
+class LeaseTable(Protocol):
+    """The part of the processor's key-value table the leases use."""
+
+    async def kv_get(self, ns: str, key: str) -> bytes | None: ...
+    async def kv_put(self, ns: str, key: str, value: bytes) -> None: ...
+    async def kv_delete(self, ns: str, key: str) -> bool: ...
+
+
+class OwnerLeases:
+    """This process's lease (`start`: written, then rewritten every `interval_s`; `close`: deleted)
+    and the check of other hosts' processes (`gone`)."""
+
+    def __init__(self, kv: LeaseTable, me: str, interval_s: float = BEAT_INTERVAL_S) -> None:
+        self.kv = kv
+        self.me = me
+        self.interval_s = interval_s
+        self.ttl_s = 3 * interval_s  # no change over this long: the process is gone
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        await self._beat()
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+            with contextlib.suppress(Exception):  # the store may be gone already
+                await self.kv.kv_delete(LEASES_NS, self.me)
+
+    async def _beat(self) -> None:
+        await self.kv.kv_put(LEASES_NS, self.me, secrets.token_bytes(8))
+
+    async def _run(self) -> None:
+        failing = False
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self._beat()
+            except Exception as e:  # noqa: BLE001 - beat again next time (logged once per outage)
+                if not failing:
+                    log.warning("amqp: renewing this proxy's lease failed (retrying): %s", e)
+                failing = True
+            else:
+                if failing:
+                    log.info("amqp: this proxy's lease is renewed again")
+                failing = False
+
+    async def gone(self, owners: set[str]) -> set[str]:
+        """Of `owners`, those whose lease did not change (or is missing) over `ttl_s`."""
+        before = {o: await self.kv.kv_get(LEASES_NS, o) for o in owners}
+        await asyncio.sleep(self.ttl_s)
+        out: set[str] = set()
+        for o in owners:
+            now = await self.kv.kv_get(LEASES_NS, o)
+            if now is None or now == before[o]:
+                out.add(o)
+        return out

@@ -32,7 +32,7 @@ from messaging_processor import Action, ProcessorError, Resource
 from .codec import AMQPError, ReplyCode
 from .lifetimes import QueueLifetimes
 from .mapping import store_name
-from .owners import alive
+from .owners import OwnerLeases, alive, foreign
 from .queue_store import QueueStore
 from .queues import Queue, check_equivalent
 from .records import Records, args_b64, binding_name, binding_source, parse_vkey, record_owner, vkey
@@ -61,8 +61,10 @@ class Registry:
         authorize: Authorize,
         start_sweeper: Callable[[Queue], None],
         spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task],
+        leases: OwnerLeases,
     ) -> None:
         self.vhosts = vhosts
+        self.leases = leases
         self.records = records
         self.queue_store = queue_store
         self.authorize = authorize
@@ -76,6 +78,7 @@ class Registry:
         self.sync_interval_s = SYNC_INTERVAL_S
         self._generation: bytes | None = None  # of the bindings this proxy has linked
         self._sync_task: asyncio.Task | None = None
+        self.reaping: asyncio.Task | None = None  # the removal of other hosts' gone processes' records
 
     # ------------------------------------------------------------------ lifecycle
     def vhost(self, name: str) -> VHost:
@@ -87,15 +90,18 @@ class Registry:
     async def start(self) -> None:
         """Load the declarations. Remove the records of non-durable exchanges and of transient and
         exclusive queues (with their messages) that a process which is gone left behind; those of
-        processes still running (other workers, proxies on this host: owners.py) are kept, their
-        queues known here as `remote` destinations. Then the bindings whose ends are gone."""
+        processes still running (other workers, proxies on this host or, by their leases, on
+        others: owners.py) are kept, their queues known here as `remote` destinations. Then the
+        bindings whose ends are gone. The records of other hosts' processes are checked in the
+        background (`reaping`: a lease check takes three beats)."""
         rs = self.records
         self._generation = await rs.bindings_generation()  # before the reads: a later change re-syncs
         removed = False
+        elsewhere: set[str] = set()  # owners on other hosts: their leases decide
         for key, value in await rs.exchanges():
             vh, name = parse_vkey(key)
             ex = await rs.exchange_of(vh, name, value)
-            if ex is not None and not ex.durable and not alive(record_owner(value)):
+            if ex is not None and not ex.durable and not self._running(record_owner(value), elsewhere):
                 await rs.delete_exchange(vh, name)
                 removed = True
             elif ex is not None:
@@ -106,7 +112,7 @@ class Registry:
             if q is None:
                 continue
             if not q.durable or q.exclusive:
-                if alive(record_owner(value)):
+                if self._running(record_owner(value), elsewhere):
                     q.remote = True  # another running process's
                     self.vhost(vh).queues[name] = q
                     continue
@@ -132,12 +138,59 @@ class Registry:
         if n:
             log.info("amqp: %d durable queues restored", n)
         self._sync_task = asyncio.get_running_loop().create_task(self._poll_bindings())
+        if elsewhere:
+            self.reaping = self.spawn(self._reap(elsewhere))
+
+    @staticmethod
+    def _running(owner: str | None, elsewhere: set[str]) -> bool:
+        """Whether the process that recorded a transient declaration may run: on this host, /proc
+        tells; one on another host counts as running until its lease says otherwise (`_reap`)."""
+        if foreign(owner):
+            assert owner is not None
+            elsewhere.add(owner)
+            return True
+        return alive(owner)
+
+    async def _reap(self, owners: set[str]) -> None:
+        """Remove the transient exchanges and queues (with their messages and bindings) recorded by
+        those of `owners`, processes on other hosts, whose leases show them gone."""
+        try:
+            gone = await self.leases.gone(owners)
+        except Exception as e:  # noqa: BLE001 - keep them: the next proxy to start checks again
+            log.warning("amqp: checking other hosts' proxies failed: %s", e)
+            return
+        if not gone:
+            return
+        log.info("amqp: removing the transient declarations of %d gone proxies: %s", len(gone), sorted(gone))
+        rs = self.records
+        async with self.lock:
+            if self.closed:
+                return
+            for key, value in await rs.queues():
+                if record_owner(value) not in gone:
+                    continue
+                vh_name, name = parse_vkey(key)
+                q = self.vhost(vh_name).queues.get(name)
+                if q is None or q.stored != value:
+                    q = await rs.queue_of(vh_name, name, value)
+                if q is not None and (not q.durable or q.exclusive):
+                    await self._drop_queue(q)
+            for key, value in await rs.exchanges():
+                if record_owner(value) not in gone:
+                    continue
+                vh_name, name = parse_vkey(key)
+                vh = self.vhost(vh_name)
+                ex = vh.exchanges.get(name)
+                if ex is not None and ex.stored == value and not ex.durable:
+                    await self._drop_exchange(vh, ex)
 
     def close(self) -> None:
         """No deletion from now on; every queue's timers and TTL sweeper stop."""
         self.closed = True
         if self._sync_task is not None:
             self._sync_task.cancel()
+        if self.reaping is not None:
+            self.reaping.cancel()  # (it waits out other hosts' leases first: not worth waiting for)
         for vh in self.vhosts.values():
             for q in vh.queues.values():
                 _stop_timers(q)

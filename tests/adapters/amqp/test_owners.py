@@ -6,6 +6,8 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from adapters.amqp import owners
 
 
@@ -32,3 +34,45 @@ def test_this_process_and_unreadable_owners_count_as_gone():
     assert not owners.alive(owners.this_process())
     for owner in (None, 42, "", "host-only", f"{socket.gethostname()}/x/1", f"{socket.gethostname()}/1/"):
         assert not owners.alive(owner)
+
+
+def test_owners_on_other_hosts_are_foreign_and_left_to_their_leases():
+    here = socket.gethostname()
+    assert owners.foreign("elsewhere/12/345")
+    for owner in (f"{here}/12/345", None, 42, "", "elsewhere", "elsewhere/x/1", "elsewhere/1/", "/1/2"):
+        assert not owners.foreign(owner)
+
+
+class MemoryTable:
+    """An in-memory key-value table (the processor's, as the leases use it)."""
+
+    def __init__(self) -> None:
+        self.data: dict[tuple[str, str], bytes] = {}
+        self.puts = 0
+
+    async def kv_get(self, ns: str, key: str) -> bytes | None:
+        return self.data.get((ns, key))
+
+    async def kv_put(self, ns: str, key: str, value: bytes) -> None:
+        self.puts += 1
+        self.data[(ns, key)] = value
+
+    async def kv_delete(self, ns: str, key: str) -> bool:
+        return self.data.pop((ns, key), None) is not None
+
+
+async def test_a_lease_that_moves_is_a_running_process_and_a_still_or_missing_one_is_gone():
+    kv = MemoryTable()
+    running = owners.OwnerLeases(kv, "a-host/1/1", interval_s=0.05)
+    await running.start()
+    try:
+        kv.data[(owners.LEASES_NS, "b-host/2/2")] = b"stale"  # a process that died: its lease stays
+        checker = owners.OwnerLeases(kv, "me-host/9/9", interval_s=0.05)
+        assert checker.ttl_s == pytest.approx(0.15)  # three beats
+        everyone = {"a-host/1/1", "b-host/2/2", "c-host/3/3"}
+        assert await checker.gone(everyone) == {"b-host/2/2", "c-host/3/3"}
+        assert kv.puts >= 3  # the running one beat meanwhile
+    finally:
+        await running.close()
+    assert (owners.LEASES_NS, "a-host/1/1") not in kv.data  # a clean stop deletes its lease
+    assert await checker.gone({"a-host/1/1"}) == {"a-host/1/1"}
