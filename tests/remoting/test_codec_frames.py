@@ -27,6 +27,7 @@ from remoting import (
 )
 from remoting import routes as rd
 from remoting.codes import request_name, response_name
+from remoting.command import stdlib_json_header
 from tests.remoting.samples import FRAMES
 
 
@@ -119,23 +120,6 @@ def test_response_encoding_is_strict_json():
     assert with_remark.remark == "boom" and with_remark.is_response
 
 
-def stdlib_json_header(cmd: RemotingCommand) -> bytes:
-    """The header as the stdlib's json wrote it before orjson: the reference for the bytes."""
-    ext = {k: (v if isinstance(v, str) else str(v)) for k, v in cmd.ext_fields.items()}
-    head: dict[str, object] = {
-        "code": cmd.code,
-        "extFields": dict(sorted(ext.items())),
-        "flag": cmd.flag,
-        "language": cmd.language,
-        "opaque": cmd.opaque,
-    }
-    if cmd.remark is not None:
-        head["remark"] = cmd.remark
-    head["serializeTypeCurrentRPC"] = "JSON"
-    head["version"] = cmd.version
-    return json.dumps(head, separators=(",", ":"), ensure_ascii=False).encode()
-
-
 @pytest.mark.parametrize(
     "cmd",
     [
@@ -156,7 +140,7 @@ def stdlib_json_header(cmd: RemotingCommand) -> bytes:
 def test_json_headers_are_the_bytes_the_stdlib_wrote(cmd):
     data = cmd.encode()
     (_, word) = struct.unpack_from(">II", data)
-    assert data[8 : 8 + (word & 0xFFFFFF)] == stdlib_json_header(cmd)
+    assert data[8 : 8 + (word & 0xFFFFFF)] == stdlib_json_header(cmd)  # the bytes written before
     again = decode_command(data)
     assert (again.remark, again.ext_fields, again.body) == (cmd.remark, cmd.ext_fields, cmd.body)
 
