@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator, Callable
 
 import aio_pika
 import pika
 
 from adapters.amqp import AmqpAdapter
 from adapters.amqp.codec import methods as m
-from messaging_processor import ClientContext
+from messaging_processor import ClientContext, MessagingProcessor
+from messaging_processor.store_client import LocalStoreClient
 from tests.support import Core, T
 
 CTX = ClientContext("test", client_id="other-protocol")
@@ -58,6 +60,25 @@ async def open_env(
 
 async def close_env(env: Env) -> None:
     await env.core.close()
+
+
+@contextlib.asynccontextmanager
+async def another_proxy(
+    env: Env, setup: Callable[[AmqpAdapter], None] = lambda adapter: None
+) -> AsyncIterator[AmqpAdapter]:
+    """Another proxy over env's store, as a second worker or CLUSTER proxy is: its own
+    MessagingProcessor (so its own cache of known topics) and AmqpAdapter; `setup` runs before it
+    starts."""
+    processor = MessagingProcessor(LocalStoreClient(env.store))
+    await processor.start()
+    adapter = AmqpAdapter(processor, "127.0.0.1", 0)
+    setup(adapter)
+    await adapter.start()
+    try:
+        yield adapter
+    finally:
+        await adapter.stop(1.0)
+        await processor.close()
 
 
 async def get_message(

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import json
 import secrets
-from collections.abc import AsyncIterator
 
 import aio_pika
 
@@ -18,27 +17,20 @@ from adapters.amqp import AmqpAdapter
 from adapters.amqp.mapping import store_name
 from adapters.amqp.owners import LEASES_NS
 from adapters.amqp.records import BINDINGS_NS, EXCHANGES_NS, QUEUES_NS, Records, vkey
-from messaging_processor import MessagingProcessor, ProcessorError
-from messaging_processor.store_client import LocalStoreClient
-from tests.adapters.amqp.support import Env
+from messaging_processor import ProcessorError
+from tests.adapters.amqp.support import Env, another_proxy
 from tests.support import T
 
 LIVE, DEAD = "live-host/101/5", "dead-host/202/6"
 
 
-@contextlib.asynccontextmanager
-async def starting_proxy(env: Env, beat_s: float) -> AsyncIterator[AmqpAdapter]:
+def starting_proxy(env: Env, beat_s: float) -> contextlib.AbstractAsyncContextManager[AmqpAdapter]:
     """Another proxy over env's store, its leases beating (and watched) every `beat_s`."""
-    processor = MessagingProcessor(LocalStoreClient(env.store))
-    await processor.start()
-    adapter = AmqpAdapter(processor, "127.0.0.1", 0)
-    adapter.broker.leases.interval_s, adapter.broker.leases.ttl_s = beat_s, 3 * beat_s
-    await adapter.start()
-    try:
-        yield adapter
-    finally:
-        await adapter.stop(1.0)
-        await processor.close()
+
+    def setup(adapter: AmqpAdapter) -> None:
+        adapter.broker.leases.interval_s, adapter.broker.leases.ttl_s = beat_s, 3 * beat_s
+
+    return another_proxy(env, setup)
 
 
 async def own(env: Env, ns: str, key: str, owner: str) -> None:

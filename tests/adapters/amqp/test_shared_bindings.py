@@ -18,24 +18,13 @@ import pytest
 from adapters.amqp import AmqpAdapter
 from adapters.amqp.mapping import store_name
 from messaging_processor import MessagingProcessor, ProcessorError
-from messaging_processor.store_client import LocalStoreClient
-from tests.adapters.amqp.support import Env, get_message
+from tests.adapters.amqp.support import Env, another_proxy, get_message
 from tests.support import T
 
 
-@contextlib.asynccontextmanager
-async def quiet_proxy(env: Env) -> AsyncIterator[AmqpAdapter]:
+def quiet_proxy(env: Env) -> contextlib.AbstractAsyncContextManager[AmqpAdapter]:
     """Another proxy over env's store that never polls for bindings."""
-    processor = MessagingProcessor(LocalStoreClient(env.store))
-    await processor.start()
-    adapter = AmqpAdapter(processor, "127.0.0.1", 0)
-    adapter.broker.registry.sync_interval_s = 3600
-    await adapter.start()
-    try:
-        yield adapter
-    finally:
-        await adapter.stop(1.0)
-        await processor.close()
+    return another_proxy(env, lambda adapter: setattr(adapter.broker.registry, "sync_interval_s", 3600))
 
 
 @pytest.fixture
