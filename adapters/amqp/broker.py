@@ -15,6 +15,7 @@ group.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
@@ -115,6 +116,8 @@ class Broker:
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        with contextlib.suppress(Exception):  # the store may be gone already
+            await self.registry.forget()
         await self.leases.close()
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task:

@@ -5,8 +5,10 @@ Namespaces: `amqp.exchanges` (every exchange, so that proxies share non-durable 
 are removed when a proxy starts), `amqp.queues` (every queue, so that transient and exclusive ones
 are removed from the store after a crash), `amqp.bindings` (every binding, so that a publish
 through any proxy routes by the bindings made through the others; those with a transient end are
-removed with it), `amqp.meta` (`bindings`: a random generation, written after every change of
-`amqp.bindings` and every deletion of an exchange or queue, that proxies poll). Keys are
+removed with it), `amqp.meta` (`bindings/<owner>/<nonce>`: one generation per proxy, random
+bytes it writes after each change of `amqp.bindings` and each deletion of an exchange or queue it
+makes; a proxy polls the others' generations, so its own changes do not make it re-read every
+record; a proxy that stops deletes its own, and one that starts those of processes that are gone). Keys are
 `<len(vhost)>:<vhost><name>` (a binding's name: `<len(source)>:<source><binding key>`), values
 JSON with arguments as base64 of the AMQP field table. A queue record names the user who declared
 it (`user`, for the per-user queue limit); records written before that have none and count for
@@ -35,6 +37,7 @@ EXCHANGES_NS = "amqp.exchanges"
 QUEUES_NS = "amqp.queues"
 BINDINGS_NS = "amqp.bindings"
 META_NS = "amqp.meta"
+GENERATIONS = "bindings"  # the prefix of the generation keys in META_NS
 
 
 class KeyValue(Protocol):
@@ -104,10 +107,13 @@ def queue_user(value: bytes) -> str | None:
 class Records:
     """Reads and writes of the declaration records."""
 
-    __slots__ = ("kv",)
+    __slots__ = ("kv", "generation_key")
 
     def __init__(self, kv: KeyValue) -> None:
         self.kv = kv
+        # this proxy's generation of the bindings (`amqp.meta`): a nonce per proxy, as several
+        # proxies may run in one process (tests)
+        self.generation_key = f"{GENERATIONS}/{this_process()}/{secrets.token_hex(4)}"
 
     # ------------------------------------------------------------------ exchanges
     async def exchanges(self) -> list[tuple[str, bytes]]:
@@ -235,10 +241,26 @@ class Records:
     async def delete_binding_key(self, key: str) -> None:
         await self.kv.kv_delete(BINDINGS_NS, key)
 
-    async def bindings_generation(self) -> bytes | None:
-        """The generation of `amqp.bindings` (None before the first change)."""
-        return await self.kv.kv_get(META_NS, "bindings")
+    async def bindings_generation(self) -> tuple[tuple[str, bytes], ...]:
+        """The other proxies' generations of `amqp.bindings` (this proxy's own changes are
+        applied here already: they need no re-read)."""
+        gens = await self.kv.kv_scan(META_NS, GENERATIONS)
+        return tuple(sorted(g for g in gens if g[0] != self.generation_key))
 
     async def bindings_changed(self) -> None:
         """Write a new generation: the other proxies re-read the bindings (Registry.sync_bindings)."""
-        await self.kv.kv_put(META_NS, "bindings", secrets.token_bytes(12))
+        await self.kv.kv_put(META_NS, self.generation_key, secrets.token_bytes(12))
+
+    async def generation_owners(self) -> list[tuple[str, str | None]]:
+        """(key, owner) of every proxy's generation but this one's (None: no owner in the key, as
+        in the one generation of older versions)."""
+        out: list[tuple[str, str | None]] = []
+        for key, _ in await self.kv.kv_scan(META_NS, GENERATIONS):
+            if key != self.generation_key:
+                rest = key[len(GENERATIONS) + 1 :]
+                out.append((key, rest.rsplit("/", 1)[0] if "/" in rest else None))
+        return out
+
+    async def delete_generation(self, key: str | None = None) -> None:
+        """Delete a generation (this proxy's when None)."""
+        await self.kv.kv_delete(META_NS, key or self.generation_key)

@@ -76,7 +76,7 @@ class Registry:
         self.max_queues_per_vhost = 0  # queue.declare of a new queue past it: 406 (0: no cap)
         self.max_queues_per_user = 0  # the same, for the queues one user declared in every vhost
         self.sync_interval_s = SYNC_INTERVAL_S
-        self._generation: bytes | None = None  # of the bindings this proxy has linked
+        self._generation: tuple[tuple[str, bytes], ...] | None = None  # the others', when last read
         self._sync_task: asyncio.Task | None = None
         self.reaping: asyncio.Task | None = None  # the removal of other hosts' gone processes' records
 
@@ -95,9 +95,12 @@ class Registry:
         bindings whose ends are gone. The records of other hosts' processes are checked in the
         background (`reaping`: a lease check takes three beats)."""
         rs = self.records
+        elsewhere: set[str] = set()  # owners on other hosts: their leases decide
+        for key, owner in await rs.generation_owners():
+            if not self._running(owner, elsewhere):
+                await rs.delete_generation(key)  # a gone proxy's: nobody polls for it any more
         self._generation = await rs.bindings_generation()  # before the reads: a later change re-syncs
         removed = False
-        elsewhere: set[str] = set()  # owners on other hosts: their leases decide
         for key, value in await rs.exchanges():
             vh, name = parse_vkey(key)
             ex = await rs.exchange_of(vh, name, value)
@@ -166,6 +169,9 @@ class Registry:
         async with self.lock:
             if self.closed:
                 return
+            for key, owner in await rs.generation_owners():
+                if owner in gone:
+                    await rs.delete_generation(key)
             for key, value in await rs.queues():
                 if record_owner(value) not in gone:
                     continue
@@ -183,6 +189,10 @@ class Registry:
                 ex = vh.exchanges.get(name)
                 if ex is not None and ex.stored == value and not ex.durable:
                     await self._drop_exchange(vh, ex)
+
+    async def forget(self) -> None:
+        """Delete this proxy's generation of the bindings (at stop: nobody need poll it)."""
+        await self.records.delete_generation()
 
     def close(self) -> None:
         """No deletion from now on; every queue's timers and TTL sweeper stop."""

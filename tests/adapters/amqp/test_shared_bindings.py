@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 
 from adapters.amqp import AmqpAdapter
 from adapters.amqp.mapping import store_name
+from adapters.amqp.records import GENERATIONS, META_NS
 from messaging_processor import MessagingProcessor, ProcessorError
 from tests.adapters.amqp.support import Env, another_proxy, get_message
 from tests.support import T
@@ -251,3 +253,44 @@ async def test_an_exchange_deleted_through_another_proxy_is_forgotten_there_with
         assert (await get_message(new)).body == b"m"
         assert await old.get(fail=False) is None  # the publish was routed (above) and not to it
         assert proxy_b.broker.vhosts["/"].exchanges["ex-gone"].type == "fanout"
+
+
+async def test_a_proxy_re_reads_the_bindings_for_the_others_changes_not_its_own(
+    env: Env, proxy_b: AmqpAdapter
+):
+    """Each proxy writes its own generation of the bindings: its own binds make the others re-read
+    the records, not itself (it has them already), so an app declaring many bound queues through
+    one proxy does not make it re-read every record before each declaration. A proxy that stops
+    deletes its generation; one that starts deletes those of processes that are gone."""
+    a, b = env.adapter.broker.registry, proxy_b.broker.registry
+    await a.sync_bindings()
+    await b.sync_bindings()
+
+    async def generations() -> set[str]:
+        return {k for k, _ in await env.processor.kv_scan(META_NS, GENERATIONS)}
+
+    async def bind_through(port: int, queue: str) -> None:
+        conn = await connect(port)
+        try:
+            ch = await conn.channel()
+            ex = await ch.declare_exchange("gen-x", aio_pika.ExchangeType.DIRECT, durable=True)
+            await (await ch.declare_queue(queue, durable=True)).bind(ex, queue)
+        finally:
+            await conn.close()
+
+    await bind_through(proxy_b.bound_port, "gen-q")
+    assert not await b.sync_bindings()  # its own change
+    assert await a.sync_bindings()  # B's change: A re-reads, and routes by it
+    assert "gen-q" in env.adapter.broker.vhosts["/"].exchanges["gen-x"]._direct
+    assert not await a.sync_bindings()  # nothing new since
+    assert b.records.generation_key in await generations()
+    assert a.records.generation_key not in await generations()  # A changed nothing
+    dead = f"{GENERATIONS}/{socket.gethostname()}/1/0/abcd"  # pid 1 started at another time: gone
+    for key in (dead, GENERATIONS):  # (GENERATIONS: the one generation of older versions)
+        await env.processor.kv_put(META_NS, key, b"old")
+    async with quiet_proxy(env) as proxy_c:
+        c = proxy_c.broker.registry
+        assert not {dead, GENERATIONS} & await generations()  # removed at C's start
+        await bind_through(proxy_c.bound_port, "gen-q2")
+        assert c.records.generation_key in await generations()
+    assert c.records.generation_key not in await generations()  # deleted at C's stop
