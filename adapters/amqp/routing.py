@@ -101,7 +101,19 @@ class Exchange:
         if b.key in self.bindings:
             return False
         self.bindings[b.key] = b
-        self._rebuild(made_at)
+        # added to the routing tables as they are, not rebuilt from every binding: an app that
+        # declares thousands of bound queues pays for each, not for all of them each time
+        self._cache.clear()
+        if self.type == "direct":
+            dests = self._direct.get(b.routing_key, [])
+            if b.dest not in dests:
+                self._direct[b.routing_key] = [*dests, b.dest]  # a new list: `match` hands lists out
+        elif self.type == "headers":
+            self._headers = [*self._headers, _header_entry(b)]
+        if isinstance(b.dest, Exchange):
+            self.queues_only = False
+        if self.watch is not None:
+            self.watch(made_at)
         return True
 
     def unbind(self, key: str) -> Binding | None:
@@ -110,7 +122,7 @@ class Exchange:
             self._rebuild()
         return b
 
-    def _rebuild(self, made_at: int | None = None) -> None:
+    def _rebuild(self) -> None:
         self._cache.clear()
         direct: dict[str, list[Any]] = {}
         headers: list[tuple[bool, bool, dict[str, Any], Any]] = []
@@ -120,15 +132,12 @@ class Exchange:
                 if b.dest not in lst:
                     lst.append(b.dest)
             elif self.type == "headers":
-                mode = str(b.args.get("x-match", "all"))
-                with_x = mode.endswith("-with-x")
-                want = {k: v for k, v in b.args.items() if with_x or not k.startswith("x-")}
-                headers.append((mode.startswith("any"), with_x, want, b.dest))
+                headers.append(_header_entry(b))
         self._direct = direct
         self._headers = headers
         self.queues_only = all(not isinstance(b.dest, Exchange) for b in self.bindings.values())
         if self.watch is not None:
-            self.watch(made_at)
+            self.watch(None)
 
     # ------------------------------------------------------------------ matching
     def match(self, routing_key: str, raw_properties: bytes) -> tuple[Any, ...] | list[Any]:
@@ -165,6 +174,14 @@ class Exchange:
                     out.append(dest)
             return out
         return ()
+
+
+def _header_entry(b: Binding) -> tuple[bool, bool, dict[str, Any], Any]:
+    """A headers exchange binding as `match` reads it: (any, with x-, wanted headers, destination)."""
+    mode = str(b.args.get("x-match", "all"))
+    with_x = mode.endswith("-with-x")
+    want = {k: v for k, v in b.args.items() if with_x or not k.startswith("x-")}
+    return mode.startswith("any"), with_x, want, b.dest
 
 
 def topic_matches(pattern: list[str], words: list[str]) -> bool:
