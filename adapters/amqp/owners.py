@@ -54,22 +54,27 @@ def alive(owner: object) -> bool:
     """Whether the process named `owner` runs (on this host) now, and is another process: what
     this process recorded before a proxy in it starts belongs to an earlier proxy (tests restart
     one in the same process)."""
-    if not isinstance(owner, str) or owner == this_process():
+    parts = _parts(owner)
+    if parts is None or owner == this_process() or parts[0] != socket.gethostname():
         return False
-    host, _, rest = owner.partition("/")
-    pid, _, started = rest.partition("/")
-    if host != socket.gethostname() or not pid.isdigit() or not started:
-        return False
-    return _start_time(int(pid)) == started
+    return _start_time(parts[1]) == parts[2]
 
 
 def foreign(owner: object) -> bool:
     """Whether `owner` names a process on another host: only its lease tells whether it runs."""
+    parts = _parts(owner)
+    return parts is not None and parts[0] != socket.gethostname()
+
+
+def _parts(owner: object) -> tuple[str, int, str] | None:
+    """(host, pid, start time) of a well-formed owner name, else None."""
     if not isinstance(owner, str):
-        return False
+        return None
     host, _, rest = owner.partition("/")
     pid, _, started = rest.partition("/")
-    return bool(host) and host != socket.gethostname() and pid.isdigit() and bool(started)
+    if not host or not pid.isdigit() or not started:
+        return None
+    return host, int(pid), started
 
 
 class LeaseTable(Protocol):

@@ -3,27 +3,21 @@ object with the contract keys, and every queue it declared is counted."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.bench.support import run_bench
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "amqp_declare_bench.py"
 
 
 @pytest.mark.slow_bench  # run by `make bench`, not `make test` (pyproject.toml markers)
 def test_amqp_declare_bench_json() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--brokers", "gateway", "--queues", "1000", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
+    res, _, _ = run_bench(
+        [sys.executable, str(SCRIPT), "--brokers", "gateway", "--queues", "1000", "--json"], 180
     )
-    assert proc.returncode == 0, proc.stderr
-    res = json.loads(proc.stdout)  # exactly one JSON object, nothing else on stdout
     assert res["queues"] == 1000 and res["declare_ratio_vs_rabbitmq"] is None  # no RabbitMQ run
     g = res["brokers"]["gateway"]
     assert "error" not in g, g
