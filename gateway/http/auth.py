@@ -2,7 +2,8 @@
 raw CloudEvents ingest route is covered too).
 
 - `/healthz` is open to everyone; `/metrics` and the API docs (`/docs`, `/redoc`, `/openapi.json`)
-  are open to loopback clients and need credentials from anywhere else.
+  are open to loopback clients and need credentials from anywhere else; `/metrics/per-object`
+  (topic and group names) needs credentials from everywhere (docs/observability.md).
 - Every other route needs `Authorization: Basic` (a user's password, mechanism "http-basic") or
   `Authorization: Bearer <API token>` (also the webhook spec's `access_token` query parameter).
   Missing or wrong credentials: 401 problem+json with `WWW-Authenticate`, the same body whatever
@@ -30,7 +31,7 @@ CHALLENGES = ('Basic realm="gateway"', "Bearer")
 CHALLENGE = ", ".join(CHALLENGES)
 OPEN = frozenset({"/healthz"})
 OPEN_ON_LOOPBACK = frozenset(
-    {"/metrics", "/metrics/per-object", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
+    {"/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
 )
 ADMIN_RESOURCE = Resource("cluster", "admin-api")
 

@@ -47,3 +47,37 @@ class Shots:
             DOCS.mkdir(exist_ok=True)
             shutil.copy(path, DOCS / path.name)
         return path
+
+
+def address(gw, name: str) -> tuple[str, int]:  # noqa: ANN001 - a gateway.server.Gateway
+    """(host, port) of the gateway's `name` listener."""
+    host, port = next(a for a in gw.adapters if a.name == name).address.rsplit(":", 1)
+    return host, int(port)
+
+
+class Console:
+    """One browser page on the gateway's console; `open` waits until the page has rendered."""
+
+    def __init__(self, page, base: str, shots: Shots) -> None:  # noqa: ANN001 - a playwright Page
+        self.page, self.base, self.shots = page, base, shots
+        self.errors: list[str] = []
+        page.on("pageerror", lambda e: self.errors.append(str(e)))
+
+    async def open(self, route: str, shot: str | None = None) -> str:
+        await self.page.evaluate("document.querySelector('main')?.removeAttribute('data-ready')")
+        target = f"{self.base}/console#/{route}"
+        if self.page.url == target:  # (the same hash: no hashchange, so load the page again)
+            await self.page.reload()
+        else:
+            await self.page.goto(target)
+        await self.page.wait_for_selector("main[data-ready]")
+        ready = await self.page.get_attribute("main", "data-ready")
+        assert ready != "error", await self.page.inner_text("main")
+        if shot:
+            await self.shots.take(self.page, shot)
+        return await self.page.inner_text("main")
+
+    async def rows(self, table_id: str) -> list[list[str]]:
+        """The cells of a table's body rows, as text."""
+        texts = await self.page.locator(f"#{table_id} tbody tr").all_inner_texts()
+        return [t.split("\t") for t in texts]

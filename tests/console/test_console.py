@@ -14,7 +14,7 @@ import pytest
 
 from gateway.config import Settings
 from gateway.server import Gateway
-from tests.console.support import CHROMIUM, CHROMIUM_ARGS, Shots, needs_chromium
+from tests.console.support import Console, Shots, address, needs_chromium
 from tests.support import wait_until
 
 pytestmark = [pytest.mark.timeout(90), needs_chromium]
@@ -38,46 +38,6 @@ async def gw(tmp_path):
         yield g
     finally:
         await g.stop()
-
-
-@pytest.fixture
-async def browser():
-    from playwright.async_api import async_playwright
-
-    async with async_playwright() as p:
-        b = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            await b.close()
-
-
-def address(gw: Gateway, name: str) -> tuple[str, int]:
-    host, port = next(a for a in gw.adapters if a.name == name).address.rsplit(":", 1)
-    return host, int(port)
-
-
-class Console:
-    """One browser page on the gateway's console; `open` waits until the page has rendered."""
-
-    def __init__(self, page, base: str, shots: Shots) -> None:  # noqa: ANN001 - a playwright Page
-        self.page, self.base, self.shots = page, base, shots
-        self.errors: list[str] = []
-        page.on("pageerror", lambda e: self.errors.append(str(e)))
-
-    async def open(self, route: str, shot: str | None = None) -> str:
-        await self.page.evaluate("document.querySelector('main')?.removeAttribute('data-ready')")
-        target = f"{self.base}/console#/{route}"
-        if self.page.url == target:  # (the same hash: no hashchange, so load the page again)
-            await self.page.reload()
-        else:
-            await self.page.goto(target)
-        await self.page.wait_for_selector("main[data-ready]")
-        ready = await self.page.get_attribute("main", "data-ready")
-        assert ready != "error", await self.page.inner_text("main")
-        if shot:
-            await self.shots.take(self.page, shot)
-        return await self.page.inner_text("main")
 
 
 @pytest.fixture

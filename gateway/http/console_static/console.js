@@ -389,7 +389,7 @@ async function users() {
     return page("Users & ACL", h("p", { class: "muted" }, `Not available: ${e.message} (auth is off?)`));
   }
   page("Users & ACL",
-    table(["user", "roles"], us.map((u) => [u.name, (u.roles || []).join(", ")]), "users"),
+    table(["user", "role", "vhosts"], us.map((u) => [u.name, u.role, (u.vhosts || []).join(", ")]), "users"),
     h("h2", {}, "ACL rules"),
     table(["subject", "resource", "pattern", "actions", "effect"], rules.map((r) => [r.subject, r.kind, r.pattern,
       (r.actions || []).join(", "), r.effect]), "acl"));
