@@ -1,11 +1,19 @@
 """Admin API of the message browser and the dead-letter queues: read a topic's messages by queue
 and offset, look messages up by id or key, list a group's dead letters and send them back to their
-topic (redrive). JSON only, for the console and `gateway message|dlq ...`."""
+topic (redrive). JSON only, for the console and `gateway message|dlq ...`.
+
+Each message also comes with `views`: what a consumer of each protocol receives for it, as that
+adapter's own outbound mapping builds it (`adapters/<protocol>/view.py`), so the console's "how a
+consumer sees it" is the delivery path's answer, not a second implementation of it."""
 
 from __future__ import annotations
 
 import base64
-from typing import Annotated
+import datetime
+import decimal
+import functools
+from collections.abc import Callable
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query
 from pydantic import BaseModel, Field
@@ -42,6 +50,11 @@ class StoredMessage(BaseModel):
     body: str | None = Field(description="the body as UTF-8 text; null when it is not valid UTF-8")
     body_base64: str
     size: int = Field(description="bytes of the stored record")
+    views: dict[str, Any] = Field(
+        default_factory=dict,
+        description="protocol -> what its consumer receives (byte strings as UTF-8 text, else "
+        '{"base64": ...}; times in epoch units)',
+    )
 
 
 class DeadLetter(StoredMessage):
@@ -67,6 +80,53 @@ class RedriveOut(BaseModel):
     new_ids: list[str] = Field(description="the ids of the messages sent, as `ids`")
 
 
+View = Callable[[Message], dict[str, object]]
+
+
+@functools.cache
+def protocol_views() -> dict[str, View]:
+    """protocol -> the adapter's view of a delivery, in the order the console shows them
+    (imported on first use: the HTTP port does not load every adapter to start)."""
+    from adapters.amqp.view import consumer_view as amqp_view
+    from adapters.cloudevents.view import consumer_view as cloudevents_view
+    from adapters.grpc.view import consumer_view as grpc_view
+    from adapters.mqtt.view import consumer_view as mqtt_view
+
+    return {"mqtt": mqtt_view, "amqp": amqp_view, "cloudevents": cloudevents_view, "grpc": grpc_view}
+
+
+def jsonable(v: Any) -> Any:
+    """A view's value as JSON: bytes as UTF-8 text (else {"base64": ...}), datetimes as epoch
+    seconds, decimals as text, containers item by item."""
+    if v is None or isinstance(v, bool | int | float | str):
+        return v
+    if isinstance(v, bytes | bytearray):
+        try:
+            return bytes(v).decode("utf-8")
+        except UnicodeDecodeError:
+            return {"base64": base64.b64encode(v).decode()}
+    if isinstance(v, dict):
+        return {str(k): jsonable(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [jsonable(x) for x in v]
+    if isinstance(v, datetime.datetime):
+        return v.timestamp()
+    if isinstance(v, decimal.Decimal):
+        return str(v)
+    return str(v)
+
+
+def views_of(m: Message) -> dict[str, Any]:
+    """What each protocol's consumer receives for `m` (a view that fails says why instead)."""
+    out: dict[str, Any] = {}
+    for name, view in protocol_views().items():
+        try:
+            out[name] = jsonable(view(m))
+        except Exception as e:  # noqa: BLE001 - one odd message must not break the browser
+            out[name] = {"error": f"{type(e).__name__}: {e}"}
+    return out
+
+
 def _stored(m: Message) -> dict:
     try:
         text: str | None = m.body.decode("utf-8")
@@ -86,6 +146,7 @@ def _stored(m: Message) -> dict:
         "body": text,
         "body_base64": base64.b64encode(m.body).decode(),
         "size": m.size or len(m.body),
+        "views": views_of(m),
     }
 
 

@@ -282,16 +282,14 @@ function bodyView(m, mode) {
   return text;
 }
 
+// what each protocol's consumer receives, as the adapters' own outbound mapping builds it (the
+// API's `views`); shown as JSON, exactly as the server computed it
+const VIEW_NAMES = { mqtt: "MQTT", amqp: "AMQP 0-9-1", cloudevents: "CloudEvents", grpc: "RocketMQ 5 (gRPC)" };
+
 function protocolViews(m) {
-  const p = m.properties || {};
-  const path = p["mqtt.topic"] || (m.tag ? `${m.topic}/${m.tag}` : m.topic);
-  const user = Object.fromEntries(Object.entries(p).filter(([k]) => !k.includes(".") && k !== "traceparent"));
-  return table(["protocol", "how a consumer sees it"], [
-    ["MQTT", `PUBLISH ${path}` + (p.traceparent ? ` (user property traceparent=${p.traceparent})` : "")],
-    ["AMQP 0-9-1", `basic.deliver routing key ${path.replaceAll("/", ".")}, headers ${JSON.stringify(user)}`],
-    ["CloudEvents", `ce-id ${m.id}, ce-source /topics/${m.topic}` + (p.traceparent ? `, traceparent ${p.traceparent}` : "")],
-    ["RocketMQ", `topic ${m.topic}, tag ${m.tag || "–"}, keys ${(m.keys || []).join(",") || "–"}`],
-  ], "protocol-views");
+  return table(["protocol", "how a consumer sees it"], Object.entries(m.views || {}).map(([p, v]) => [
+    VIEW_NAMES[p] || p, h("pre", { class: "view", "data-protocol": p }, JSON.stringify(v, null, 2))]),
+  null);
 }
 
 function messageRow(m, mode) {
@@ -302,7 +300,7 @@ function messageRow(m, mode) {
       h("a", { href: `#/trace/${enc(id)}` }, "trace")),
     h("pre", { class: "body" }, bodyView(m, mode)),
     table(["property", "value"], Object.entries(m.properties || {}).map(([k, v]) => [k, v]), null),
-    protocolViews(m));
+    h("div", { class: "protocol-views" }, protocolViews(m)));
 }
 
 async function messages(params) {
