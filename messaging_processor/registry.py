@@ -1,12 +1,39 @@
-"""Who is connected, through which protocol, as what: the processor's client registry."""
+"""Who is connected, through which protocol, as what: the processor's client registry.
+
+Clients that register (gRPC, RocketMQ 4.x) are kept here. Adapters whose consumers live in their
+own connection state (AMQP `basic.consume`, MQTT subscriptions) do not copy them in: each hands in
+one `ConsumerReport`, a function the registry calls when asked (`consumers`), which returns that
+adapter's live consumers as `ConsumerRow`s, described in the protocol's own words (`details`)."""
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 
 from .model import ClientInfo, ClientKind
+
+
+@dataclass(slots=True)
+class ConsumerRow:
+    """One live consumer an adapter reports: who, on which group and topics, and the protocol's
+    own facts about it (`details`, e.g. AMQP channel and prefetch, MQTT filter and QoS)."""
+
+    protocol: str
+    client_id: str
+    group: str = ""  # the consumer group it takes messages with ("" when it has none)
+    topics: frozenset[str] = frozenset()  # store topics it reads ("*": every topic)
+    remote: str = ""
+    since: float = 0.0  # connected at, epoch seconds
+    connection: str = ""  # the connection's id (the console's close handle), when it has one
+    details: dict[str, str | int | bool] = field(default_factory=dict)
+
+
+ConsumerReport = Callable[[], Iterable[ConsumerRow]]
+
+
+_CONSUMING = frozenset({ClientKind.PUSH_CONSUMER, ClientKind.SIMPLE_CONSUMER, ClientKind.PULL_CONSUMER})
 
 
 class ClientRegistry:
@@ -16,6 +43,42 @@ class ClientRegistry:
     def __init__(self) -> None:
         self._clients: dict[tuple[str, str], ClientInfo] = {}
         self._rr = itertools.count()
+        self._reports: list[ConsumerReport] = []
+
+    def add_consumer_report(self, report: ConsumerReport) -> None:
+        """An adapter hands in the function that lists its live consumers (`consumers` calls it)."""
+        self._reports.append(report)
+
+    def remove_consumer_report(self, report: ConsumerReport) -> None:
+        if report in self._reports:
+            self._reports.remove(report)
+
+    def reported_consumers(self) -> list[ConsumerRow]:
+        """What the adapters' reports give (not the registered clients)."""
+        return [row for report in list(self._reports) for row in report()]
+
+    def consumers(self, group: str | None = None, topic: str | None = None) -> list[ConsumerRow]:
+        """Live consumers of every protocol (of `group`, or reading `topic`): the registered
+        clients that consume, then what each adapter's report gives."""
+        rows = [
+            ConsumerRow(
+                c.protocol,
+                c.client_id,
+                c.group,
+                c.topics,
+                c.remote,
+                c.connected_at,
+                details={"kind": c.kind.value},
+            )
+            for c in self._clients.values()
+            if c.kind in _CONSUMING
+        ]
+        rows.extend(self.reported_consumers())
+        return [
+            r
+            for r in rows
+            if (group is None or r.group == group) and (topic is None or topic in r.topics or "*" in r.topics)
+        ]
 
     def register(self, info: ClientInfo) -> ClientInfo:
         """Add or replace a client; returns what is now registered."""

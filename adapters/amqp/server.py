@@ -9,6 +9,7 @@ import logging
 import ssl as ssl_mod
 
 from messaging_processor import MessagingProcessor
+from messaging_processor.registry import ConsumerRow
 from runtime.tls import peer_common_name
 
 from ..limits import Limiter, host_of
@@ -133,6 +134,7 @@ class AmqpAdapter:
     async def start(self) -> None:
         await self.broker.start()
         await self.net.start(lambda: AmqpProtocol(self))
+        self.processor.clients.add_consumer_report(self.consumers_info)
 
     @property
     def listening(self) -> bool:
@@ -172,6 +174,45 @@ class AmqpAdapter:
             )
         return out
 
+    def consumers_info(self) -> list[ConsumerRow]:
+        """Every live basic.consume consumer, for the registry's consumer list (the console's group
+        and topic pages): its queue, channel, prefetch and the deliveries it holds unacked."""
+        rows = []
+        for p in list(self.connections):
+            conn = p.conn
+            if conn is None or conn.state != OPEN:
+                continue
+            for ch in list(conn.channels.values()):
+                for cons in list(ch.consumers.values()):
+                    q = cons.queue
+                    held = sum(1 for u in ch.unacked.values() if u.queue is q and u.fut is not None)
+                    details: dict[str, str | int | bool] = {
+                        "queue": q.name,
+                        "vhost": q.vhost,
+                        "channel": ch.number,
+                        "consumer_tag": cons.tag,
+                        "ack": "auto" if cons.no_ack else "manual",
+                        "prefetch": cons.prefetch,
+                        "unacked": held,
+                    }
+                    if ch.global_prefetch:
+                        details["channel_prefetch"] = ch.global_prefetch
+                    if cons.exclusive:
+                        details["exclusive"] = True
+                    rows.append(
+                        ConsumerRow(
+                            "amqp",
+                            conn.ctx.client_id,
+                            q.group,
+                            frozenset({q.topic}),
+                            conn.remote,
+                            conn.since,
+                            p.conn_id,
+                            details,
+                        )
+                    )
+        return rows
+
     def close_connection(self, conn_id: str) -> bool:
         """Close one connection: connection.close 320 CONNECTION_FORCED, as RabbitMQ's management UI."""
         for p in list(self.connections):
@@ -183,6 +224,7 @@ class AmqpAdapter:
     async def stop(self, grace: float) -> None:
         """Stop accepting, let publishes in flight reach the store for up to `grace` s, then close
         every connection with connection.close 320 CONNECTION_FORCED."""
+        self.processor.clients.remove_consumer_report(self.consumers_info)
         self.net.close()
         sends = [
             t

@@ -9,6 +9,7 @@ import logging
 import ssl as ssl_mod
 
 from messaging_processor import MessagingProcessor
+from messaging_processor.registry import ConsumerRow
 from runtime.tls import peer_common_name
 
 from ..limits import Limiter, host_of
@@ -17,8 +18,10 @@ from .broker import Broker
 from .caps import DEFAULT_CAPS, MqttCaps
 from .codec import ReasonCode
 from .limits import Refusal, SessionLimits
+from .mapping import store_topic_of_level
 from .registry import ClientIdClaims
 from .session import Session
+from .shared import share_group_name
 
 log = logging.getLogger("adapters.mqtt")
 REFUSED_WAIT_S = 5.0  # a refused connection is closed after this if its CONNECT does not come
@@ -155,6 +158,7 @@ class MqttAdapter:
 
     async def start(self) -> None:
         await self.broker.start()
+        self.processor.clients.add_consumer_report(self.consumers_info)
         await self.net.start(lambda: MqttProtocol(self))
 
     @property
@@ -182,6 +186,35 @@ class MqttAdapter:
             if c.session is not None and c.session.client_id
         ]
 
+    def consumers_info(self) -> list[ConsumerRow]:
+        """Every subscription of a connected client, for the registry's consumer list (the console's
+        group and topic pages): filter, QoS and, for `$share/<name>/...`, the share's group."""
+        rows = []
+        for c in list(self.connections):
+            s = c.session
+            if s is None or not s.client_id:
+                continue
+            st = s.pstate
+            subs = st.subs if st is not None else s.subs
+            for sub in list(subs.values()):
+                details: dict[str, str | int | bool] = {
+                    "filter": sub.filter if sub.share is None else f"$share/{sub.share}/{sub.filter}",
+                    "qos": sub.qos,
+                    "session": "persistent" if st is not None else "clean",
+                }
+                if sub.share is not None:
+                    details["share"] = sub.share
+                    group = share_group_name(sub.share)
+                else:
+                    group = st.group if st is not None else ""
+                if sub.sub_id:
+                    details["subscription_id"] = sub.sub_id
+                topics = frozenset({"*" if sub.wild else store_topic_of_level(sub.first)})
+                rows.append(
+                    ConsumerRow("mqtt", s.client_id, group, topics, s.remote, s.since, c.conn_id, details)
+                )
+        return rows
+
     def close_connection(self, conn_id: str) -> bool:
         """Close one connection (5.0: DISCONNECT 0x98 Administrative action first)."""
         for c in list(self.connections):
@@ -193,6 +226,7 @@ class MqttAdapter:
     async def stop(self, grace: float) -> None:
         """Stop accepting, let in-flight stores finish for up to `grace` s, then close sessions
         (5.0 clients get DISCONNECT 0x8B Server shutting down)."""
+        self.processor.clients.remove_consumer_report(self.consumers_info)
         self.net.close()
         tasks = [t for c in self.connections if c.session is not None for t in c.session._tasks]
         if tasks and grace > 0:

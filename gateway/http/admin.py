@@ -6,6 +6,7 @@ asking an existing topic for fewer queues than it has is a 409 conflict."""
 
 from __future__ import annotations
 
+import time
 from typing import Annotated
 from urllib.parse import quote
 
@@ -113,10 +114,31 @@ class Client(BaseModel):
     group: str
     topics: list[str]
     remote: str
-    language: str
-    version: str
+    language: str = ""
+    version: str = ""
     connected_at: float
     last_seen: float
+    details: dict[str, str | int | bool] = Field(
+        default_factory=dict, description="a consumer's protocol facts (see GET /admin/consumers)"
+    )
+
+
+class Consumer(BaseModel):
+    protocol: str
+    client_id: str
+    group: str = Field(
+        description='the consumer group it takes messages with ("": none, e.g. an MQTT clean session)'
+    )
+    topics: list[str] = Field(description='store topics it reads ("*": every topic)')
+    remote: str
+    since: float = Field(description="connected at, epoch seconds")
+    connection: str = Field(
+        description="its connection's id (DELETE /admin/connections/{id}), when it has one"
+    )
+    details: dict[str, str | int | bool] = Field(
+        description="the protocol's own facts: AMQP queue, channel, consumer_tag, ack, prefetch, unacked; "
+        "MQTT filter, qos, session, share; gRPC and 4.x kind"
+    )
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -328,5 +350,46 @@ async def delete_group(name: str, p: Processor) -> Response:
 async def list_clients(
     p: Processor, protocol: Annotated[str | None, Query(description="only this protocol")] = None
 ) -> list[Client]:
-    """The processor's client registry: who is connected through which protocol, as what."""
-    return [Client(**c.as_dict()) for c in p.clients.list(protocol=protocol)]
+    """The processor's client registry: who is connected through which protocol, as what (the
+    AMQP and MQTT consumers as their adapters report them, kind `consumer`)."""
+    out = [Client(**c.as_dict()) for c in p.clients.list(protocol=protocol)]
+    now = time.time()
+    for r in p.clients.reported_consumers():
+        if protocol is None or r.protocol == protocol:
+            out.append(
+                Client(
+                    client_id=r.client_id,
+                    protocol=r.protocol,
+                    kind="consumer",
+                    group=r.group,
+                    topics=sorted(r.topics),
+                    remote=r.remote,
+                    connected_at=r.since,
+                    last_seen=now,
+                    details=r.details,
+                )
+            )
+    return out
+
+
+@router.get("/consumers", response_model=list[Consumer])
+async def list_consumers(
+    p: Processor,
+    group: Annotated[str | None, Query(description="only this consumer group's")] = None,
+    topic: Annotated[str | None, Query(description="only those reading this topic")] = None,
+) -> list[Consumer]:
+    """Live consumers of every protocol: AMQP basic.consume consumers (per queue), MQTT
+    subscriptions (per client, shared ones with their share's group), gRPC and 4.x consumers."""
+    return [
+        Consumer(
+            protocol=r.protocol,
+            client_id=r.client_id,
+            group=r.group,
+            topics=sorted(r.topics),
+            remote=r.remote,
+            since=r.since,
+            connection=r.connection,
+            details=r.details,
+        )
+        for r in p.clients.consumers(group=group, topic=topic)
+    ]

@@ -190,6 +190,7 @@ async function topics() {
 
 async function topicDetail(name) {
   const t = await api("GET", `/admin/topics/${enc(name)}`);
+  const consumers = await api("GET", `/admin/consumers?topic=${enc(name)}`);
   page(`Topic ${name}`,
     h("div", { class: "cards" }, card("Queues", fmtNum(t.queues)), card("Messages", fmtNum(t.messages)),
       card("Retention", t.retention_ms ? `${t.retention_ms} ms` : "store default")),
@@ -199,7 +200,17 @@ async function topicDetail(name) {
       t.queue_offsets.map((q) => [fmtNum(q.queue_id), fmtNum(q.min_offset), fmtNum(q.max_offset)]), "queues"),
     h("h2", {}, "Groups"),
     table(["group", "backlog#", "in flight#"], Object.entries(t.groups).map(([g, b]) => [
-      h("a", { href: `#/groups/${enc(g)}` }, g), fmtNum(b.backlog), fmtNum(b.inflight)]), "topic-groups"));
+      h("a", { href: `#/groups/${enc(g)}` }, g), fmtNum(b.backlog), fmtNum(b.inflight)]), "topic-groups"),
+    h("h2", {}, "Consumers"), consumersTable(consumers));
+}
+
+// live consumers of every protocol (GET /admin/consumers): each adapter's own facts in "details"
+function consumersTable(list) {
+  return table(["protocol", "client", "details", "group", "remote", "since"], list.map((c) => [c.protocol, c.client_id,
+    h("span", { class: "details" }, Object.entries(c.details).map(([k, v]) =>
+      h("span", { class: "detail", "data-k": k }, h("span", { class: "muted" }, k), ` ${v}`))),
+    c.group ? h("a", { href: `#/groups/${enc(c.group)}` }, c.group) : "",
+    c.remote, fmtTime(c.since * 1000)]), "consumers");
 }
 
 // ------------------------------------------------------------------ groups
@@ -215,7 +226,7 @@ async function groups() {
 
 async function groupDetail(name) {
   const g = await api("GET", `/admin/groups/${enc(name)}`);
-  const clients = (await api("GET", "/admin/clients")).filter((c) => c.group === name);
+  const consumers = await api("GET", `/admin/consumers?group=${enc(name)}`);
   let dlq = 0;
   try { dlq = (await api("GET", `/admin/topics/${enc(`%DLQ%${name}`)}`)).messages; } catch (e) { dlq = 0; }
   const sections = [];
@@ -247,9 +258,7 @@ async function groupDetail(name) {
     h("div", { class: "cards" }, card("Max attempts", fmtNum(g.max_attempts)),
       card("Retry back-off", `${g.retry_initial_ms} ms × ${g.retry_multiplier}`),
       card("Dead letters", h("a", { href: `#/dlq?group=${enc(name)}` }, fmtNum(dlq)))),
-    h("h2", {}, "Consumers"),
-    table(["client", "protocol", "kind", "remote", "since"], clients.map((c) => [c.client_id, c.protocol, c.kind,
-      c.remote, fmtTime(c.connected_at * 1000)]), "consumers"),
+    h("h2", {}, "Consumers"), consumersTable(consumers),
     ...sections);
 }
 
