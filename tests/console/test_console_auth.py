@@ -52,7 +52,7 @@ async def test_users_page_shows_each_users_role(secured, browser, tmp_path):
     ctx = await browser.new_context(http_credentials={"username": "admin", "password": ADMIN_PW})
     try:
         c = Console(await ctx.new_page(), secured, Shots(tmp_path))
-        await c.open("users", "users")
+        await c.open("users", "users-roles")
         roles = {r[0]: r[1] for r in await c.rows("users")}
         assert roles == {"admin": "admin", "ops": "user"}
         assert c.errors == []

@@ -133,7 +133,7 @@ async def test_protocol_views_equal_what_real_consumers_receive(tmp_path, browse
 
         page = await browser.new_page(viewport={"width": 1280, "height": 1400})
         c = Console(page, base, Shots(tmp_path))
-        await c.open(f"messages?topic={TOPIC}&count=10", "messages")
+        await c.open(f"messages?topic={TOPIC}&count=10", "message-views")
         shown = await page.locator("#message-list .message").evaluate_all(
             """els => els.map(e => ({
                 body: e.querySelector('pre.body').textContent,
