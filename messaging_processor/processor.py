@@ -47,11 +47,13 @@ from .store_client import StoreClient
 from .tracing import (
     DELIVERED,
     DELIVERED_FIELDS,
+    GATEWAY_TRACEPARENT,
     HANDLED,
     STORED,
     TRACE_TOPIC,
     TRACEPARENT,
     TraceRecorder,
+    context_of,
     derivable_id,
     format_traceparent,
     match_traceparent,
@@ -92,10 +94,12 @@ REDRIVEN_NS = "dlq.redriven"
 
 
 def ensure_traceparents(messages: Sequence[Message]) -> list[tuple[int, str]] | None:
-    """Keep a valid client `traceparent`, drop any other; a message left without one derives its
-    trace context from its id when read (messaging_processor/tracing.py `traceparent_of`), unless
-    its id is not hex or it shares its properties dict with the message before it (an adapter's
-    copies of one publish: they must share one trace), which get a new one, set in place. Returns
+    """The trace contexts the messages of a send carry. A client's `traceparent` is kept as sent; a
+    valid one is the message's context, an invalid one is none (delivered all the same). A message
+    without a context derives it from its id when traced (messaging_processor/tracing.py
+    `traceparent_of`), unless its id is not hex or it shares its properties dict with the message
+    before it (an adapter's copies of one publish: they must share one trace), which get a new one
+    in the internal property `__TRACEPARENT` (set in place; no adapter delivers it). Returns
     [(index, traceparent)] of the messages that carry one (None when none does). Here, with
     tracing.py's C-level callables, so that the send path enters no other module
     (tests/architecture/test_message_path.py)."""
@@ -105,14 +109,15 @@ def ensure_traceparents(messages: Sequence[Message]) -> list[tuple[int, str]] | 
         p = m.properties
         tp = p.get(TRACEPARENT)
         if tp is not None and (len(tp) != 55 or match_traceparent(tp) is None):
-            del p[TRACEPARENT]
-            tp = None
+            tp = None  # (not a trace context: kept as the client sent it, but not followed)
+        if tp is None:
+            tp = p.get(GATEWAY_TRACEPARENT)
         if tp is None:
             mid = m.message_id
             if p is not prev and (not mid or derivable_id(mid[-32:]) is not None):
                 prev = p
                 continue
-            tp = p[TRACEPARENT] = format_traceparent(next_trace_sequence())
+            tp = p[GATEWAY_TRACEPARENT] = format_traceparent(next_trace_sequence())
             if p is prev:  # (the copy before shares it)
                 out = out or []
                 out.append((i - 1, tp))
@@ -172,7 +177,9 @@ class MessagingProcessor:
 
     def _traced_dead_letter(self, group: str, msg: Message, reason: str) -> None:
         if self.tracer is not None:
-            self.tracer.message_event(_STORE_CTX, "dead_lettered", msg.message_id, f"{reason}, group {group}")
+            self.tracer.message_event(
+                _STORE_CTX, "dead_lettered", msg.message_id, f"{reason}, group {group}", traceparent_of(msg)
+            )
 
     async def close(self) -> None:
         """Stop housekeeping. The store is closed by whoever opened it."""
@@ -874,7 +881,8 @@ class MessagingProcessor:
         origin = msg.properties.get("ORIGIN_MESSAGE_ID")
         if self.tracer is not None and origin:
             event = "dead_lettered" if topic.startswith("%DLQ%") else "retried"
-            self.tracer.message_event(ctx, event, origin, f"{r.topic}/{r.queue_id}/{r.queue_offset}")
+            where = f"{r.topic}/{r.queue_id}/{r.queue_offset}"
+            self.tracer.message_event(ctx, event, origin, where, context_of(msg.properties, origin))
         return SendReceipt(
             r.message_id, r.topic, r.queue_id, r.queue_offset, r.commitlog_offset, r.store_timestamp
         )
@@ -1027,8 +1035,9 @@ class MessagingProcessor:
         if await self.store.kv_put_if_absent(REDRIVEN_NS, key, b"") is not None:
             return  # redriven before (or by a redrive running now)
         props = {k: v for k, v in dead.properties.items() if k not in DLQ_PROPS}
-        if TRACEPARENT not in props and (tp := traceparent_of(dead)) is not None:
-            props[TRACEPARENT] = tp  # (the copy gets a new id: it keeps the original's trace)
+        tp = traceparent_of(dead)
+        if tp is not None and tp != props.get(TRACEPARENT):  # (the copy gets a new id: it keeps the
+            props[GATEWAY_TRACEPARENT] = tp  # original's trace, as made here, not as a client's)
         copy = Message(
             topic=origin,
             body=dead.body,
@@ -1050,6 +1059,6 @@ class MessagingProcessor:
         await self.store.kv_put(REDRIVEN_NS, key, r.message_id.encode())
         if self.tracer is not None:
             self.tracer.stored(ctx, [copy], [r])
-            self.tracer.message_event(ctx, "redriven", dead.message_id, f"to {origin} as {r.message_id}")
+            self.tracer.message_event(ctx, "redriven", dead.message_id, f"to {origin} as {r.message_id}", tp)
         log.info("dead letter %s of %s redriven to %s as %s", dead.message_id, group, origin, r.message_id)
         sent.append((dead.message_id, r.message_id))

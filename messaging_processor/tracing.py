@@ -1,12 +1,15 @@
 """Message tracing: W3C `traceparent` handling and the per-message lifecycle record.
 
-Every message carries a W3C trace context (`00-<32 hex trace id>-<16 hex span id>-<2 hex flags>`).
-A valid one from the client is kept in the store property `traceparent`; any other is dropped. A
-message without one has its context derived from its message id when it is read
-(`traceparent_of`: trace id = the last 32 hex digits of the id, span id = the last 16), so the send
-path makes and stores nothing for it; only a message whose id is not hex (or copies of one publish
-that share one properties dict) gets a new one stored (the processor's `ensure_traceparents`).
-Adapters only map their protocol's field to and from `traceparent_of`.
+Every message has a W3C trace context (`00-<32 hex trace id>-<16 hex span id>-<2 hex flags>`), but
+only one a client sent is ever delivered: the store property `traceparent` is the client's, kept
+and delivered exactly as sent (an invalid one too: it is then no trace context). A message without
+a valid one has its context derived from its message id when it is traced (`traceparent_of`: trace
+id = the last 32 hex digits of the id, span id = the last 16), so the send path makes and stores
+nothing for it; only a message whose id is not hex (or copies of one publish that share one
+properties dict) gets a new one, stored in the internal property `__TRACEPARENT`
+(`GATEWAY_TRACEPARENT`), which no adapter delivers (the processor's `ensure_traceparents`).
+Adapters map their protocol's field to and from the property `traceparent` only; the lifecycle
+record, the trace API and the OTLP export use `traceparent_of`.
 
 `TraceRecorder` keeps what happens to each message (received and stored, delivered, acked, nacked,
 ...) as compact records in the system topic `%TRACE%` (one queue, retention = the trace retention).
@@ -42,7 +45,8 @@ from .model import ClientContext
 
 log = logging.getLogger("messaging_processor.tracing")
 
-TRACEPARENT = "traceparent"
+TRACEPARENT = "traceparent"  # a client's W3C trace context, delivered as sent
+GATEWAY_TRACEPARENT = "__TRACEPARENT"  # one this gateway made (non-hex id, shared copies): never delivered
 TRACE_TOPIC = "%TRACE%"
 TRACE_KEY_PREFIX = "trace:"  # + trace id: the messages of a trace (a client's trace id)
 SEQUENCE_KEY_PREFIX = "trace-seq:"  # + the first 29 hex digits of a trace id this gateway made
@@ -83,7 +87,9 @@ DELIVERED_FIELDS = operator.attrgetter(
     "receipt_handle",
 )
 # what a PULLED entry keeps of each message read by a pull consumer (4.x PULL_MESSAGE)
-PULLED_FIELDS = operator.attrgetter("queue_offset", "commitlog_offset", "reconsume_times")
+PULLED_FIELDS = operator.attrgetter(
+    "queue_offset", "commitlog_offset", "reconsume_times", "properties", "message_id"
+)
 # what a TAILED entry keeps of each message a tail read got (MessagingProcessor.tail)
 TAILED_FIELDS = operator.attrgetter(
     "topic", "queue_id", "queue_offset", "commitlog_offset", "properties", "message_id"
@@ -126,11 +132,26 @@ def derived_traceparent(message_id: str) -> str | None:
     return f"00-{t}-{t[16:]}-01"
 
 
+def stored_context(props: dict[str, str]) -> str | None:
+    """The trace context a message's properties hold: the client's valid `traceparent`, else the one
+    this gateway made (`__TRACEPARENT`); None: it is derived from the message id."""
+    tp = props.get(TRACEPARENT)
+    if tp is not None and len(tp) == 55 and match_traceparent(tp) is not None:
+        return tp
+    return props.get(GATEWAY_TRACEPARENT)
+
+
+def context_of(props: dict[str, str], message_id: str) -> str | None:
+    """The trace context of a message with these properties and id: `stored_context`, else the one
+    derived from its id (None: the id is not hex and nothing was stored)."""
+    tp = stored_context(props)
+    return derived_traceparent(message_id) if tp is None else tp
+
+
 def traceparent_of(message: Message) -> str | None:
-    """The trace context a message is delivered with: its `traceparent` property, or the one derived
-    from its id."""
-    tp = message.properties.get(TRACEPARENT)
-    return derived_traceparent(message.message_id) if tp is None else tp
+    """The trace context of a stored message (`context_of`): for the trace record and its export,
+    never for a delivery (a consumer gets only the `traceparent` property a client sent)."""
+    return context_of(message.properties, message.message_id)
 
 
 def trace_id_of(traceparent: str) -> str:
@@ -216,7 +237,7 @@ class TraceRecorder:
     #       `results`; those at `index` with that (explicit) traceparent, the others derive theirs
     #   (DELIVERED, ms, ctx, group, [DELIVERED_FIELDS(p) for p in popped])  a pop handed them to `group`
     #   (HANDLED, ms, ctx, event, handle, new handle | None, detail | None)
-    #   (EVENT, ms, ctx, event, message id, detail | None)
+    #   (EVENT, ms, ctx, event, message id, detail | None, traceparent | None)
     #   (PULLED, ms, ctx, group, topic, queue id, [PULLED_FIELDS(m) for m in read])  a pull consumer
     #       (reading by offset) got these; (COMMITTED, ms, ctx, group, topic, queue id, offset) it
     #       committed its offset: the pulled messages below it are `acked`
@@ -227,7 +248,7 @@ class TraceRecorder:
         self, ctx: ClientContext, messages: Sequence[Message], results: Sequence[AppendResult]
     ) -> None:
         """A send stored `messages` at `results`: received + stored events."""
-        explicit = [(i, tp) for i, m in enumerate(messages) if (tp := m.properties.get(TRACEPARENT))]
+        explicit = [(i, tp) for i, m in enumerate(messages) if (tp := stored_context(m.properties))]
         self._add((STORED, time_ns() // 1_000_000, ctx, explicit, results))
 
     def delivered(self, ctx: ClientContext, group: str, popped: Sequence[PoppedMessage]) -> None:
@@ -247,10 +268,16 @@ class TraceRecorder:
         self._add((HANDLED, time_ns() // 1_000_000, ctx, event, handle, new_handle, detail))
 
     def message_event(
-        self, ctx: ClientContext, event: str, message_id: str, detail: str | None = None
+        self,
+        ctx: ClientContext,
+        event: str,
+        message_id: str,
+        detail: str | None = None,
+        traceparent: str | None = None,
     ) -> None:
-        """`event` (e.g. redriven, dead_lettered) of the message `message_id` known only by its id."""
-        self._add((EVENT, time_ns() // 1_000_000, ctx, event, message_id, detail))
+        """`event` (e.g. redriven, dead_lettered) of the message `message_id` known only by its id
+        (`traceparent`: its trace context, `traceparent_of`, when the caller has the message)."""
+        self._add((EVENT, time_ns() // 1_000_000, ctx, event, message_id, detail, traceparent))
 
     def pulled(
         self, ctx: ClientContext, group: str, topic: str, queue_id: int, read: Sequence[Message]
@@ -324,7 +351,7 @@ class TraceRecorder:
                     out[-1][1].add(CLO_KEY_PREFIX + str(clo >> _CLO_BITS))
                     if expand:
                         full.append([event, t, proto, client, user, group, qid, off, None, detail, mid,
-                                     tp, topic, clo])  # fmt: skip
+                                     tp or derived_traceparent(mid), topic, clo])  # fmt: skip
                     continue
                 self._unknown_handle_row(out, t, proto, client, user, *e[3:])
             elif kind == STORED:
@@ -332,14 +359,14 @@ class TraceRecorder:
             elif kind == DELIVERED:
                 self._delivered_row(out, full if expand else None, t, proto, client, user, e[3], e[4])
             elif kind == PULLED:
-                self._pulled_row(out, t, proto, client, user, *e[3:])
+                self._pulled_row(out, full if expand else None, t, proto, client, user, *e[3:])
             elif kind == COMMITTED:
-                self._committed_row(out, t, proto, client, user, *e[3:])
+                self._committed_row(out, full if expand else None, t, proto, client, user, *e[3:])
             elif kind == TAILED:
                 self._tailed_row(out, full if expand else None, t, proto, client, user, e[3], e[4])
             else:
-                event, mid, detail = e[3:]
-                row = [event, t, proto, client, user, None, None, None, None, detail, mid, None, None, None]
+                event, mid, detail, tp = e[3:]
+                row = [event, t, proto, client, user, None, None, None, None, detail, mid, tp, None, None]
                 add((row, (MESSAGE_KEY_PREFIX + mid,)))
                 if expand:
                     full.append(row)
@@ -373,7 +400,7 @@ class TraceRecorder:
         out.append((("R", t, proto, client, user, runs, tagged), keys))
         if full is not None:
             tps = dict(explicit or ())
-            for i, res in enumerate(results):
+            for i, res in enumerate(results):  # (the others' contexts derive from their ids)
                 tp = tps.get(i) or derived_traceparent(res[0])
                 full += _send_events(t, proto, client, user, res, tp)
 
@@ -391,12 +418,11 @@ class TraceRecorder:
                 nacked.discard(clo)
             items.append((clo, reconsumed + 1, redelivery))
             keys.add(CLO_KEY_PREFIX + str(clo >> _CLO_BITS))
-            tp = props.get(TRACEPARENT)
+            tp = None if full is None else context_of(props, mid)  # (only the exporters need it)
             if len(handles) >= _MAX_HANDLES:
                 del handles[next(iter(handles))]
             handles[handle] = (topic, qid, off, tp, clo, mid)
             if full is not None:
-                tp = tp or derived_traceparent(mid)
                 if redelivery:
                     full.append([redelivery, t, proto, client, user, group, qid, off, reconsumed, None, mid,
                                  tp, topic, clo])  # fmt: skip
@@ -405,16 +431,23 @@ class TraceRecorder:
         out.append((("D", t, proto, client, user, group, items), keys))
 
     def _pulled_row(
-        self, out: list, t: int, proto: str, client: str, user: str | None,
-        group: str, topic: str, qid: int, read: Sequence[tuple[int, int, int]],
+        self, out: list, full: list[Row] | None, t: int, proto: str, client: str, user: str | None,
+        group: str, topic: str, qid: int, read: Sequence[tuple],
     ) -> None:  # fmt: skip
-        items = [(clo, reconsumed + 1, None) for _off, clo, reconsumed in read]
-        keys = {CLO_KEY_PREFIX + str(clo >> _CLO_BITS) for _off, clo, _r in read}
+        items = [(r[1], r[2] + 1, None) for r in read]  # (PULLED_FIELDS)
+        keys = {CLO_KEY_PREFIX + str(r[1] >> _CLO_BITS) for r in read}
         out.append((("D", t, proto, client, user, group, items), keys))
         key = (group, topic, qid)
         pulled = self._pulled.pop(key, None) or {}
         self._pulled[key] = pulled  # (most recently pulled last: the oldest key goes first)
-        pulled.update((off, clo) for off, clo, _r in read)
+        if full is None:
+            pulled.update((r[0], r[1]) for r in read)
+        else:  # (the exporters: what the ack at the commit needs too)
+            for off, clo, reconsumed, props, mid in read:
+                tp = context_of(props, mid)
+                pulled[off] = (clo, tp, mid)
+                full.append(["delivered", t, proto, client, user, group, qid, off, reconsumed + 1, None, mid,
+                             tp, topic, clo])  # fmt: skip
         while len(pulled) > _MAX_PULLED:
             del pulled[next(iter(pulled))]
         while len(self._pulled) > _MAX_PULLED:
@@ -431,13 +464,13 @@ class TraceRecorder:
         out.append((("H", "acked", proto, client, user, group, [(clo, t, None) for clo in clos]), set(keys)))
         if full is not None:
             for topic, qid, off, clo, props, mid in read:
-                tp = props.get(TRACEPARENT) or derived_traceparent(mid)
+                tp = context_of(props, mid)
                 for event, attempt in (("delivered", 1), ("acked", None)):
                     full.append([event, t, proto, client, user, group, qid, off, attempt, None, mid,
                                  tp, topic, clo])  # fmt: skip
 
     def _committed_row(
-        self, out: list, t: int, proto: str, client: str, user: str | None,
+        self, out: list, full: list[Row] | None, t: int, proto: str, client: str, user: str | None,
         group: str, topic: str, qid: int, offset: int,
     ) -> None:  # fmt: skip
         pulled = self._pulled.get((group, topic, qid))
@@ -446,7 +479,17 @@ class TraceRecorder:
         done = [off for off in pulled if off < offset]
         if not done:
             return
-        items = [(pulled.pop(off), t, "offset committed") for off in done]
+        items = []
+        for off in done:
+            v = pulled.pop(off)  # commit log offset, or (it, traceparent, message id) for the exporters
+            if type(v) is tuple:
+                clo, tp, mid = v
+                if full is not None:
+                    full.append(["acked", t, proto, client, user, group, qid, off, None, "offset committed",
+                                 mid, tp, topic, clo])  # fmt: skip
+            else:
+                clo = v
+            items.append((clo, t, "offset committed"))
         keys = {CLO_KEY_PREFIX + str(clo >> _CLO_BITS) for clo, _t, _d in items}
         out.append((("H", "acked", proto, client, user, group, items), keys))
 

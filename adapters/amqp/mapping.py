@@ -13,13 +13,15 @@ A message routed to queue Q is stored on Q's store topic (`store_name`) as one s
                           message's `expiration`
     amqp.content_type, amqp.correlation_id, amqp.reply_to, amqp.message_id
                           readable copies for other protocols, when set
-    traceparent           the W3C trace context from the `traceparent` header; a message stored
-                          without one (the processor made one) gets it as that header on delivery
+    traceparent           a copy of the `traceparent` header (the W3C trace context other protocols
+                          deliver and the processor traces); the content header itself is delivered
+                          exactly as published, and no trace context is ever added to it
 
 A message that entered through another protocol (no amqp.exchange / amqp.rk) is presented to AMQP
 consumers with exchange "", routing key = its MQTT path with '/' -> '.', else its tag, else its
 topic, and synthesized properties: delivery_mode 2, message_id, timestamp, content_type from
-mqtt.content_type and the store properties as string headers.
+mqtt.content_type and the store properties as string headers (`__`-prefixed internal ones
+excepted: a trace context the gateway made is not delivered).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import time
 from typing import Any
 
 from messaging_processor import Message
-from messaging_processor.tracing import TRACEPARENT, traceparent_of
+from messaging_processor.tracing import TRACEPARENT
 
 from .codec import BasicProperties, Timestamp, decode_properties, encode_properties
 
@@ -109,44 +111,6 @@ def base_properties(exchange: str, routing_key: str, raw: bytes, props: BasicPro
 _TRACEPARENT_BYTES = TRACEPARENT.encode()
 
 
-_TRACEPARENT_ENTRY = bytes((len(_TRACEPARENT_BYTES),)) + _TRACEPARENT_BYTES + b"S"  # table key + type
-
-
-def with_traceparent(raw: bytes, traceparent: str) -> bytes:
-    """Raw properties with the `traceparent` header set (when they do not carry that value yet).
-
-    The usual case (no `traceparent` key yet, one flags word) appends the entry to the header
-    table in place, keeping every other byte as the publisher sent it; anything else decodes the
-    properties and encodes them again."""
-    value = traceparent.encode()
-    if value in raw:
-        return raw
-    entry = _TRACEPARENT_ENTRY + len(value).to_bytes(4, "big") + value
-    n = len(raw)
-    if n >= 2 and not raw[1] & 1:  # (one flags word)
-        flags = raw[0]
-        p = 2
-        for bit in (0x80, 0x40):  # content-type, content-encoding: short strings
-            if flags & bit:
-                p = p + 1 + raw[p] if p < n else n + 1
-        if p > n:
-            pass  # malformed: see below
-        elif not flags & 0x20:  # no headers yet: a table of one entry, after the strings above
-            table = len(entry).to_bytes(4, "big") + entry
-            return bytes((flags | 0x20, raw[1])) + raw[2:p] + table + raw[p:]
-        elif p + 4 <= n:
-            end = p + 4 + int.from_bytes(raw[p : p + 4], "big")
-            if end <= n and _TRACEPARENT_ENTRY[:-1] not in raw[p + 4 : end]:
-                size = (end - p - 4 + len(entry)).to_bytes(4, "big")
-                return raw[:p] + size + raw[p + 4 : end] + entry + raw[end:]
-    try:
-        props = decode_properties(raw)
-    except ValueError:
-        return raw
-    props.headers = {**(props.headers or {}), TRACEPARENT: traceparent}
-    return encode_properties(props)
-
-
 def parse_expiration(value: str) -> int | None:
     """The per-message TTL (ms) of an `expiration` property; None if it is not a valid one."""
     if not value.isdigit() or len(value) > 19:
@@ -165,18 +129,14 @@ def present(m: Message) -> tuple[str, str, bytes]:
     if P_EXCHANGE in p or P_RK in p:
         raw = p.get(P_PROPS)
         rk = p.get(P_RK)
-        out = raw.encode("latin-1") if raw else EMPTY_PROPS
-        tp = traceparent_of(m)
         return (
             p.get(P_EXCHANGE, ""),
             m.tag if rk is None else rk,
-            out if tp is None else with_traceparent(out, tp),
+            raw.encode("latin-1") if raw else EMPTY_PROPS,
         )
     path = p.get("mqtt.topic")
     rk = path.replace("/", ".") if path else (m.tag or m.topic)
     headers: dict[str, Any] = {k: v for k, v in p.items() if not k.startswith("__")}
-    if TRACEPARENT not in headers and (tp := traceparent_of(m)) is not None:
-        headers[TRACEPARENT] = tp
     props = BasicProperties(
         content_type=p.get("mqtt.content_type") or p.get("ce_datacontenttype"),
         headers=headers or None,

@@ -10,7 +10,8 @@ decoded, JSON `data` serialized compactly, text `data` as UTF-8), and every cont
                 not a JSON type (absent: binary mode, or JSON data of a JSON type or of none)
 
 The distributed-tracing extension `traceparent` is kept as the property `traceparent` (not
-`ce.traceparent`), the W3C trace context every protocol reads; every event is delivered with it.
+`ce.traceparent`), the W3C trace context every protocol reads; an event is delivered with the
+`traceparent` its producer (of any protocol) sent, and with none when it sent none.
 
 The `partitionkey` extension (CloudEvents partitioning) is also the message's key (RocketMQ KEYS,
 and what a compacted topic keeps the latest event of). So the event leaves exactly as it came (same
@@ -26,6 +27,7 @@ attributes:
     subject          the MQTT topic path | the RocketMQ tag (absent without a tag)
     time             the born timestamp (store timestamp when unknown), RFC 3339 UTC with ms
     datacontenttype  mqtt.content_type when the MQTT 5 publisher set one (else absent)
+    traceparent      the `traceparent` its producer sent (else absent)
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import contextlib
 from datetime import UTC, datetime
 
 from messaging_processor import Message
-from messaging_processor.tracing import TRACEPARENT, traceparent_of
+from messaging_processor.tracing import TRACEPARENT
 
 from .event import SPECVERSION, AttrValue, Event, is_json_type
 
@@ -124,7 +126,7 @@ def attributes_of(msg: Message) -> dict[str, AttrValue]:
         base = synthesized(msg)
         attrs.setdefault("source", base["source"])
         attrs.setdefault("type", base["type"])
-    tp = traceparent_of(msg)
+    tp = props.get(TRACEPARENT)
     if tp is not None:
         attrs[TRACEPARENT] = tp
     types = props.get(P_TYPES)
@@ -162,7 +164,7 @@ def synthesized(msg: Message) -> dict[str, AttrValue]:
     ct = props.get(MQTT_CONTENT_TYPE)
     if ct:
         attrs["datacontenttype"] = ct
-    tp = traceparent_of(msg)
+    tp = props.get(TRACEPARENT)
     if tp is not None:
         attrs[TRACEPARENT] = tp
     return attrs

@@ -6,8 +6,8 @@ runs grpc; the pure function spends most of it on small bytes objects, joins and
 
 Compiled: the sizes of every field first, then one allocation and one pass that writes the varints, the
 field keys and lengths, the timestamps (seconds and nanos of epoch milliseconds), the user properties map
-(its common case: no `CHECK_IMMUNITY_TIME_IN_SECONDS`, no `mqtt.user_properties`), the trace context a
-message without one gets from its id (`tracing.derived_traceparent`), the MD5 body digest (hashlib's
+(its common case: no `CHECK_IMMUNITY_TIME_IN_SECONDS`, no `mqtt.user_properties`), the trace context (the
+client's `traceparent` property only: none when the producer sent none), the MD5 body digest (hashlib's
 digest, written here in upper-case hex) and the body copy. The pure function's caches
 of repeated values (topic, tag, hosts, seconds) are not needed here: the UTF-8 of a str is kept in the str
 (no copy at all for ASCII) and a field costs a few byte stores and a memcpy.
@@ -15,8 +15,8 @@ of repeated values (topic, tag, hosts, seconds) are not needed here: the UTF-8 o
 delivery_bytes.py's pure function is the reference and the fallback: anything off the fast path (a field of
 another type than the store gives, an integer beyond int64, a str that is not UTF-8, any error) is handed to
 it, so the output and the errors are the pure function's. Properties holding the orphaned-transaction
-recovery time or MQTT 5 user property pairs go through `convert.split_properties` (and then, without a
-trace context, `tracing.traceparent_of`), as the pure function does. delivery_bytes.py binds the pure
+recovery time or MQTT 5 user property pairs go through `convert.split_properties`, as the pure function
+does. delivery_bytes.py binds the pure
 function, those helpers and the protobuf constants in (`bind`) and chooses this module unless
 `GATEWAY_PURE_PYTHON=1`; this module imports nothing of the project."""
 
@@ -57,12 +57,14 @@ DEF ORPHANED_RECOVERY = 0x9A  # field 19, a Duration
 DEF SECONDS = 0x08  # Timestamp.seconds, Duration.seconds
 DEF NANOS = 0x10  # Timestamp.nanos
 DEF DIGEST_HEX = 32  # MD5 checksum: 32 upper-case hex digits
-DEF DERIVED_TRACE = 55  # "00-" 32 hex "-" 16 hex "-01"
+
+# The interface of `bind` and the rules encoded here, checked by delivery_bytes.py: a build of an older
+# source (another API) is not used, its pure function is (2: no trace context derived from the id).
+API = 2
 
 cdef object _py_delivery_response = None
 cdef object _proto_type = None
 cdef object _split_properties = None
-cdef object _traceparent_of = None
 cdef dict _message_types = None
 cdef frozenset _hidden = None
 cdef str _trace_property = None
@@ -73,17 +75,17 @@ cdef bytes _identity = None
 cdef object _md5 = None
 
 
-def bind(py_delivery_response, proto_type, split_properties, traceparent_of, message_types, hidden_properties,
+def bind(py_delivery_response, proto_type, split_properties, message_types, hidden_properties,
          trace_property, immunity_property, user_pairs_property, digest_head, identity, md5):
     """delivery_bytes.py hands in, once at import: the pure delivery_response (the fallback); the helpers
-    `convert.proto_type`, `convert.split_properties`, `tracing.traceparent_of`; the encoded message types
+    `convert.proto_type`, `convert.split_properties`; the encoded message types
     ({proto MessageType: field}); the property names `split_properties` hides, the trace context's, the
     recovery time's and that of the MQTT 5 user property pairs; the head of the body digest field (up to
     its 32 hex digits) and the body encoding field; `hashlib.md5`."""
-    global _py_delivery_response, _proto_type, _split_properties, _traceparent_of, _message_types, _hidden
+    global _py_delivery_response, _proto_type, _split_properties, _message_types, _hidden
     global _trace_property, _immunity_property, _user_pairs_property, _digest_head, _identity, _md5
     _py_delivery_response, _proto_type = py_delivery_response, proto_type
-    _split_properties, _traceparent_of = split_properties, traceparent_of
+    _split_properties = split_properties
     _message_types, _hidden = dict(message_types), frozenset(hidden_properties)
     _trace_property, _immunity_property = trace_property, immunity_property
     _user_pairs_property = user_pairs_property
@@ -190,47 +192,6 @@ cdef inline uint8_t* _timestamp(uint8_t* o, uint64_t key, int64_t ms) noexcept n
 cdef const char* _HEX = "0123456789ABCDEF"
 
 
-# ---------------------------------------------------------------------------- trace context
-cdef inline int _hex_lower(uint8_t c) noexcept nogil:
-    """The lower-case ASCII of a hex digit, or -1."""
-    if 0x30 <= c <= 0x39 or 0x61 <= c <= 0x66:
-        return c
-    if 0x41 <= c <= 0x46:
-        return c + 0x20
-    return -1
-
-
-cdef bint _derive_trace(const char* mid, Py_ssize_t n, uint8_t* out) noexcept nogil:
-    """tracing.derived_traceparent: from the last 32 characters of a message id when they are hex digits
-    and the last 16 are not all zero, "00-<32 hex>-<last 16 hex>-01" in lower case at out (55 bytes);
-    False when not derivable. (When the last 32 bytes of the UTF-8 are hex digits, they are the last 32
-    characters; a non-ASCII byte among them makes one of the last 32 characters no hex digit.)"""
-    cdef const uint8_t* t
-    cdef int i, c
-    cdef bint nonzero = False
-    if n < 32:
-        return False
-    t = <const uint8_t*>mid + n - 32
-    out[0] = 0x30
-    out[1] = 0x30
-    out[2] = 0x2D
-    for i in range(32):
-        c = _hex_lower(t[i])
-        if c < 0:
-            return False
-        if i >= 16 and c != 0x30:
-            nonzero = True
-        out[3 + i] = c
-    if not nonzero:
-        return False
-    out[35] = 0x2D
-    memcpy(out + 36, out + 19, 16)
-    out[52] = 0x2D
-    out[53] = 0x30
-    out[54] = 0x31
-    return True
-
-
 # ---------------------------------------------------------------------------- user properties
 cdef inline Py_ssize_t _entry_inner(object k, object v) except -1:
     """The size of a map entry's key and value fields."""
@@ -294,7 +255,6 @@ cdef object _encode(object dl, object store_host):
     cdef const char* trace_p = NULL
     cdef const char* key_p
     cdef const char* body_p
-    cdef uint8_t derived[DERIVED_TRACE]
     cdef bint has_recovery = False
     cdef PyObject* kp
     cdef PyObject* vp
@@ -317,7 +277,7 @@ cdef object _encode(object dl, object store_host):
     cdef const uint8_t* dgp = <const uint8_t*>PyBytes_AS_STRING(dg)
     type_field = _message_types[_proto_type(m)]
     # Properties: the user ones (their size), the trace context, the recovery time; through split_properties
-    # (and traceparent_of) for the recovery time and MQTT 5 pairs, else as it would split them.
+    # for the recovery time and MQTT 5 pairs, else as it would split them.
     if props and (_immunity_property in props or _user_pairs_property in props):
         split = _split_properties(props)
         pairs, trace, recovery = split
@@ -326,8 +286,6 @@ cdef object _encode(object dl, object store_host):
                     and _is_str((<tuple>kv)[1])):
                 return None
             user_n += _flen(_entry_inner((<tuple>kv)[0], (<tuple>kv)[1]))
-        if trace is None:
-            trace = _traceparent_of(m)
         if recovery is not None:
             if type(recovery) is not int:
                 return None
@@ -347,11 +305,6 @@ cdef object _encode(object dl, object store_host):
         if not _is_str(trace):
             return None
         trace_p = _utf8(trace, &trace_n)
-    elif pairs is None:  # traceparent_of: no trace context property, so the one derived from the id
-        mid_p = _utf8(mid, &mid_n)
-        if _derive_trace(mid_p, mid_n, derived):
-            trace_p = <const char*>derived
-            trace_n = DERIVED_TRACE
 
     topic_p = _utf8(topic, &topic_n)
     if tag:

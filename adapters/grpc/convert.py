@@ -9,7 +9,8 @@ System properties with a store field map onto it (tag, keys, message id, message
 time, born timestamp/host, message type). The rest that must survive a round trip travel as
 properties under RocketMQ's own reserved name `CHECK_IMMUNITY_TIME_IN_SECONDS`, and `trace_context`
 as `traceparent` (the W3C trace context every protocol shares); both are taken out of
-`user_properties` again on delivery."""
+`user_properties` again on delivery. Only a client's trace context is delivered (none when the
+producer sent none): one the gateway derived or made (`__TRACEPARENT`) is not."""
 
 from __future__ import annotations
 
@@ -24,16 +25,23 @@ from adapters.grpc.codes import Code
 from adapters.grpc.generated import definition_pb2 as d
 from messaging_processor import Delivery, ErrorKind, Identity, Message, MessageType, ProcessorError
 from messaging_processor.properties import P_USER_PROPERTIES, user_property_pairs
-from messaging_processor.tracing import TRACEPARENT, traceparent_of
+from messaging_processor.tracing import GATEWAY_TRACEPARENT, TRACEPARENT
 
 Timestamp = timestamp_pb2.Timestamp
 Duration = duration_pb2.Duration
 
 PROP_TRACE_CONTEXT = TRACEPARENT  # system_properties.trace_context
 PROP_CHECK_IMMUNITY = "CHECK_IMMUNITY_TIME_IN_SECONDS"
-# Properties the store or this adapter add that are not user properties.
+# Properties the store, the tracer or this adapter add that are not user properties.
 HIDDEN_PROPERTIES = frozenset(
-    {"__REAL_TOPIC", "__REAL_QID", "TRANSACTION_CHECK_TIMES", PROP_TRACE_CONTEXT, PROP_CHECK_IMMUNITY}
+    {
+        "__REAL_TOPIC",
+        "__REAL_QID",
+        "TRANSACTION_CHECK_TIMES",
+        PROP_TRACE_CONTEXT,
+        PROP_CHECK_IMMUNITY,
+        GATEWAY_TRACEPARENT,
+    }
 )
 
 # store.MessageType (0..3) -> proto MessageType (1..4), and back.
@@ -208,8 +216,6 @@ def split_properties(props: dict[str, str]) -> tuple[list[tuple[str, str]], str 
 
 def _user_properties(m: Message, out: d.Message) -> None:
     user, trace, recovery = split_properties(m.properties) if m.properties else ((), None, None)
-    if trace is None:
-        trace = traceparent_of(m)
     up = out.user_properties
     for k, v in user:
         up[k] = v

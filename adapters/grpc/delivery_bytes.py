@@ -34,7 +34,6 @@ from adapters.grpc.convert import (
 from adapters.grpc.generated import definition_pb2 as d
 from messaging_processor import Delivery, Message
 from messaging_processor.properties import P_USER_PROPERTIES
-from messaging_processor.tracing import traceparent_of
 from runtime.speedups import load as load_speedups
 
 _SMALL = tuple(bytes((i,)) for i in range(128))
@@ -158,8 +157,6 @@ def _properties(m: Message, sp: list[bytes]) -> bytes:
     """User properties as map entries (returned); the trace context and the system properties kept
     among the properties are appended to `sp`."""
     user, trace, recovery = split_properties(m.properties) if m.properties else ((), None, None)
-    if trace is None:
-        trace = traceparent_of(m)
     if trace is not None:
         sp.append(_string_field(_TRACE_CONTEXT, trace))
     if recovery is not None:
@@ -173,7 +170,6 @@ def bind_speedups(module: ModuleType) -> None:
         py_delivery_response,
         proto_type,
         split_properties,
-        traceparent_of,
         _message_types,
         HIDDEN_PROPERTIES,
         PROP_TRACE_CONTEXT,
@@ -186,7 +182,10 @@ def bind_speedups(module: ModuleType) -> None:
 
 
 py_delivery_response = delivery_response
+SPEEDUPS_API = 2  # the `bind` and rules `_speedups.pyx` must have (`API`): an older build is not used
 speedups = load_speedups("adapters.grpc._speedups")
+if speedups is not None and getattr(speedups, "API", 1) != SPEEDUPS_API:
+    speedups = None  # (built from an older .pyx: `make install` rebuilds it; until then pure Python)
 if speedups is not None:
     bind_speedups(speedups)
     delivery_response = speedups.delivery_response  # noqa: F811 - the compiled twin of the above

@@ -11,11 +11,12 @@ level, sanitized) with the full path and the MQTT attributes in properties:
     mqtt.correlation_data  5.0 Correlation Data, base64
     mqtt.payload_format    5.0 Payload Format Indicator ("0" bytes / "1" UTF-8)
     mqtt.expiry_at         5.0 Message Expiry Interval as an absolute epoch ms deadline
-    mqtt.user_properties   5.0 User Properties, a JSON list of [name, value] pairs (order and
-                           repeated names kept)
+    mqtt.user_properties   5.0 User Properties, a JSON list of [name, value] pairs exactly as
+                           published (order and repeated names kept, `traceparent` included):
+                           5.0 subscribers get this very list (MQTT-3.3.2-17)
     mqtt.client_id         the publisher's client id, only while it has a No Local subscription
-    traceparent            the W3C trace context: the 5.0 User Property `traceparent` (lifted out of
-                           mqtt.user_properties; given back to 5.0 subscribers as the last one)
+    traceparent            the value of the first User Property `traceparent` (a copy: the W3C trace
+                           context other protocols deliver and the processor traces)
 
 Store topic names allow `[%|A-Za-z0-9_.-]`, at most 127 characters, and no leading `%` for
 producers: every character of the first level outside `[A-Za-z0-9_.-]` becomes `_`, an empty first
@@ -23,7 +24,9 @@ level (`/a/b`) becomes `_`, and the result is cut to 127 characters. Distinct fi
 share a store topic; delivery matches the full path, so subscribers never see the other's messages.
 
 A message that entered through another protocol (no `mqtt.topic`) is presented with topic path
-`<store topic>` or `<store topic>/<tag>` when it has a tag, QoS 1 (capped by the subscription).
+`<store topic>` or `<store topic>/<tag>` when it has a tag, QoS 1 (capped by the subscription), and
+the `traceparent` its client sent as a User Property. No trace context the gateway derived or made
+is ever added.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import json
 import time
 
 from messaging_processor import Message
-from messaging_processor.tracing import TRACEPARENT, traceparent_of
+from messaging_processor.tracing import TRACEPARENT
 
 from .codec import PropertyId
 
@@ -102,13 +105,11 @@ def to_message(path: str, payload: bytes, qos: int, retain: bool, props: dict | 
             p[P_EXPIRY_AT] = str(int(time.time() * 1000) + v * 1000)
         v = props.get(PropertyId.USER_PROPERTY)
         if v:
+            p[P_USER] = json.dumps([list(kv) for kv in v], separators=(",", ":"))
             for k, tp in v:
                 if k == TRACEPARENT:
                     p[TRACEPARENT] = tp
-                    v = [kv for kv in v if kv[0] != TRACEPARENT]
                     break
-            if v:
-                p[P_USER] = json.dumps([list(kv) for kv in v], separators=(",", ":"))
     return Message(store_topic(path), payload, "", (), p)  # positional: cheaper than a keyword
 
 
@@ -149,9 +150,11 @@ def v5_properties(msg: Message, now_ms: int | None = None) -> dict | None:
         out[PropertyId.MESSAGE_EXPIRY_INTERVAL] = max(0, (int(v) - now + 999) // 1000)
     v = sp.get(P_USER)
     if v is not None:
-        out[PropertyId.USER_PROPERTY] = [tuple(kv) for kv in json.loads(v)]
-    v = traceparent_of(msg)
-    if v is not None:
+        out[PropertyId.USER_PROPERTY] = pairs = [tuple(kv) for kv in json.loads(v)]
+    else:
+        pairs = None
+    v = sp.get(TRACEPARENT)  # a client's (of another protocol: MQTT's own is among the pairs)
+    if v is not None and (pairs is None or all(kv[0] != TRACEPARENT for kv in pairs)):
         out.setdefault(PropertyId.USER_PROPERTY, []).append((TRACEPARENT, v))
     return out or None
 

@@ -19,7 +19,7 @@ from adapters.remoting import message_codec as wm
 from adapters.remoting.message_codec import MessageExt
 from messaging_processor import Message, MessageType
 from messaging_processor.properties import P_USER_PROPERTIES, user_property_pairs
-from messaging_processor.tracing import TRACEPARENT, traceparent_of
+from messaging_processor.tracing import GATEWAY_TRACEPARENT
 from remoting import parse_host_port
 from remoting.codes import SYSFLAG_TRANSACTION_MASK, SYSFLAG_TRANSACTION_PREPARED
 
@@ -44,8 +44,11 @@ _DROP = frozenset(
         wm.PROPERTY_POP_CK,
     }
 )
-# Never shown to 4.x consumers: the store's and the gRPC adapter's bookkeeping.
-HIDDEN = frozenset({"__REAL_TOPIC", "__REAL_QID", "TRANSACTION_CHECK_TIMES", PROPERTY_FLAG})
+# Never shown to 4.x consumers: the store's, the gRPC adapter's and the tracer's bookkeeping (a trace
+# context the gateway made; a client's `traceparent` is an ordinary property, delivered as sent).
+HIDDEN = frozenset(
+    {"__REAL_TOPIC", "__REAL_QID", "TRANSACTION_CHECK_TIMES", PROPERTY_FLAG, GATEWAY_TRACEPARENT}
+)
 
 
 def delay_level_ms(level: int) -> int:
@@ -146,8 +149,6 @@ def wire_properties(msg: Message) -> dict[str, str]:
         out[wm.PROPERTY_KEYS] = wm.KEY_SEPARATOR.join(msg.keys)
     if msg.message_id:
         out[wm.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = msg.message_id
-    if TRACEPARENT not in out and (tp := traceparent_of(msg)) is not None:
-        out[TRACEPARENT] = tp  # (the W3C trace context, derived from the id when not stored)
     if msg.message_group:
         out[wm.PROPERTY_SHARDING_KEY] = msg.message_group
     return out

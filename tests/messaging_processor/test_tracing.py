@@ -9,6 +9,7 @@ from messaging_processor import ClientContext, Identity, Message, MessagingProce
 from messaging_processor.processor import ensure_traceparents
 from messaging_processor.store_client import LocalStoreClient
 from messaging_processor.tracing import (
+    GATEWAY_TRACEPARENT,
     TRACE_TOPIC,
     TRACEPARENT,
     derived_traceparent,
@@ -61,16 +62,23 @@ def test_ensure_keeps_a_valid_traceparent_and_derives_or_makes_the_others() -> N
     odd_id = Message("t", b"", properties={}, message_id="order-17")  # not hex: nothing to derive from
     s1, s2 = Message("t", b"", properties=shared), Message("t", b"", properties=shared)
     tagged = ensure_traceparents([kept, bad, odd_id, s1, s2])
-    assert kept.properties[TRACEPARENT] == TP
-    # an invalid one is dropped: the message's context is derived from the id the store gives it
-    assert TRACEPARENT not in bad.properties and bad.properties["b"] == "2"
-    made = odd_id.properties[TRACEPARENT]
-    assert valid_traceparent(made)
+    assert kept.properties == {TRACEPARENT: TP}  # a client's is kept, nothing added
+    # an invalid one is kept as sent (delivered so) but is no trace context: the message's is
+    # derived from the id the store gives it
+    assert bad.properties == {TRACEPARENT: "garbage", "b": "2"}
+    # a made one is internal (never delivered), never stored as if the client had sent it
+    made = odd_id.properties[GATEWAY_TRACEPARENT]
+    assert valid_traceparent(made) and TRACEPARENT not in odd_id.properties
+    assert traceparent_of(odd_id) == made
     # copies of one publish (one shared dict) share one new traceparent
-    assert s1.properties is s2.properties and valid_traceparent(s1.properties[TRACEPARENT])
-    shared_tp = s1.properties[TRACEPARENT]
+    assert s1.properties is s2.properties and valid_traceparent(s1.properties[GATEWAY_TRACEPARENT])
+    shared_tp = s1.properties[GATEWAY_TRACEPARENT]
+    assert TRACEPARENT not in shared and shared["a"] == "1"
     assert tagged == [(0, TP), (2, made), (3, shared_tp), (4, shared_tp)]
     assert len({TP, made, shared_tp}) == 3
+    # a message whose context was made before (a redrive's copy) keeps it
+    again = Message("t", b"", properties={GATEWAY_TRACEPARENT: made}, message_id="order-18")
+    assert ensure_traceparents([again]) == [(0, made)] and again.properties == {GATEWAY_TRACEPARENT: made}
     assert ensure_traceparents([Message("t", b"x"), Message("t", b"y", message_id="AB" * 16)]) is None
 
 
@@ -88,7 +96,11 @@ def test_traceparent_derived_from_the_message_id(message_id: str, expected: str 
     assert derived_traceparent(message_id) == expected
     m = Message("t", b"", message_id=message_id)
     assert traceparent_of(m) == expected
-    m.properties[TRACEPARENT] = TP  # a stored one wins
+    m.properties[TRACEPARENT] = "not-a-traceparent"  # a client's invalid one is no context
+    assert traceparent_of(m) == expected
+    m.properties[GATEWAY_TRACEPARENT] = made = new_traceparent()  # one made here wins over the id
+    assert traceparent_of(m) == made
+    m.properties[TRACEPARENT] = TP  # a client's valid one wins
     assert traceparent_of(m) == TP
 
 
@@ -243,6 +255,7 @@ async def test_a_made_traceparent_and_a_derived_one_keep_their_trace_through_a_r
     for original, tp in tps.items():
         [copy] = await processor.get_message_by_id(redriven[original])
         assert traceparent_of(copy) == tp  # the copy has a new id but continues the same trace
+        assert TRACEPARENT not in copy.properties  # (kept internal: no client sent it)
         found = await processor.tracer.traces_of_trace_id(trace_id_of(tp))
         by_id = {t["message_id"]: t for t in found}
         assert set(by_id) == {original, copy.message_id}  # both messages of the trace

@@ -47,7 +47,6 @@ from mqtt_harness import (  # noqa: E402
     expect_exact,
     qos_texts,
     run,
-    without_traceparent,
 )
 
 CLIENT = "mosquitto"
@@ -447,7 +446,7 @@ def sc_properties(ctx: Ctx) -> None:
     req = responder.inbox.snapshot()[0]
     ctx.details["request_properties"] = {k: str(v) for k, v in req.props.items()}
     check(req.payload == b'{"q": 1}', f"request payload {req.payload!r}")
-    ups = without_traceparent(req.props.get("user_properties"))
+    ups = req.props.get("user_properties")  # exactly as sent: no traceparent added (issue 47)
     check(ups == user, f"user properties {req.props.get('user_properties')}")
     check(
         req.props.get("content_type") == "application/json", f"content type {req.props.get('content_type')!r}"
@@ -470,7 +469,7 @@ def sc_properties(ctx: Ctx) -> None:
     resp = requester.inbox.snapshot()[0]
     check(resp.payload == b"answer", f"response payload {resp.payload!r}")
     check(resp.props.get("correlation_data") == corr.encode(), f"response correlation data {resp.props}")
-    resp_ups = without_traceparent(resp.props.get("user_properties"))
+    resp_ups = resp.props.get("user_properties")
     check(resp_ups == [["status", "ok"]], f"response user properties {resp.props}")
     check("content_type" not in resp.props, "request properties leaked into the response")
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import sys
 import threading
 import time
@@ -26,20 +25,6 @@ from dataclasses import dataclass, field
 
 class Fail(Exception):
     """The scenario's expectation was not met."""
-
-
-_TRACEPARENT = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
-
-
-def without_traceparent(pairs):  # noqa: ANN001, ANN201 - the client's user property pairs
-    """User properties minus the W3C `traceparent` the gateway gives every delivered message
-    (docs/observability.md): it must be well formed, and is then set aside."""
-    if not pairs:
-        return pairs
-    for k, v in pairs:
-        if k == "traceparent":
-            check(_TRACEPARENT.fullmatch(str(v)) is not None, f"traceparent user property {v!r}")
-    return [list(p) if isinstance(p, list) else p for p in pairs if p[0] != "traceparent"]
 
 
 def check(cond: object, reason: str) -> None:

@@ -37,7 +37,6 @@ from mqtt_harness import (  # noqa: E402
     expect_exact,
     qos_texts,
     run,
-    without_traceparent,
 )
 
 CLIENT = "paho"
@@ -445,7 +444,7 @@ def sc_properties(ctx: Ctx) -> None:
         "correlation_data": repr(req.props.get("correlation_data")),
     }
     check(req.payload == b'{"q": 1}', f"request payload {req.payload!r}")
-    ups = without_traceparent(req.props.get("user_properties"))
+    ups = req.props.get("user_properties")  # exactly as sent: no traceparent added (issue 47)
     check(ups == user, f"user properties {req.props.get('user_properties')}")
     check(
         req.props.get("content_type") == "application/json", f"content type {req.props.get('content_type')!r}"
@@ -471,7 +470,7 @@ def sc_properties(ctx: Ctx) -> None:
         resp.props.get("correlation_data") == corr,
         f"response correlation data {resp.props.get('correlation_data')!r}",
     )
-    resp_ups = without_traceparent(resp.props.get("user_properties"))
+    resp_ups = resp.props.get("user_properties")
     check(resp_ups == [["status", "ok"]], f"response user properties {resp.props}")
     check("content_type" not in resp.props, "request properties leaked into the response")
 

@@ -1,6 +1,7 @@
-"""`mapping.with_traceparent`: the `traceparent` header added to a stored message's raw properties on
-delivery, by appending to the header table in place (the usual case) or by decoding and encoding
-the properties again (the rest): both give the same properties."""
+"""`mapping.present`: an AMQP consumer gets the content header exactly as the publisher sent it (every
+property, the headers table byte for byte and in its order, a `traceparent` header only when the
+publisher sent one), and a message of another protocol gets the `traceparent` its client sent as a
+header, never one the gateway derived or made (issue 47)."""
 
 from __future__ import annotations
 
@@ -9,53 +10,61 @@ from hypothesis import strategies as st
 
 from adapters.amqp.codec import BasicProperties, decode_properties, encode_properties
 from adapters.amqp.codec.properties import PROPERTY_NAMES
-from adapters.amqp.mapping import with_traceparent
-from messaging_processor.tracing import TRACEPARENT, derived_traceparent
+from adapters.amqp.mapping import base_properties, present
+from messaging_processor import Message
+from messaging_processor.processor import ensure_traceparents
+from messaging_processor.tracing import GATEWAY_TRACEPARENT, TRACEPARENT, derived_traceparent
 from tests.adapters.amqp.test_codec_tables import ALL, values
 
-TP = derived_traceparent("AC11000200000000" + "00A1B2C3D4E5F60718293A4B5C6D7E8F")
+MID = "AC11000200000000" + "00A1B2C3D4E5F60718293A4B5C6D7E8F"
+TP = derived_traceparent(MID)
 assert TP is not None
 
 
-def by_decoding(raw: bytes, traceparent: str) -> BasicProperties:
-    props = decode_properties(raw)
-    props.headers = {**(props.headers or {}), TRACEPARENT: traceparent}
-    return props
+def stored(raw: bytes, message_id: str = MID) -> Message:
+    """The store message of a publish to the default exchange with these raw properties, after the
+    processor's send path saw it."""
+    m = Message("q", b"body", "", (), base_properties("", "q", raw, None), message_id=message_id)
+    ensure_traceparents([m])
+    return m
 
 
 @settings(max_examples=400, deadline=None)
 @given(
-    present=st.lists(st.sampled_from(PROPERTY_NAMES), unique=True),
+    present_names=st.lists(st.sampled_from(PROPERTY_NAMES), unique=True),
     headers=st.dictionaries(st.text(max_size=12), values, max_size=5),
-    old_traceparent=st.one_of(st.none(), st.text(max_size=8)),
+    traceparent=st.one_of(st.none(), st.just(TP), st.text(max_size=8)),
 )
-def test_the_header_is_set_and_every_other_property_kept(present, headers, old_traceparent) -> None:
-    props = BasicProperties(**{name: getattr(ALL, name) for name in present})
-    if "headers" in present:
+def test_the_content_header_is_delivered_as_published(present_names, headers, traceparent) -> None:
+    props = BasicProperties(**{name: getattr(ALL, name) for name in present_names})
+    if "headers" in present_names:
         props.headers = dict(headers)
-        if old_traceparent is not None:  # an invalid one from the publisher: replaced
-            props.headers[TRACEPARENT] = old_traceparent
+        if traceparent is not None:  # a valid or an invalid one: delivered as sent either way
+            props.headers[TRACEPARENT] = traceparent
     raw = encode_properties(props)
-    assert decode_properties(with_traceparent(raw, TP)) == by_decoding(raw, TP)
+    assert present(stored(raw))[2] == raw
+    assert present(stored(raw, "order-17"))[2] == raw  # (a context made here stays internal)
 
 
-def test_the_publishers_table_bytes_are_kept() -> None:
-    """A header the publisher typed its own way (a short-short int 'b', not the 'l' we would write)
-    stays as it was: the table is appended to, not encoded again."""
-    table = b"\x01kb\x05"  # {"k": 5} as a signed 8-bit int
+def test_the_publishers_table_bytes_and_order_are_kept() -> None:
+    """Headers the publisher typed its own way (a short-short int 'b', not the 'l' we would write),
+    with `traceparent` between two others: the same bytes, the same order."""
+    tp = b"\x0btraceparentS" + len(TP).to_bytes(4, "big") + TP.encode()
+    table = b"\x01zb\x05" + tp + b"\x01ab\x07"
     raw = b"\x30\x00" + len(table).to_bytes(4, "big") + table + b"\x02"  # headers + delivery_mode 2
-    out = with_traceparent(raw, TP)
-    assert out.startswith(raw[:2] + (len(table) + 13 + 4 + len(TP)).to_bytes(4, "big") + table)
-    assert out.endswith(b"\x02")
-    assert decode_properties(out).headers == {"k": 5, TRACEPARENT: TP}
+    m = stored(raw)
+    assert m.properties[TRACEPARENT] == TP  # (a copy for the trace and for other protocols)
+    assert present(m)[2] == raw
+    assert list(decode_properties(present(m)[2]).headers) == ["z", TRACEPARENT, "a"]
 
 
-def test_properties_that_carry_the_value_already_are_returned_as_they_are() -> None:
-    raw = encode_properties(BasicProperties(headers={TRACEPARENT: TP}, delivery_mode=2))
-    assert with_traceparent(raw, TP) is raw
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.binary(max_size=40))
-def test_malformed_properties_never_raise(junk: bytes) -> None:
-    assert isinstance(with_traceparent(junk, TP), bytes)
+def test_a_message_of_another_protocol_gets_only_its_clients_traceparent() -> None:
+    plain = Message("q", b"x", properties={"site": "north"}, message_id=MID)
+    ensure_traceparents([plain])
+    assert decode_properties(present(plain)[2]).headers == {"site": "north"}  # none derived
+    odd = Message("q", b"x", properties={"site": "north"}, message_id="order-17")
+    ensure_traceparents([odd])
+    assert GATEWAY_TRACEPARENT in odd.properties
+    assert decode_properties(present(odd)[2]).headers == {"site": "north"}  # none made
+    sent = Message("q", b"x", properties={"site": "north", TRACEPARENT: TP}, message_id=MID)
+    assert decode_properties(present(sent)[2]).headers == {"site": "north", TRACEPARENT: TP}

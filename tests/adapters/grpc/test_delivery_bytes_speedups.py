@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from adapters.grpc import delivery_bytes
 from adapters.grpc.convert import HIDDEN_PROPERTIES, PROP_CHECK_IMMUNITY, PROP_TRACE_CONTEXT
+from adapters.grpc.generated import service_pb2 as s
 from messaging_processor import Delivery
 from messaging_processor.properties import P_USER_PROPERTIES
 from store import Message, MessageType
@@ -224,8 +225,12 @@ def test_large_bodies_from_threads(sp) -> None:
 @pytest.mark.parametrize(
     "props", [{}, {"a": "b"}, {PROP_TRACE_CONTEXT: "00-given-01"}, {PROP_CHECK_IMMUNITY: "3"}]
 )
-def test_trace_contexts_derived_from_ids(sp, message_id: str, props: dict) -> None:
-    _fast(sp, Delivery(dataclasses.replace(BASE, message_id=message_id, properties=props), "h", 0, 1), "")
+def test_no_trace_context_is_derived_from_ids(sp, message_id: str, props: dict) -> None:
+    """Only a client's trace context is delivered, whatever the id (issue 47)."""
+    dl = Delivery(dataclasses.replace(BASE, message_id=message_id, properties=props), "h", 0, 1)
+    _fast(sp, dl, "")
+    got = s.ReceiveMessageResponse.FromString(sp.delivery_response(dl, "")).message.system_properties
+    assert got.trace_context == props.get(PROP_TRACE_CONTEXT, "")
 
 
 # ---------------------------------------------------------------------------- the choice

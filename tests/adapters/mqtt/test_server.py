@@ -31,7 +31,6 @@ from adapters.mqtt.codec import (
 from adapters.mqtt.codec.packets import Pingresp, Pubcomp, Pubrec, Suback
 from adapters.mqtt.retained import RETAINED_TOPIC
 from messaging_processor import Message
-from messaging_processor.tracing import valid_traceparent
 from tests.adapters.mqtt.support import CTX, V3, V5, VERSIONS, Raw, T, next_message
 from tests.support import wait_until
 
@@ -138,10 +137,8 @@ async def test_mqtt5_properties_survive_the_round_trip(env):
         m = await next_message(sub)
         assert m.properties.ContentType == "text/plain"
         assert m.properties.CorrelationData == b"cid"
-        # the user properties as sent, then the trace context derived from the message's id
-        assert m.properties.UserProperty[:1] == [("a", "1")]
-        [(name, tp)] = m.properties.UserProperty[1:]
-        assert name == "traceparent" and valid_traceparent(tp)
+        # the user properties exactly as sent: no trace context added (MQTT-3.3.2-17, issue 47)
+        assert m.properties.UserProperty == [("a", "1")]
         assert 55 <= m.properties.MessageExpiryInterval <= 60
 
 
