@@ -11,6 +11,8 @@ import aio_pika
 import aiomqtt
 import httpx
 import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from tests.console.support import Console, Shots, address, needs_chromium
 from tests.support import T, running_gateway, wait_until
@@ -58,6 +60,23 @@ async def test_group_and_topic_pages_list_amqp_consumers_and_mqtt_subscriptions(
                         return (await http.get("/admin/groups/mqtt.share.ops")).status_code == 200
 
                     await wait_until_async(share_group)
+                    # a persistent session's subscription: on its session's own group
+                    props = Properties(PacketTypes.CONNECT)
+                    props.SessionExpiryInterval = 300
+                    keeper = aiomqtt.Client(
+                        mhost, mport, identifier="keeper-1", protocol=aiomqtt.ProtocolVersion.V5,
+                        clean_start=False, properties=props,
+                    )  # fmt: skip
+                    async with keeper:
+                        await keeper.subscribe("plant/#", qos=1)
+                        rows = (await http.get("/admin/consumers", params={"topic": "plant"})).json()
+                        (kept,) = [r for r in rows if r["client_id"] == "keeper-1"]
+                        assert (kept["details"]["filter"], kept["details"]["session"]) == (
+                            "plant/#",
+                            "persistent",
+                        )
+                        assert kept["group"] and kept["group"] != "mqtt.share.ops"
+                        assert (await http.get(f"/admin/groups/{kept['group']}")).status_code == 200
 
                 c = Console(
                     await browser.new_page(viewport={"width": 1280, "height": 900}), base, Shots(tmp_path)
