@@ -55,6 +55,9 @@ async def test_users_page_shows_each_users_role(secured, browser, tmp_path):
         await c.open("users", "users-roles")
         roles = {r[0]: r[1] for r in await c.rows("users")}
         assert roles == {"admin": "admin", "ops": "user"}
+        # no console page reads /metrics/per-object; the logged-in browser's credentials reach it
+        status = await c.page.evaluate("fetch('/metrics/per-object').then((r) => r.status)")
+        assert status == 200
         assert c.errors == []
     finally:
         await ctx.close()
