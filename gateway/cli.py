@@ -211,7 +211,8 @@ _START_FLAGS: dict[str, dict[str, Any]] = {
     },
     "allow_anonymous": {
         "action": argparse.BooleanOptionalAction,
-        "help": "allow a non-loopback --host with --no-auth (default: refused)",
+        "help": "admit clients without credentials: with --auth as the ACL's anonymous principal, "
+        "without it on a non-loopback --host (default: refused)",
     },
 }
 
@@ -471,7 +472,12 @@ def _add_security_commands(
     who = p.add_mutually_exclusive_group(required=True)
     who.add_argument("--user", metavar="NAME", help="the rule is for this user")
     who.add_argument("--role", choices=("admin", "user"), help="the rule is for every user of this role")
-    who.add_argument("--anyone", action="store_true", help="the rule is for every user")
+    who.add_argument("--anyone", action="store_true", help="the rule is for every authenticated user")
+    who.add_argument(
+        "--anonymous",
+        action="store_true",
+        help="the rule is for clients without credentials (--allow-anonymous)",
+    )
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--topic", metavar="PATTERN", help="topic paths (devices/%%u/#)")
     what.add_argument("--group", metavar="PATTERN", help="consumer group names")
@@ -777,7 +783,8 @@ def _security_command(args: argparse.Namespace, client: Any, stdin: _Stdin) -> i
         client.revoke_token(args.id)
         out, text = {"revoked": args.id}, f"revoked token {args.id}"
     elif cmd == ("acl", "add"):
-        subject = f"user:{args.user}" if args.user else f"role:{args.role}" if args.role else "anyone"
+        who = "anonymous" if args.anonymous else "anyone"
+        subject = f"user:{args.user}" if args.user else f"role:{args.role}" if args.role else who
         kind, pattern = ("topic", args.topic) if args.topic is not None else ("group", args.group)
         actions = [a.strip().lower() for a in args.actions.split(",") if a.strip()]
         out = client.add_rule(subject, kind, pattern, actions, "deny" if args.deny else "allow")

@@ -167,7 +167,10 @@ class Settings:
     cluster_tls: bool = False
     cluster_tls_ca: str | None = None
     auth: bool = False  # users, tokens and ACL rules on every listener (docs/security.md)
-    allow_anonymous: bool = False  # let a non-loopback host run with auth off (secure by default)
+    # clients without credentials (docs/security.md, "Anonymous clients"): with auth on they are let in
+    # as the one anonymous principal that only the ACL rules of `anonymous` grant anything (default:
+    # refused); with auth off everyone is anonymous, and this lets a non-loopback host run so
+    allow_anonymous: bool = False
 
     def __post_init__(self) -> None:
         for name, choices in (

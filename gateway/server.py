@@ -209,7 +209,7 @@ class Gateway:
         if s.auth:
             from messaging_processor.security import Security
 
-            security = Security(store_client)
+            security = Security(store_client, allow_anonymous=s.allow_anonymous)
         tracer = None
         retention = trace_retention_ms(s.trace_retention)
         if retention > 0:

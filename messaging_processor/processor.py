@@ -213,7 +213,8 @@ class MessagingProcessor:
         """With `security` on, verify `ctx.identity`'s credentials and replace it with the verified
         identity (its `principal` set, the secret dropped); ProcessorError(UNAUTHORIZED) otherwise,
         saying nothing about which part was wrong. `content`: what a remoting signature signs.
-        Without security every identity is let in as it is."""
+        No credentials at all (mechanism "none"): the anonymous principal when `allow_anonymous`
+        (user name None). Without security every identity is let in as it is."""
         sec = self.security
         if sec is None:
             return
@@ -241,8 +242,12 @@ class MessagingProcessor:
                 p = await sec.login_certificate(ident.username, ctx.protocol, ctx.client_id)
             elif mech == "internal":
                 return
+            elif mech == "none":  # no credentials at all: the anonymous principal, if allowed
+                p = sec.login_anonymous(ctx.protocol, ctx.client_id)
+            elif mech in PASSWORD_MECHANISMS:  # no whole user name and password: never anonymous
+                raise AuthFailure("missing_credentials")
             else:
-                raise AuthFailure("missing_credentials" if mech == "none" else "unsupported_mechanism")
+                raise AuthFailure("unsupported_mechanism")
         except AuthFailure as e:
             self.metrics.auth_failures[(ctx.protocol, e.reason)] += 1
             audit.warning(
@@ -253,7 +258,7 @@ class MessagingProcessor:
                 e.reason,
             )
             raise ProcessorError(ErrorKind.UNAUTHORIZED, "authentication failed") from None
-        ctx.identity = Identity(p.user, None, mech, (), p)
+        ctx.identity = Identity(None if p.anonymous else p.user, None, mech, (), p)
 
     def permits(self, identity: Identity, action: Action, resource: Resource) -> bool:
         """Whether `identity` may `action` `resource`: the one ACL check (cached per connection).

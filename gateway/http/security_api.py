@@ -92,7 +92,10 @@ class NewToken(TokenOut):
 
 
 class RuleIn(BaseModel):
-    subject: str = Field(description="user:NAME, role:admin|user or anyone")
+    subject: str = Field(
+        description="user:NAME, role:admin|user, anyone (every authenticated user) or anonymous "
+        "(clients without credentials, with allow_anonymous)"
+    )
     kind: Literal["topic", "group"] = "topic"
     pattern: str = Field(description="MQTT filter syntax with %u (user name) and %c (client id)")
     actions: list[Literal["publish", "subscribe", "admin"]] = Field(min_length=1)

@@ -2,7 +2,10 @@
 filled in, compiled once per directory version; each (action, resource) decision is then cached on
 the principal, so a connection pays for a decision once and a dict lookup afterwards.
 
-A matching deny wins over an allow; nothing is allowed that no rule allows; admins may do everything."""
+A matching deny wins over an allow; nothing is allowed that no rule allows; admins may do everything.
+The anonymous principal (a client admitted without credentials, `allow_anonymous`) gets the rules of
+subject `anonymous` only: not `anyone`'s (every authenticated user), and none with `%u` (it has no
+user name), so with no such rule it may do nothing."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import enum
 from dataclasses import dataclass, field
 
 from .paths import covers, matches, overlaps, split
-from .records import Rule
+from .records import ANONYMOUS, Rule
 
 _MAX_DECISIONS = 4096  # per principal: paths are many for MQTT devices; the cache stays bounded
 
@@ -25,13 +28,15 @@ class Grant(enum.Enum):
 
 @dataclass(eq=False, slots=True)
 class Principal:
-    """An authenticated client: a user (by name), its role, the client id `%c` stands for."""
+    """An authenticated client: a user (by name), its role, the client id `%c` stands for; or, with
+    `anonymous`, a client admitted without credentials (`user` is then ANONYMOUS_USER, no role)."""
 
     user: str
     role: str
     client_id: str = ""
     protocol: str = ""
     token_id: str | None = None
+    anonymous: bool = False
     version: int = -1  # directory version the compiled rules are of
     revoked: bool = False
     allow: dict[tuple[str, str], list[tuple[str, ...]]] = field(default_factory=dict)
@@ -43,12 +48,17 @@ class Principal:
         return self.role == "admin"
 
 
-def _fill(pattern: str, user: str, client_id: str) -> str | None:
+ANONYMOUS_USER = "$anonymous"  # the anonymous principal's name in logs: no user name can be it ('$')
+
+
+def _fill(pattern: str, user: str | None, client_id: str) -> str | None:
+    if "%u" in pattern and user is None:
+        return None  # the anonymous principal has no user name
     if "%c" in pattern:
         if not client_id or any(ch in client_id for ch in "/+#"):
             return None  # a client id with wildcard characters never widens a rule
         pattern = pattern.replace("%c", client_id)
-    return pattern.replace("%u", user)
+    return pattern if user is None else pattern.replace("%u", user)
 
 
 def compile_rules(p: Principal, rules: list[Rule], version: int) -> None:
@@ -57,11 +67,12 @@ def compile_rules(p: Principal, rules: list[Rule], version: int) -> None:
     p.deny.clear()
     p.decisions.clear()
     p.version = version
-    subjects = ("anyone", f"user:{p.user}", f"role:{p.role}")
+    subjects = (ANONYMOUS,) if p.anonymous else ("anyone", f"user:{p.user}", f"role:{p.role}")
+    user = None if p.anonymous else p.user
     for r in rules:
         if r.subject not in subjects:
             continue
-        filled = _fill(r.pattern, p.user, p.client_id)
+        filled = _fill(r.pattern, user, p.client_id)
         if filled is None:
             continue
         levels = split(filled)

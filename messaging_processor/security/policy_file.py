@@ -9,7 +9,7 @@ version control: users without passwords, hashes or secrets, and the ACL rules.
 
     [[rules]]
     id = "3f2a9c01"              # optional on import (a new id is given)
-    subject = "role:user"        # user:NAME | role:ROLE | anyone
+    subject = "role:user"        # user:NAME | role:ROLE | anyone (authenticated) | anonymous
     kind = "topic"               # topic | group
     pattern = "devices/%u/#"
     actions = ["publish"]        # publish, subscribe, admin

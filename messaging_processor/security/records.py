@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 ROLES = ("admin", "user")
 ACTIONS = ("publish", "subscribe", "admin")
 KINDS = ("topic", "group")
+ANONYMOUS = "anonymous"  # the subject of rules for clients admitted without credentials
 NAME = re.compile(r"^[A-Za-z0-9_.@\-]{1,128}$")  # no MQTT wildcards or '/': safe inside %u
 ACCESS_KEY = re.compile(r"^[A-Za-z0-9_.@\-]{1,128}$")
 
@@ -51,7 +52,7 @@ class Token:
 @dataclass(frozen=True, slots=True)
 class Rule:
     id: str
-    subject: str  # "user:NAME", "role:admin|user" or "anyone"
+    subject: str  # "user:NAME", "role:admin|user", "anyone" (authenticated) or "anonymous"
     kind: str  # "topic" or "group"
     pattern: str  # MQTT filter syntax, with %u / %c
     actions: tuple[str, ...]
@@ -70,7 +71,7 @@ class Rule:
 
 def check_rule(subject: str, kind: str, pattern: str, actions: tuple[str, ...]) -> None:
     """ValueError naming what is wrong with a rule's parts."""
-    if subject != "anyone":
+    if subject not in ("anyone", ANONYMOUS):
         what, _, name = subject.partition(":")
         if what == "user":
             if not NAME.match(name):
@@ -79,7 +80,7 @@ def check_rule(subject: str, kind: str, pattern: str, actions: tuple[str, ...]) 
             if name not in ROLES:
                 raise ValueError(f"role must be one of {', '.join(ROLES)}, got {name!r}")
         else:
-            raise ValueError(f"subject must be user:NAME, role:ROLE or anyone, got {subject!r}")
+            raise ValueError(f"subject must be user:NAME, role:ROLE, anyone or anonymous, got {subject!r}")
     if kind not in KINDS:
         raise ValueError(f"kind must be topic or group, got {kind!r}")
     if not pattern or len(pattern) > 1024:

@@ -4,7 +4,11 @@ directory, for the MessagingProcessor's `authenticate` / `authorize` seam.
 Passwords are verified with argon2id in a worker thread; a success is remembered (keyed by an HMAC of
 user and password under a per-process random key, never the password) until the user's hash changes,
 so a reconnecting device does not pay 0.1 s of CPU each time. An unknown user costs the same verify
-as a wrong password."""
+as a wrong password.
+
+With `allow_anonymous`, a client that presents no credentials at all is admitted as the one anonymous
+principal (per client id and protocol, for its decision cache), which gets only what rules of subject
+`anonymous` grant; credentials that do not verify are refused as before, never taken as anonymous."""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ import time
 
 from ..store_client import StoreClient
 from . import passwords, signatures
-from .acl import Grant, Principal, compile_rules, decide, grant, remember
+from .acl import ANONYMOUS_USER, Grant, Principal, compile_rules, decide, grant, remember
 from .directory import Directory
 from .records import User
 
@@ -33,8 +37,9 @@ class AuthFailure(Exception):
 
 
 class Security:
-    def __init__(self, store: StoreClient, *, poll_s: float = 1.0) -> None:
+    def __init__(self, store: StoreClient, *, poll_s: float = 1.0, allow_anonymous: bool = False) -> None:
         self.directory = Directory(store, poll_s)
+        self.allow_anonymous = allow_anonymous
         self._key = secrets.token_bytes(32)
         self._verified: dict[bytes, str] = {}  # HMAC(user, password) -> the hash it was checked against
         # One principal per (user, client id, protocol, token): a client that authenticates per
@@ -119,6 +124,19 @@ class Security:
             raise AuthFailure("unknown_user")
         return self._principal(user, client_id, protocol)
 
+    def login_anonymous(self, protocol: str, client_id: str = "") -> Principal:
+        """The anonymous principal for a client that presented no credentials; AuthFailure
+        ("missing_credentials") unless `allow_anonymous`."""
+        if not self.allow_anonymous:
+            raise AuthFailure("missing_credentials")
+        key = (ANONYMOUS_USER, client_id, protocol, None)
+        p = self._principals.get(key)
+        if p is None:
+            if len(self._principals) >= _MAX_PRINCIPALS:
+                self._principals.clear()
+            p = self._principals[key] = Principal(ANONYMOUS_USER, "", client_id, protocol, anonymous=True)
+        return p
+
     def login_token(self, text: str, protocol: str, client_id: str = "") -> Principal:
         token = self.directory.token_of(text)
         user = self.directory.users.get(token.user) if token is not None else None
@@ -159,6 +177,9 @@ class Security:
         d = self.directory
         if p.version == d.version:
             return
+        if p.anonymous:
+            compile_rules(p, list(d.rules.values()), d.version)
+            return
         user = d.users.get(p.user)
         p.revoked = user is None or (p.token_id is not None and p.token_id not in d.tokens)
         if user is not None:
@@ -186,5 +207,7 @@ class Security:
         self._current(p)
         if p.revoked:
             return False
+        if p.anonymous:
+            return vhost == "/"  # the default virtual host only: it has no user record to list others
         user = self.directory.users.get(p.user)
         return p.admin or (user is not None and vhost in user.vhosts)
