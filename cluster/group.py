@@ -3,8 +3,10 @@
 
 Every `poll_s` the member reads the group's state from the controller:
 - **Primary.** It renews its claim and records its SyncStateSet, which is itself plus the replicas
-  that pulled recently and are close to its log end. If the claim is gone (`NotPrimary`), it
-  stops taking writes and becomes a replica again.
+  that pulled recently and are close to its log end. A write that has waited `stall_s` for a
+  replica wakes it at once: the replicas that write waits for leave the set (as long as it keeps
+  `min_insync` nodes), so the writes in flight are acknowledged by the others within their wait.
+  If the claim is gone (`NotPrimary`), it stops taking writes and becomes a replica again.
 - **Replica.** It follows the primary the state names. When the group has no live primary, it
   stands for election. The controller lets only a member of the stored SyncStateSet win. The
   winner starts a new epoch at its log end and takes writes.
@@ -25,7 +27,7 @@ import contextlib
 import logging
 
 from .controller import Controller, ControllerError, ControllerUnavailable, GroupState, NotPrimary
-from .replication import Follower, Primary
+from .replication import STALL_S, Follower, Primary
 from .state_replication import StateFeed, StateFollower
 from .store_node import StoreNode
 
@@ -45,6 +47,7 @@ class GroupMember:
         poll_s: float = 1.0,
         in_sync_age_s: float = 3.0,
         wait_ms: int = 1000,
+        stall_s: float = STALL_S,
     ) -> None:
         self.node = node
         self.controller = controller
@@ -52,6 +55,7 @@ class GroupMember:
         self.poll_s = poll_s
         self.in_sync_age_s = in_sync_age_s
         self.wait_ms = wait_ms
+        self.stall_s = stall_s  # a write waiting this long for a replica takes it out of the set
         self.role = "replica"
         self.state: GroupState | None = None  # the last state read or written
         self.follower: Follower | None = None
@@ -84,9 +88,19 @@ class GroupMember:
             with contextlib.suppress(ControllerError):
                 await self.controller.resign(self.group, self.state)
 
+    async def _pause(self) -> None:
+        """`poll_s`, or less when a write stalls on a replica (a primary's `stalled`)."""
+        primary = self.node.replication if self.role == "primary" else None
+        if primary is None:
+            await asyncio.sleep(self.poll_s)
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(primary.stalled.wait(), self.poll_s)
+        primary.stalled.clear()
+
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(self.poll_s)
+            await self._pause()
             try:
                 await self._step()
             except ControllerUnavailable as e:
@@ -133,8 +147,13 @@ class GroupMember:
         # a replica joins once close to the log end, and leaves once it stops pulling or has not
         # caught up with the log end for `in_sync_age_s` (then sends stop waiting for it)
         lagging = primary.lagging(self.in_sync_age_s)
-        caught_up -= lagging
-        add, remove = caught_up - recorded, recorded - (pulling - lagging)
+        remove = recorded - (pulling - lagging)
+        # ... or at once when a write has waited `stall_s` for it, while the others make min-insync
+        # (Kafka's ISR shrink: the writes in flight are then acknowledged by the remaining replicas)
+        evict = self._stalling(recorded - remove)
+        remove |= evict
+        caught_up -= lagging | remove
+        add = caught_up - recorded
         if not add and not remove:
             return
         primary.required |= add
@@ -144,8 +163,27 @@ class GroupMember:
         except ControllerError:
             primary.required -= add - recorded
             raise
+        primary.evict(evict)
         primary.required -= remove
+        primary.required_changed()
+        if self.node.state_feed is not None:
+            self.node.state_feed.wake()
+        if evict:
+            names = ", ".join(sorted(evict))
+            log.warning("group %s: %s out of the SyncStateSet: stalled writes", self.group, names)
         log.info("group %s: SyncStateSet %s", self.group, ", ".join(members))
+
+    def _stalling(self, members: set[str]) -> set[str]:
+        """The replicas of `members` a write has waited `stall_s` for, the furthest behind first,
+        as many as can leave while the set keeps `min_insync` nodes."""
+        primary = self.node.replication
+        assert primary is not None
+        stalled = primary.stalled_replicas() & members
+        room = len(members) + 1 - self.node.config.min_insync
+        if not stalled or room <= 0:
+            return set()
+        info = primary.replicas
+        return set(sorted(stalled, key=lambda n: (info[n].acked if n in info else -1, n))[:room])
 
     async def _stand(self) -> None:
         """Stand for election (the controller refuses a node outside the SyncStateSet)."""
@@ -166,7 +204,7 @@ class GroupMember:
             store.epochs.start(state.epoch, store.log_end)
         self.state = state
         await store.state.take_over()
-        self.node.replication = Primary(store)
+        self.node.replication = Primary(store, min_insync=self.node.config.min_insync, stall_s=self.stall_s)
         self.node.state_feed = StateFeed(store)
         store.resume_own_writes()
         self.node.accepts_writes = True

@@ -19,10 +19,14 @@ of its own:
 `Primary` is the primary's side: it answers both requests and keeps each replica's acknowledged
 offset. `wait_replicated` turns that into the sync acknowledgement policy, as Kafka's ISR does:
 a send is acknowledged once every replica in `required` (the SyncStateSet without the primary)
-holds its records. The group member keeps the controller's SyncStateSet a subset of `required`
-(it adds a replica here before recording it and removes it here only after), so any node the
-controller may elect holds every acknowledged send. `Follower` is a replica's side: one task that
-pulls and applies, reconnecting after errors.
+holds its records and `required` still makes `min_insync` nodes with the primary. The group member
+keeps the controller's SyncStateSet a subset of `required` (it adds a replica here before recording
+it and removes it here only after), so any node the controller may elect holds every acknowledged
+send. A send that waits `stall_s` for a replica sets `stalled`: the member then takes the replicas
+it waits for out of the SyncStateSet at once (as long as `min_insync` still holds), and waiters
+re-evaluate when `required` shrinks (`required_changed`), so the sends in flight when a replica
+pauses are acknowledged by the remaining in-sync replicas, within the wait. `Follower` is a
+replica's side: one task that pulls and applies, reconnecting after errors.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import json
 import logging
 import ssl
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from remoting import RemotingCommand, ResponseCode, parse_host_port
@@ -50,6 +55,7 @@ CODES = frozenset({REPL_STATE, REPL_PULL})
 DEFAULT_CHUNK = 1024 * 1024
 POLL_FALLBACK_S = 0.05  # appends the node does not see (delay release, retries) are found this late
 BEHIND_RETRY_S = 5.0  # how often a replica that cannot catch up tries (and logs) again
+STALL_S = 1.0  # a send waiting this long for a replica has it taken out of the SyncStateSet
 
 
 class ReplicaBehind(ValueError):
@@ -68,21 +74,34 @@ class ReplicaInfo:
     # (a slow disk, a thin link) is lagging
     caught_up: float = field(default_factory=time.monotonic)
     answered_end: int = 0
+    # when it was taken out of the SyncStateSet for stalling a send: it counts as caught up again
+    # only with a pull that reaches the log end after that (alive again, not a pull from before)
+    evicted: float = 0.0
 
 
 class Primary:
     """The primary's side of replication for one store (wired into `StoreNode.dispatch`)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, min_insync: int = 1, stall_s: float = STALL_S) -> None:
         self.store = store
         self.replicas: dict[str, ReplicaInfo] = {}
         self.required: set[str] = set()  # replicas whose acknowledgement a send waits for
+        self.min_insync = min_insync  # nodes, this one included, an acknowledged send needs
+        self.stall_s = stall_s
+        self.stalled = asyncio.Event()  # a wait outlasted `stall_s`: the member re-evaluates the set
         self._appended = asyncio.Event()
         self._acked = asyncio.Event()
+        # writes waiting for replicas, oldest first: id -> (since, the required replicas missing)
+        self._waits: dict[int, tuple[float, Callable[[], set[str]]]] = {}
+        self._wait_ids = 0
 
     def appended(self) -> None:
         """Wake the pulls waiting at the log end (called after each append the node serves)."""
         self._appended.set()
+
+    def required_changed(self) -> None:
+        """Wake the waiting sends: `required` changed (a shrink may satisfy them)."""
+        self._acked.set()
 
     def in_sync(self, max_lag: int | None, max_age_s: float) -> list[str]:
         """Replicas within `max_lag` bytes of the log end (None: any) that pulled in the last
@@ -96,25 +115,64 @@ class Primary:
 
     def lagging(self, max_age_s: float) -> set[str]:
         """Replicas that have not caught up with the log end in the last `max_age_s`, although
-        they may still pull (Kafka's replica.lag.time.max.ms)."""
+        they may still pull (Kafka's replica.lag.time.max.ms), or not since they were evicted."""
         now = time.monotonic()
-        return {n for n, r in self.replicas.items() if now - r.caught_up > max_age_s}
+        return {
+            n for n, r in self.replicas.items() if now - r.caught_up > max_age_s or r.caught_up <= r.evicted
+        }
 
-    def _missing(self, end: int) -> bool:
+    def evict(self, names: set[str]) -> None:
+        """Mark `names` as taken out of the SyncStateSet for stalling writes."""
+        now = time.monotonic()
+        for name in names:
+            info = self.replicas.get(name)
+            if info is not None:
+                info.evicted = now
+
+    def stalled_replicas(self) -> set[str]:
+        """The required replicas a write has waited for `stall_s` or longer."""
+        now, out = time.monotonic(), set()
+        for since, missing in self._waits.values():
+            if now - since < self.stall_s:
+                break  # (oldest first: the others are younger)
+            out |= missing()
+        return out & self.required
+
+    @contextlib.contextmanager
+    def waiting(self, missing: Callable[[], set[str]]) -> Iterator[None]:
+        """Around a write's wait for replicas (`missing`: those it still waits for): after
+        `stall_s`, `stalled` is set so the member takes stalled replicas out of the set."""
+        self._wait_ids += 1
+        key = self._wait_ids
+        self._waits[key] = (time.monotonic(), missing)
+        timer = asyncio.get_running_loop().call_later(self.stall_s, self.stalled.set)
+        try:
+            yield
+        finally:
+            timer.cancel()
+            del self._waits[key]
+
+    def _missing(self, end: int) -> set[str]:
         replicas = self.replicas
-        return any(name not in replicas or replicas[name].acked < end for name in self.required)
+        return {name for name in self.required if name not in replicas or replicas[name].acked < end}
+
+    def _done(self, end: int) -> bool:
+        return len(self.required) + 1 >= self.min_insync and not self._missing(end)
 
     async def wait_replicated(self, end: int, timeout: float) -> bool:
-        """True once every replica in `required` acknowledged `end` (the end of a send's records);
-        False at `timeout`."""
+        """True once every replica in `required` acknowledged `end` (the end of a send's records)
+        and `required` makes `min_insync` nodes with this one; False at `timeout`."""
+        if self._done(end):
+            return True
         deadline = time.monotonic() + timeout
-        while self._missing(end):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            self._acked.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._acked.wait(), left)
+        with self.waiting(lambda: self._missing(end)):
+            while not self._done(end):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._acked.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._acked.wait(), left)
         return True
 
     async def handle(self, cmd: RemotingCommand) -> RemotingCommand:

@@ -133,10 +133,20 @@ class StateFeed:
         now = time.monotonic()
         return {n for n, r in self.replicas.items() if now - r.seen <= max_age_s}
 
-    async def wait_replicated(self, seq: int, names: set[str], timeout: float) -> bool:
-        """True once every replica in `names` applied change `seq`; False at `timeout`."""
+    def missing(self, seq: int, names: set[str]) -> set[str]:
+        """The replicas of `names` that have not applied change `seq` yet."""
+        replicas = self.replicas
+        return {n for n in names if n not in replicas or replicas[n].kpos < seq}
+
+    def wake(self) -> None:
+        """Wake the waiting writes: the replicas they wait for changed (a shrink may satisfy them)."""
+        self._acked.set()
+
+    async def wait_replicated(self, seq: int, names: set[str], timeout: float, min_nodes: int = 0) -> bool:
+        """True once every replica in `names` applied change `seq` and `names` makes `min_nodes`
+        nodes with the primary; False at `timeout`."""
         deadline = time.monotonic() + timeout
-        while any(n not in self.replicas or self.replicas[n].kpos < seq for n in names):
+        while len(names) + 1 < min_nodes or self.missing(seq, names):
             left = deadline - time.monotonic()
             if left <= 0:
                 return False

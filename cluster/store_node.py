@@ -243,10 +243,11 @@ class StoreNode:
             feed.catalog_changed()
         if not self._sync_policy():
             return None
-        assert self.replication is not None
-        c = self.config
-        if await feed.wait_replicated(feed.kv_seq, self.replication.required, c.replication_timeout_s):
-            return None
+        primary, c, seq = self.replication, self.config, feed.kv_seq
+        assert primary is not None
+        with primary.waiting(lambda: feed.missing(seq, primary.required)):
+            if await feed.wait_replicated(seq, primary.required, c.replication_timeout_s, c.min_insync):
+                return None
         return cmd.response(
             ResponseCode.SYSTEM_ERROR,
             f"not replicated to the SyncStateSet within {c.replication_timeout_s:g} s",

@@ -1,0 +1,181 @@
+"""A replica paused under load (docs/cluster.md, "Replica groups"): a real etcd, a name server,
+three `gateway store --group g1` nodes (sync replication, `--min-insync 2`) and a proxy. One
+replica is paused with SIGSTOP while the official RocketMQ Python client (its own retries and 3 s
+request timeout), the project's raw gRPC stub and MQTT 3.1.1 and 5 publishers (aiomqtt) send: no
+send is refused, no MQTT connection is closed, no message is stored twice and none acknowledged
+is lost; after SIGCONT the replica rejoins the SyncStateSet."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections import Counter
+from pathlib import Path
+
+import aiomqtt
+import pytest
+
+from store import Store, StoreConfig
+from tests.cluster.etcd_support import EtcdProcess, etcd_missing
+from tests.cluster.support import Cluster
+from tests.cluster.test_replica_group import NODES, Publishers, _in_sync, _set_is, start_member, until
+
+pytestmark = [
+    pytest.mark.skipif(etcd_missing(), reason="etcd is not installed (deps/debian-packages.txt)"),
+    pytest.mark.timeout(120),
+]
+OFFICIAL = Path(__file__).with_name("official_publisher.py")
+
+
+class Official:
+    """The official client's publisher process: bodies acknowledged and refused."""
+
+    def __init__(self) -> None:
+        self.acked: list[bytes] = []
+        self.failed: list[str] = []
+        self.proc: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task | None = None
+
+    async def start(self, endpoint: str) -> None:
+        env = dict(os.environ, HOME=os.environ.get("TMPDIR", "/tmp"))  # the client logs under ~/logs
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(OFFICIAL),
+            endpoint,
+            "fleet",
+            "o",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+            env=env,
+        )
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        async for line in self.proc.stdout:
+            word, _, rest = line.decode().strip().partition(" ")
+            if word == "ok":
+                self.acked.append(rest.encode())
+            elif word == "failed":
+                self.failed.append(rest)
+
+    async def stop(self) -> None:
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            await asyncio.wait_for(self.proc.wait(), 20)
+        finally:
+            if self.proc.returncode is None:
+                self.proc.kill()
+        assert self._reader is not None
+        await self._reader
+
+
+async def mqtt5(pubs: Publishers, failures: list[str]) -> None:
+    """An MQTT 5 QoS 1 publisher: a negative PUBACK or a closed connection is a failure."""
+    host, port = pubs.listeners["mqtt"].rsplit(":", 1)
+    i = 0
+    while not pubs.stop.is_set():
+        try:
+            async with aiomqtt.Client(
+                host, int(port), identifier="dev-5", protocol=aiomqtt.ProtocolVersion.V5, timeout=5
+            ) as c:
+                while not pubs.stop.is_set():
+                    body = f"v{i}".encode()
+                    i += 1  # a new body per attempt: a refused one is never sent again
+                    try:
+                        await c.publish(f"fleet/dev5/t{i}", body, qos=1)
+                        pubs.acked.append(body)
+                    except aiomqtt.MqttCodeError as e:
+                        failures.append(f"{body!r}: {e}")
+                    await asyncio.sleep(0.005)
+        except aiomqtt.MqttError as e:
+            failures.append(f"connection: {e}")
+            await asyncio.sleep(0.2)
+
+
+async def stored_bodies(data_dir: Path) -> Counter[bytes]:
+    """Every body of topic `fleet` in a stopped node's store, with its number of copies."""
+    store = await Store.open(StoreConfig(data_dir=str(data_dir)))
+    try:
+        out: Counter[bytes] = Counter()
+        for q in range(store.queue_count("fleet")):
+            offset = 0
+            while batch := store.read("fleet", q, offset, max_messages=1000):
+                out.update(m.body for m in batch)
+                offset = batch[-1].queue_offset + 1
+        return out
+    finally:
+        await store.close()
+
+
+async def test_a_paused_replica_refuses_no_send_and_stores_none_twice(tmp_path):
+    (tmp_path / "etcd").mkdir()
+    etcd = EtcdProcess(tmp_path / "etcd")
+    etcd.start()
+    c = Cluster(tmp_path)
+    tasks: list[asyncio.Task] = []
+    try:
+        c.start_namesrv()
+        for name in sorted(NODES):
+            start_member(c, name, etcd.endpoint)
+        (listeners,) = c.start_proxies(1, "grpc,mqtt")
+        state = await until(lambda: _in_sync(etcd.endpoint, NODES), 30, "every node in the SyncStateSet")
+        pubs = Publishers(listeners)
+        official, mqtt5_failures = Official(), []
+        await official.start(listeners["grpc"])
+        tasks = [
+            asyncio.create_task(pubs.grpc()),
+            asyncio.create_task(pubs.mqtt()),
+            asyncio.create_task(mqtt5(pubs, mqtt5_failures)),
+        ]
+
+        def acked() -> int:
+            return len(pubs.acked) + len(official.acked)
+
+        async def more(n: int, what: str, timeout: float = 20) -> None:
+            want = acked() + n
+
+            async def enough() -> bool:
+                return acked() >= want and len(official.acked) > 0
+
+            await until(enough, timeout, what)
+
+        await more(100, "100 acknowledged sends", 30)
+        paused = sorted(NODES - {state.primary})[0]
+        p = c.stores[paused][0].p
+        p.send_signal(signal.SIGSTOP)
+        try:
+            await until(lambda: _set_is(etcd.endpoint, NODES - {paused}), 15, "the paused replica out")
+            await more(100, "sends acknowledged with a replica paused")
+        finally:
+            p.send_signal(signal.SIGCONT)
+        await until(lambda: _in_sync(etcd.endpoint, NODES), 30, "the paused replica back in")
+        await more(50, "sends acknowledged with the three again")
+        pubs.stop.set()
+        await asyncio.gather(*tasks)
+        await official.stop()
+        assert pubs.failures == 0, f"{pubs.failures} raw gRPC or MQTT 3.1.1 sends failed"
+        assert not mqtt5_failures, mqtt5_failures[:5]
+        assert not official.failed, official.failed[:5]
+        for name in NODES:
+            assert c.stores[name][0].stop() == 0
+        want = set(pubs.acked) | set(official.acked)
+        for name in sorted(NODES):
+            copies = await stored_bodies(tmp_path / name)
+            lost = want - set(copies)
+            assert not lost, f"{name}: {len(lost)} acknowledged sends lost: {sorted(lost)[:10]}"
+            twice = [b for b, n in copies.items() if n > 1]
+            assert not twice, f"{name}: {len(twice)} stored twice: {sorted(twice)[:10]}"
+        print(f"paused {paused}: {len(pubs.acked)} raw gRPC/MQTT and {len(official.acked)} official sends")
+    finally:
+        for t in tasks:
+            t.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*tasks, return_exceptions=True)
+        c.close()
+        etcd.stop()
