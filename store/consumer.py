@@ -36,6 +36,10 @@ class QueueProgress:
     cursor: int = 0  # every offset below was handed out (or skipped) at least once
     done: set[int] = field(default_factory=set)  # done offsets in [ack_wm, cursor)
     inflight: dict[int, Inflight] = field(default_factory=dict)
+    # offsets below this (and at or past the cursor of a take-over) may have been handed out by the
+    # previous primary without the pop reaching this node (`StateReplica.take_over`): handed out
+    # now, they count as a second delivery
+    uncertain: int = 0
 
     def mark_done(self, offset: int) -> None:
         self.inflight.pop(offset, None)
@@ -145,9 +149,11 @@ class ConsumerProgress:
     def handed_out(
         self, st: GroupTopic, qid: int, offset: int, deadline: int, message_group: str
     ) -> Inflight:
-        """A message handed out for the first time: in flight until `deadline` (its first attempt)."""
+        """A message handed out for the first time here: in flight until `deadline` (its first
+        attempt, or its second when a previous primary may have handed it out: `uncertain`)."""
         self.seq += 1
-        inf = Inflight(self.seq, deadline, 1, message_group)
+        q = st.queues.get(qid)
+        inf = Inflight(self.seq, deadline, 2 if q is not None and offset < q.uncertain else 1, message_group)
         self.popped(st, qid, offset, inf)
         return inf
 
@@ -306,6 +312,17 @@ class ConsumerProgress:
                     st.track(qid, o, inf)
                     if inf.message_group:
                         st.fifo_busy[inf.message_group] = st.fifo_busy.get(inf.message_group, 0) + 1
+
+    def mark_uncertain(self, ends: dict[tuple[str, int], int], window: int) -> None:
+        """A replica taking over: the next `window` offsets past each queue's cursor (up to its
+        end in `ends`) may have been handed out by the previous primary, their pops lost with it."""
+        by_topic: dict[str, list[tuple[int, int]]] = {}
+        for (topic, qid), end in ends.items():
+            by_topic.setdefault(topic, []).append((qid, end))
+        for st in self.by_id.values():
+            for qid, end in by_topic.get(st.topic, ()):
+                q = st.queue(qid)
+                q.uncertain = min(end, q.cursor + window)
 
     def clamp(self, ends: dict[tuple[str, int], int]) -> int:
         """After recovery: forget progress past the end of each queue (`ends`: (topic, queue id)

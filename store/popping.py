@@ -289,6 +289,8 @@ class Popper:
                 if epochs is not None and self._held_back(st, topic, epochs, qid, offset, msg):
                     return  # its group's (path's) earlier messages in its previous queue go first
                 inf = progress.handed_out(st, qid, offset, now + invisible, mg)
+                if inf.attempts > 1:  # a previous primary may have handed it out (take_over)
+                    msg.reconsume_times = max(msg.reconsume_times, inf.attempts - 1)
                 out.append(
                     PoppedMessage(msg, encode_handle(inf.seq, group, topic, qid, offset), inf.deadline)
                 )

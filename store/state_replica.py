@@ -12,7 +12,11 @@ primary hands out and what a replica takes, besides the commit log (store/replic
 
 `take_over` is for a replica promoted to primary: progress that points past its queues' ends (messages
 the old primary handed out before they were replicated, and lost) is cut back, as recovery does
-after a machine crash, so that the records taking those offsets next are delivered.
+after a machine crash, so that the records taking those offsets next are delivered. Progress is
+replicated asynchronously, so the old primary may also have handed out messages this node holds
+without the pop reaching it: the next `UNCERTAIN_POPS` offsets past each queue's cursor count as a
+second delivery when handed out (AMQP's `redelivered`, gRPC's delivery attempt 2), a hint that may
+be wrong the other way round for a message no one had, as AMQP allows.
 """
 
 from __future__ import annotations
@@ -29,6 +33,10 @@ from .checkpoint import Checkpointer
 from .config import GroupConfig, RetryPolicy, TopicConfig
 from .consumer import ConsumerProgress
 from .kv import Change, KeyValueStore
+
+# offsets past each queue's cursor a previous primary may have handed out unreplicated: the pops of
+# its last progress flush and pull (about 100-200 ms), per group and queue
+UNCERTAIN_POPS = 1024
 
 
 def catalog_digest(state: dict[str, Any]) -> str:
@@ -126,8 +134,10 @@ class StateReplica:
         derives from it; returns how many queues were cut back."""
         async with self.checkpoints.lock:
             progress = self.progress
-            cut = progress.clamp({k: cq.max_offset for k, cq in self.catalog.cqs.items()})
+            ends = {k: cq.max_offset for k, cq in self.catalog.cqs.items()}
+            cut = progress.clamp(ends)
             progress.rederive()
+            progress.mark_uncertain(ends, UNCERTAIN_POPS)
             if cut:
                 await self.run_io(progress.write_checkpoint, progress.snapshot(), progress.take_log())
             return cut

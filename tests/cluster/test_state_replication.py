@@ -14,7 +14,7 @@ from cluster import store_wire as w
 from cluster.nodes import NodeClient
 from cluster.replication import Follower
 from cluster.state_replication import StateFeed, StateFollower
-from store import Message, StoreError
+from store import Message, StoreError, state_replica
 from tests.cluster.test_replication import T, close_node, open_node, until
 
 pytestmark = pytest.mark.timeout(60)
@@ -119,6 +119,37 @@ async def test_the_replica_that_takes_over_hands_out_only_what_was_not_acknowled
     again = await rs.pop("workers", "jobs", max_messages=30, invisible_time_ms=1000, wait_ms=2000)
     assert {p.message.body for p in again} == {p.message.body for p in in_flight[5:]}
     assert not acked & {p.message.body for p in again}
+
+
+async def test_what_the_old_primary_may_have_handed_out_unreplicated_counts_as_redelivered(
+    nodes, monkeypatch
+):
+    monkeypatch.setattr(state_replica, "UNCERTAIN_POPS", 5)
+    primary = await nodes("a")
+    replica = await nodes("b")
+    ps = primary.store
+    ps.create_topic("jobs", queues=1)
+    primary.state_feed = StateFeed(ps)
+    log_f, state_f = await follow(primary, replica)
+    for i in range(30):
+        await ps.append(Message("jobs", f"j{i}".encode()))
+        primary.replication.appended()
+    for p in await ps.pop("workers", "jobs", max_messages=10, invisible_time_ms=60_000):
+        ps.ack(p.receipt_handle)
+    rs = replica.store
+    await until(lambda: rs.log_end == ps.log_end and rs.backlog("workers", "jobs") == 20)
+    await stop(log_f, state_f)
+    # handed out and acknowledged by the old primary, the pops never replicated: it dies
+    lost = await ps.pop("workers", "jobs", max_messages=3, invisible_time_ms=60_000)
+    for p in lost:
+        ps.ack(p.receipt_handle)
+    await rs.state.take_over()
+    rs.resume_own_writes()
+    got = await rs.pop("workers", "jobs", max_messages=30, invisible_time_ms=60_000)
+    attempts = {p.message.body: p.message.reconsume_times + 1 for p in got}
+    assert len(attempts) == 20 and {p.message.body for p in lost} <= set(attempts)
+    # the window past the replicated cursor (5 here): a second delivery; after it, a first
+    assert [attempts[f"j{i}".encode()] for i in range(10, 30)] == [2] * 5 + [1] * 15
 
 
 async def test_sync_policy_answers_a_key_value_write_once_the_replicas_applied_it(nodes):
