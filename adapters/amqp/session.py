@@ -276,8 +276,8 @@ class Connection:
                 self._connection_method(ev.method)
         elif t is ProtocolHeader:
             self.state = START
-            mechanisms = b"EXTERNAL PLAIN AMQPLAIN" if self.cert_user is not None else b"PLAIN AMQPLAIN"
-            self.write(encode_method(0, c.ConnectionStart(0, 9, SERVER_PROPERTIES, mechanisms, b"en_US")))
+            start = c.ConnectionStart(0, 9, SERVER_PROPERTIES, b" ".join(self._mechanisms()), b"en_US")
+            self.write(encode_method(0, start))
 
     def _channel_method(self, ev: Method) -> None:
         if self.state != OPEN:
@@ -377,6 +377,17 @@ class Connection:
             else:
                 self._handle(ev)
 
+    def _mechanisms(self) -> list[bytes]:
+        """The SASL mechanisms offered: EXTERNAL with a verified client certificate, PLAIN and
+        AMQPLAIN, and ANONYMOUS (RFC 4505, as RabbitMQ 4) when `allow_anonymous` admits clients
+        without credentials under the ACL rules of `anonymous`."""
+        mechs = [b"EXTERNAL"] if self.cert_user is not None else []
+        mechs += [b"PLAIN", b"AMQPLAIN"]
+        sec = self.broker.processor.security
+        if sec is not None and sec.allow_anonymous:
+            mechs.append(b"ANONYMOUS")
+        return mechs
+
     async def _start_ok(self, m: c.ConnectionStartOk) -> None:
         caps = m.client_properties.get("capabilities") if isinstance(m.client_properties, dict) else None
         if isinstance(caps, dict):
@@ -384,13 +395,15 @@ class Connection:
             self.blocked_notify = bool(caps.get("connection.blocked"))
         mech = m.mechanism
         external = mech == "EXTERNAL" and self.cert_user is not None
-        if mech not in ("PLAIN", "AMQPLAIN") and not external:
+        anonymous = mech == "ANONYMOUS" and b"ANONYMOUS" in self._mechanisms()
+        if mech not in ("PLAIN", "AMQPLAIN") and not external and not anonymous:
             self._refuse(ReplyCode.COMMAND_INVALID, f"unknown authentication mechanism '{mech}'")
             return
         if self.limits is not None and (why := self.limits.refused()) is not None:
             self._refuse(ReplyCode.NOT_ALLOWED, why)
             return
-        cred = (self.cert_user, "") if external else credentials(mech, m.response)
+        # ANONYMOUS: the response is optional trace information (RFC 4505), not a credential
+        cred = (self.cert_user, "") if external else None if anonymous else credentials(mech, m.response)
         # one text for every reason (RabbitMQ's): the client learns nothing about which part was wrong
         refused = (
             f"Login was refused using authentication mechanism {mech}. For details see the broker logfile."
@@ -401,8 +414,11 @@ class Connection:
             return
         if external:
             identity = Identity(self.cert_user, None, CERTIFICATE_MECHANISM)
+        elif anonymous:
+            identity = Identity()  # no credentials: processor.authenticate admits it as anonymous
         else:
-            identity = Identity(cred[0], cred[1], mech.lower()) if cred is not None else Identity()
+            # malformed credentials are refused as wrong ones (never taken as anonymous)
+            identity = Identity(*cred, mech.lower()) if cred is not None else Identity(mechanism=mech.lower())
         self.ctx = ClientContext(
             "amqp", client_id=f"amqp-{self.remote}", identity=identity, remote=self.remote
         )

@@ -340,7 +340,8 @@ class Session:
     async def _authenticate(self, c: Connect) -> int | None:
         """Check the CONNECT's credentials and will: None when accepted (`self.ctx.identity` then the
         verified one), else the 5.0 reason code to refuse it with. As Mosquitto with
-        `allow_anonymous false`, a CONNECT without credentials gets Not authorized (3.1.1: 5); bad
+        `allow_anonymous false`, a CONNECT without credentials gets Not authorized (3.1.1: 5), and with
+        `allow_anonymous` it is the anonymous principal, which the ACL rules of `anonymous` govern; bad
         credentials, whichever part was wrong, Bad User Name or Password (3.1.1: 4); a will whose
         topic the user may not publish to, Not authorized."""
         p = self.broker.processor

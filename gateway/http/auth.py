@@ -10,6 +10,10 @@ raw CloudEvents ingest route is covered too).
   was wrong. The verified identity goes to the routes in the scope (`IDENTITY_KEY`), where the
   processor's ACL checks (publish, subscribe) use it.
 - `/admin/...` needs the admin role: 403 problem+json otherwise.
+- With `allow_anonymous`, a request without credentials is the anonymous principal: the data routes
+  (CloudEvents, read API, shadows) let the ACL rules of `anonymous` decide (403 when they refuse);
+  the console, the admin API, `/metrics` and the API docs still answer it 401, so that a browser
+  asks for a login. Credentials that do not verify are refused (401), never taken as anonymous.
 
 Password checks are argon2id, remembered by the security core for later requests."""
 
@@ -30,10 +34,14 @@ from .errors import problem
 CHALLENGES = ('Basic realm="gateway"', "Bearer")
 CHALLENGE = ", ".join(CHALLENGES)
 OPEN = frozenset({"/healthz"})
-OPEN_ON_LOOPBACK = frozenset(
-    {"/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
-)
+OPEN_ON_LOOPBACK = frozenset({"/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 ADMIN_RESOURCE = Resource("cluster", "admin-api")
+# what the anonymous principal never reaches (401 as without allow_anonymous): all but the data routes
+NOT_ANONYMOUS = ("/admin", "/console", "/metrics", "/docs", "/redoc", "/openapi.json")
+
+
+def _not_anonymous(path: str) -> bool:
+    return any(path == prefix or path.startswith(prefix + "/") for prefix in NOT_ANONYMOUS)
 
 
 def credentials(scope: Scope) -> Identity:
@@ -63,7 +71,7 @@ def credentials(scope: Scope) -> Identity:
             return Identity(user, password if sep else None, "http-basic")
         if scheme == "bearer":
             return Identity(secret=value or None, mechanism="bearer")
-        return Identity(mechanism=scheme[:32] or "none")
+        return Identity(mechanism="http-" + (scheme[:32] or "empty"))  # refused, never anonymous
     if token:
         return Identity(secret=token, mechanism="bearer")
     return Identity()
@@ -107,6 +115,10 @@ class AuthMiddleware:
         try:
             await p.authenticate(ctx)
         except ProcessorError:
+            await unauthorized()(scope, receive, send)
+            return
+        principal = ctx.identity.principal
+        if principal is not None and principal.anonymous and _not_anonymous(path):
             await unauthorized()(scope, receive, send)
             return
         if (path == "/admin" or path.startswith("/admin/")) and not p.permits(
