@@ -95,9 +95,14 @@ run: install
 	$(VENV)/bin/gateway start --data-dir ./data
 
 # Lint first: a broken layer contract or unformatted file fails the run before the tests start.
+# Then the suite on TEST_WORKERS processes (pytest-xdist, one test file per worker at a time: a
+# module's fixtures stay in one process), and last the serial group alone on the machine: the
+# tests that measure rates, memory or latency (tests/conftest.py SERIAL says which and why).
+TEST_WORKERS ?= $(shell nproc)
 test: install install-system install-conformance install-remoting-clients
 	$(MAKE) --no-print-directory lint
-	$(VENV)/bin/pytest -q tests -m 'not slow_bench' --durations=30
+	$(VENV)/bin/pytest -q tests -m 'not slow_bench and not serial' -n $(TEST_WORKERS) --dist loadfile --durations=30
+	$(VENV)/bin/pytest -q tests -m 'serial and not slow_bench' --durations=10
 
 # Every conformance run (real clients of every protocol: the official RocketMQ 5 clients, aiormq's and
 # aio-pika's own suites, MQTT, HTTP) against `gateway start --workers 2`, and the workers tests.

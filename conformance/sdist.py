@@ -53,7 +53,10 @@ class PinnedSdist:
         if digest != self.sha256:
             raise RuntimeError(f"{self.filename}: sha256 {digest}, expected {self.sha256}")
         CACHE.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+        # written whole, then renamed: parallel test workers may fetch the same sdist at once
+        part = target.with_name(f"{target.name}.{os.getpid()}.part")
+        part.write_bytes(data)
+        os.replace(part, target)
         return target
 
     def _urls(self) -> Iterator[str]:

@@ -7,11 +7,34 @@ child that uses gRPC without exec, so the handlers are switched off.
 
 Gateways the tests spawn take 16 MiB commit log segments (grown to hold the largest body) instead
 of 128 MiB: each fresh store zero-fills its first segment, and a run starts hundreds of them.
+
+`make test` runs the suite on every core (pytest-xdist, `--dist loadfile`), then the serial group
+alone: the test files in `SERIAL` get the `serial` marker here, each with the reason it cannot share
+the machine with other tests.
 """
 
 from __future__ import annotations
 
 import os
 
+import pytest
+
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 os.environ.setdefault("GATEWAY_SEGMENT_SIZE_MIB", "16")
+
+# Test files (paths from the repo root) that run alone after the parallel run, and why.
+SERIAL = {
+    # compares a noisy publisher's throughput with a quiet one's (±30 %, ≥ 70 %): another test's CPU
+    # on the same cores is measured as the limiter's error
+    "tests/limits/test_rates.py": "measures rates",
+    # bounds the gateway's resident memory growth while tens of MB pass through it, under a timeout
+    # that assumes the publisher gets a core
+    "tests/limits/test_memory.py": "measures memory under load",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = config.rootpath
+    for item in items:
+        if item.path.relative_to(root).as_posix() in SERIAL:
+            item.add_marker(pytest.mark.serial)

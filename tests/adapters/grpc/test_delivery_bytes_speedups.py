@@ -165,7 +165,8 @@ def _odd_values():
         "msg_type": [7, None, -1, 1, "FIFO", MessageType.DELAY],
     }.items():
         for v in values:
-            yield pytest.param(name, v, id=f"{name}={v!r}")
+            shown = f"memoryview({bytes(v)!r})" if isinstance(v, memoryview) else repr(v)  # (no address)
+            yield pytest.param(name, v, id=f"{name}={shown}")
 
 
 @pytest.mark.parametrize("name, value", list(_odd_values()))
