@@ -19,6 +19,7 @@ import threading
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import aiomqtt
 import httpx
@@ -30,8 +31,15 @@ import pytest
 from cloudevents.core.bindings.http import HTTPMessage, from_structured_event, to_binary_event
 from cloudevents.core.v1.event import CloudEvent
 
+from adapters.amqp.codec import (
+    PROTOCOL_HEADER,
+    ConnectionClose,
+    ConnectionStart,
+    ConnectionStartOk,
+)
 from adapters.cloudevents.codec import BATCH, STRUCTURED
 from gateway.server import Gateway
+from tests.adapters.amqp.support import Raw
 from tests.adapters.mqtt.support import next_message
 from tests.adapters.remoting.support import ClientFailed, needs_alions, needs_cpp, received, run
 from tests.support import T, running_gateway
@@ -231,6 +239,34 @@ async def test_pika_anonymous_refused_by_default(closed):
         await asyncio.to_thread(pika_connect, amqp_port, AnonymousCredentials())
     with pytest.raises(pika.exceptions.ProbableAuthenticationError):  # pika's default guest/guest
         await asyncio.to_thread(pika_connect, amqp_port, pika.PlainCredentials("guest", "guest"))
+
+
+async def start_of(g: Gateway, start_ok: ConnectionStartOk | None = None) -> tuple[bytes, list]:
+    """The mechanisms of `connection.start`, then what answers `start_ok` until the socket closes."""
+    raw = await Raw.open(SimpleNamespace(port=port(g, "amqp")))
+    raw.send(PROTOCOL_HEADER)
+    start = (await raw.recv()).method
+    assert isinstance(start, ConnectionStart)
+    if start_ok is None:
+        raw.writer.close()
+        return start.mechanisms, []
+    raw.method(0, start_ok)
+    return start.mechanisms, [e.method for e in await raw.recv_until_eof()]
+
+
+async def test_amqp_offers_anonymous_only_with_allow_anonymous(anon):
+    mechanisms, _ = await start_of(anon)
+    assert mechanisms.split() == [b"PLAIN", b"AMQPLAIN", b"ANONYMOUS"]
+    # a malformed PLAIN is refused as a wrong login, never taken as anonymous
+    _, (close,) = await start_of(anon, ConnectionStartOk({}, "PLAIN", b"no separators"))
+    assert isinstance(close, ConnectionClose) and close.reply_code == 403
+
+
+async def test_amqp_anonymous_mechanism_refused_by_default(closed):
+    mechanisms, _ = await start_of(closed)
+    assert b"ANONYMOUS" not in mechanisms.split()
+    _, (close,) = await start_of(closed, ConnectionStartOk({}, "ANONYMOUS", b""))
+    assert isinstance(close, ConnectionClose) and close.reply_code == 503  # COMMAND_INVALID
 
 
 # ---------------------------------------------------------------------------- HTTP / CloudEvents
