@@ -47,7 +47,12 @@ KIND_TO_CODE: dict[ErrorKind, int] = {
     # no mapping for the broker's disk-full SERVICE_NOT_AVAILABLE (14) and falls back to
     # INTERNAL_SERVER_ERROR, which the official clients retry at once: hammering a full store.
     ErrorKind.STORE_FULL: Code.TOO_MANY_REQUESTS,
-    ErrorKind.UNAVAILABLE: Code.INTERNAL_SERVER_ERROR,
+    # The store, its primary or enough in-sync replicas cannot take the request now (nothing was
+    # stored when a send is refused so): the v2 code of "not available" (the Apache proxy's for a
+    # broker's SLAVE_NOT_AVAILABLE). The official clients (Java, Go, C#, Node.js, Python) resend any
+    # failed non-transactional send at once, this one included; TOO_MANY_REQUESTS they resend after
+    # a backoff (the Python client not at all), so it stays the code of flow control only.
+    ErrorKind.UNAVAILABLE: Code.HA_NOT_AVAILABLE,
     ErrorKind.UNSUPPORTED: Code.UNSUPPORTED,
     ErrorKind.INTERNAL: Code.INTERNAL_SERVER_ERROR,
 }
