@@ -39,7 +39,7 @@ from typing import Any
 import orjson
 
 from runtime.tasks import cancel_and_wait
-from store import AppendResult, Message, PoppedMessage
+from store import ALL, AppendResult, Message, PoppedMessage
 
 from .model import ClientContext
 
@@ -181,6 +181,7 @@ class TraceRecorder:
         get_by_key: Callable[[str], Awaitable[list[Message]]] | None,
         *,
         retention_ms: int,
+        read: Callable[..., Awaitable[list[Message]]] | None = None,
         flush_interval_s: float = 0.2,
         max_buffered: int = 512,
     ) -> None:
@@ -189,6 +190,7 @@ class TraceRecorder:
         self._get_topic = get_topic
         self._get_by_id = get_by_id
         self._get_by_key = get_by_key
+        self._read = read  # the StoreClient's `read`: the message of an event known by its position
         self.retention_ms = retention_ms
         self.flush_interval_s = flush_interval_s
         self.max_buffered = max_buffered
@@ -353,7 +355,7 @@ class TraceRecorder:
                         full.append([event, t, proto, client, user, group, qid, off, None, detail, mid,
                                      tp or derived_traceparent(mid), topic, clo])  # fmt: skip
                     continue
-                self._unknown_handle_row(out, t, proto, client, user, *e[3:])
+                self._unknown_handle_row(out, full if expand else None, t, proto, client, user, *e[3:])
             elif kind == STORED:
                 self._send_row(out, full if expand else None, t, proto, client, user, e[3], e[4])
             elif kind == DELIVERED:
@@ -495,7 +497,7 @@ class TraceRecorder:
 
     @staticmethod
     def _unknown_handle_row(
-        out: list, t: int, proto: str, client: str, user: str | None,
+        out: list, full: list[Row] | None, t: int, proto: str, client: str, user: str | None,
         event: str, handle: str, new_handle: str | None, detail: str | None,
     ) -> None:  # fmt: skip
         """An event on a delivery this recorder did not see (popped before a restart, or through
@@ -507,6 +509,24 @@ class TraceRecorder:
         row = (event, t, proto, client, user, _group_of_handle(handle), qid, off, None, detail, None, None,
                topic, None)  # fmt: skip
         out.append((row, (f"{POSITION_KEY_PREFIX}{topic}/{qid}/{off >> 8}",)))
+        if full is not None:  # (its message and context are looked up before the export: `_known`)
+            full.append(list(row))
+
+    async def _known(self, full: list[Row]) -> None:
+        """Fill in the message id, trace context and commit log offset of the exported events known
+        only by the position a receipt handle named (read from the store: rare, after a restart)."""
+        if self._read is None:
+            return
+        for r in full:
+            if r[11] is None and r[10] is None and r[12] is not None and r[7] is not None:
+                try:
+                    found = await self._read(r[12], r[6], r[7], r[7] + 1, 1, ALL)
+                except Exception as e:  # noqa: BLE001 - an export never stops the record
+                    log.debug("trace export: message at %s/%s/%s not read: %s", r[12], r[6], r[7], e)
+                    continue
+                for m in found:
+                    if m.queue_offset == r[7]:
+                        r[10], r[11], r[13] = m.message_id, traceparent_of(m), m.commitlog_offset
 
     @staticmethod
     def _records(rows: list[tuple[Any, Any]]) -> list[Message]:
@@ -530,6 +550,8 @@ class TraceRecorder:
         if not self.pending:
             return
         rows, full = self._take_rows(expand=bool(self.sinks))
+        if full:
+            await self._known(full)
         for sink in self.sinks:
             try:
                 sink(full)
@@ -713,4 +735,5 @@ def recorder_for(store: Any, retention_ms: int) -> TraceRecorder:
         store.get_by_id,
         store.get_by_key,
         retention_ms=retention_ms,
+        read=store.read,
     )

@@ -104,3 +104,28 @@ async def test_dead_letter_redrive_and_pull_consumer_events_are_exported(exporte
     assert events_of(rows, p.message_id) == want
     t = await processor.tracer.trace(p.message_id)  # the stored record says the same
     assert [e["event"] for e in t["events"]] == ["received", "stored", "delivered", "acked"]
+
+
+async def test_an_ack_of_a_delivery_popped_before_a_restart_is_exported_with_its_context(tmp_path) -> None:
+    store = await Store.open(StoreConfig(data_dir=str(tmp_path / "data"), segment_size=1 << 20))
+    client = LocalStoreClient(store)
+    try:
+        before = MessagingProcessor(client, auto_create_topics=True, tracer=recorder_for(client, 3_600_000))
+        await before.start()
+        [r] = await before.send(PRODUCER, [Message("late", b"x")])
+        [d] = await before.pop(CONSUMER, "g", "late")
+        await before.close()
+        # a new recorder (the gateway restarted) never saw that delivery: only the handle names it
+        tracer = recorder_for(client, 3_600_000)
+        rows: list[list] = []
+        tracer.sinks.append(rows.extend)
+        after = MessagingProcessor(client, auto_create_topics=True, tracer=tracer)
+        await after.start()
+        await after.ack(CONSUMER, d.receipt_handle)
+        await tracer.flush()
+        assert events_of(rows, r.message_id) == [("acked", derived_traceparent(r.message_id))]
+        [row] = rows
+        assert (row[12], row[6], row[7], row[13]) == ("late", r.queue_id, r.queue_offset, r.commitlog_offset)
+        await after.close()
+    finally:
+        await store.close()
