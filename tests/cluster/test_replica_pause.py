@@ -12,13 +12,18 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
 import aiomqtt
+import grpc
 import pytest
 
+from adapters.grpc.generated import definition_pb2 as d
+from adapters.grpc.generated import service_pb2_grpc
 from store import Store, StoreConfig
+from tests.adapters.grpc import support as g
 from tests.cluster.etcd_support import EtcdProcess, etcd_missing
 from tests.cluster.support import Cluster
 from tests.cluster.test_replica_group import NODES, Publishers, _in_sync, _set_is, start_member, until
@@ -98,6 +103,28 @@ async def mqtt5(pubs: Publishers, failures: list[str]) -> None:
             await asyncio.sleep(0.2)
 
 
+async def timed_grpc(pubs: Publishers, latencies: list[float], failures: list[str]) -> None:
+    """A raw gRPC publisher (the project's stub) recording how long each send took."""
+    async with grpc.aio.insecure_channel(pubs.listeners["grpc"]) as ch:
+        s = service_pb2_grpc.MessagingServiceStub(ch)
+        i = 0
+        while not pubs.stop.is_set():
+            body = f"t{i}".encode()
+            i += 1
+            t0 = time.monotonic()
+            try:
+                r = await asyncio.wait_for(g.send(s, g.msg("fleet", body)), 10)
+            except (grpc.aio.AioRpcError, TimeoutError) as e:
+                failures.append(f"{body!r}: {e}")
+                continue
+            if r.status.code != d.OK:
+                failures.append(f"{body!r}: {r.status.code} {r.status.message}")
+                continue
+            latencies.append(time.monotonic() - t0)
+            pubs.acked.append(body)
+            await asyncio.sleep(0.02)
+
+
 async def stored_bodies(data_dir: Path) -> Counter[bytes]:
     """Every body of topic `fleet` in a stopped node's store, with its number of copies."""
     store = await Store.open(StoreConfig(data_dir=str(data_dir)))
@@ -126,12 +153,13 @@ async def test_a_paused_replica_refuses_no_send_and_stores_none_twice(tmp_path):
         (listeners,) = c.start_proxies(1, "grpc,mqtt")
         state = await until(lambda: _in_sync(etcd.endpoint, NODES), 30, "every node in the SyncStateSet")
         pubs = Publishers(listeners)
-        official, mqtt5_failures = Official(), []
+        official, mqtt5_failures, timed_failures, latencies = Official(), [], [], []
         await official.start(listeners["grpc"])
         tasks = [
             asyncio.create_task(pubs.grpc()),
             asyncio.create_task(pubs.mqtt()),
             asyncio.create_task(mqtt5(pubs, mqtt5_failures)),
+            asyncio.create_task(timed_grpc(pubs, latencies, timed_failures)),
         ]
 
         def acked() -> int:
@@ -161,6 +189,10 @@ async def test_a_paused_replica_refuses_no_send_and_stores_none_twice(tmp_path):
         await official.stop()
         assert pubs.failures == 0, f"{pubs.failures} raw gRPC or MQTT 3.1.1 sends failed"
         assert not mqtt5_failures, mqtt5_failures[:5]
+        assert not timed_failures, timed_failures[:5]
+        # the sends in flight at the pause waited for the shrink (about 1 s), not the 3 s timeout
+        # (nor the official client's 3 s request timeout, after which it would resend)
+        assert max(latencies) < 2.5, max(latencies)
         assert not official.failed, official.failed[:5]
         for name in NODES:
             assert c.stores[name][0].stop() == 0
@@ -171,7 +203,10 @@ async def test_a_paused_replica_refuses_no_send_and_stores_none_twice(tmp_path):
             assert not lost, f"{name}: {len(lost)} acknowledged sends lost: {sorted(lost)[:10]}"
             twice = [b for b, n in copies.items() if n > 1]
             assert not twice, f"{name}: {len(twice)} stored twice: {sorted(twice)[:10]}"
-        print(f"paused {paused}: {len(pubs.acked)} raw gRPC/MQTT and {len(official.acked)} official sends")
+        print(
+            f"paused {paused}: {len(pubs.acked)} raw gRPC/MQTT and {len(official.acked)} official sends; "
+            f"longest raw gRPC send {max(latencies):.2f} s"
+        )
     finally:
         for t in tasks:
             t.cancel()
