@@ -94,24 +94,18 @@ REDRIVEN_NS = "dlq.redriven"
 
 
 def ensure_traceparents(messages: Sequence[Message]) -> list[tuple[int, str]] | None:
-    """The trace contexts the messages of a send carry. A client's `traceparent` is kept as sent; a
-    valid one is the message's context, an invalid one is none (delivered all the same). A message
-    without a context derives it from its id when traced (messaging_processor/tracing.py
-    `traceparent_of`), unless its id is not hex or it shares its properties dict with the message
-    before it (an adapter's copies of one publish: they must share one trace), which get a new one
-    in the internal property `__TRACEPARENT` (set in place; no adapter delivers it). Returns
-    [(index, traceparent)] of the messages that carry one (None when none does). Here, with
-    tracing.py's C-level callables, so that the send path enters no other module
-    (tests/architecture/test_message_path.py)."""
+    """[(index, traceparent)] of the messages of a send that carry a trace context (None: none does).
+    A client's `traceparent` stays as sent (an invalid one is no context); a message without one is
+    traced by its id (trace_context.py), unless the id is not hex or its properties dict is shared
+    with the message before (copies of one publish: one trace): those get a new one, in place, in the
+    internal `__TRACEPARENT`. C-level callables only: the send path enters no other module."""
     out = None
     prev = None
     for i, m in enumerate(messages):
         p = m.properties
         tp = p.get(TRACEPARENT)
-        if tp is not None and (len(tp) != 55 or match_traceparent(tp) is None):
-            tp = None  # (not a trace context: kept as the client sent it, but not followed)
-        if tp is None:
-            tp = p.get(GATEWAY_TRACEPARENT)
+        if tp is None or len(tp) != 55 or match_traceparent(tp) is None:
+            tp = p.get(GATEWAY_TRACEPARENT)  # (an invalid client one is kept as sent, not followed)
         if tp is None:
             mid = m.message_id
             if p is not prev and (not mid or derivable_id(mid[-32:]) is not None):
@@ -886,8 +880,8 @@ class MessagingProcessor:
         origin = msg.properties.get("ORIGIN_MESSAGE_ID")
         if self.tracer is not None and origin:
             event = "dead_lettered" if topic.startswith("%DLQ%") else "retried"
-            where = f"{r.topic}/{r.queue_id}/{r.queue_offset}"
-            self.tracer.message_event(ctx, event, origin, where, context_of(msg.properties, origin))
+            at, tp = f"{r.topic}/{r.queue_id}/{r.queue_offset}", context_of(msg.properties, origin)
+            self.tracer.message_event(ctx, event, origin, at, tp)
         return SendReceipt(
             r.message_id, r.topic, r.queue_id, r.queue_offset, r.commitlog_offset, r.store_timestamp
         )
@@ -1040,9 +1034,8 @@ class MessagingProcessor:
         if await self.store.kv_put_if_absent(REDRIVEN_NS, key, b"") is not None:
             return  # redriven before (or by a redrive running now)
         props = {k: v for k, v in dead.properties.items() if k not in DLQ_PROPS}
-        tp = traceparent_of(dead)
-        if tp is not None and tp != props.get(TRACEPARENT):  # (the copy gets a new id: it keeps the
-            props[GATEWAY_TRACEPARENT] = tp  # original's trace, as made here, not as a client's)
+        if (tp := traceparent_of(dead)) is not None and tp != props.get(TRACEPARENT):
+            props[GATEWAY_TRACEPARENT] = tp  # (the copy's new id: it keeps the original's trace)
         copy = Message(
             topic=origin,
             body=dead.body,

@@ -1,15 +1,5 @@
-"""Message tracing: W3C `traceparent` handling and the per-message lifecycle record.
-
-Every message has a W3C trace context (`00-<32 hex trace id>-<16 hex span id>-<2 hex flags>`), but
-only one a client sent is ever delivered: the store property `traceparent` is the client's, kept
-and delivered exactly as sent (an invalid one too: it is then no trace context). A message without
-a valid one has its context derived from its message id when it is traced (`traceparent_of`: trace
-id = the last 32 hex digits of the id, span id = the last 16), so the send path makes and stores
-nothing for it; only a message whose id is not hex (or copies of one publish that share one
-properties dict) gets a new one, stored in the internal property `__TRACEPARENT`
-(`GATEWAY_TRACEPARENT`), which no adapter delivers (the processor's `ensure_traceparents`).
-Adapters map their protocol's field to and from the property `traceparent` only; the lifecycle
-record, the trace API and the OTLP export use `traceparent_of`.
+"""Message tracing: the per-message lifecycle record (which trace context a message has, and which
+one is delivered: messaging_processor/trace_context.py, re-exported here).
 
 `TraceRecorder` keeps what happens to each message (received and stored, delivered, acked, nacked,
 ...) as compact records in the system topic `%TRACE%` (one queue, retention = the trace retention).
@@ -27,12 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import operator
-import re
 from collections.abc import Awaitable, Callable, Sequence
-from random import getrandbits
 from time import time_ns
 from typing import Any
 
@@ -42,18 +29,62 @@ from runtime.tasks import cancel_and_wait
 from store import ALL, AppendResult, Message, PoppedMessage
 
 from .model import ClientContext
+from .trace_context import (
+    GATEWAY_TRACEPARENT,
+    TRACE_ID_PREFIX,
+    TRACEPARENT,
+    context_of,
+    derivable_id,
+    derived_traceparent,
+    format_traceparent,
+    handle_group,
+    handle_position,
+    match_traceparent,
+    new_traceparent,
+    next_trace_sequence,
+    position_of_handle,
+    stored_context,
+    trace_id_of,
+    traceparent_of,
+    valid_traceparent,
+)
+from .trace_queries import (
+    CLO_BITS,
+    CLO_KEY_PREFIX,
+    MESSAGE_KEY_PREFIX,
+    POSITION_KEY_PREFIX,
+    SEQUENCE_KEY_PREFIX,
+    TRACE_KEY_PREFIX,
+    TRACE_TOPIC,
+    Row,
+    TraceQueries,
+    send_events,
+)
+
+__all__ = [  # (the trace context helpers are imported from here too)
+    "DELIVERED_FIELDS",
+    "EVENTS",
+    "GATEWAY_TRACEPARENT",
+    "TRACE_TOPIC",
+    "TRACEPARENT",
+    "TraceRecorder",
+    "context_of",
+    "derivable_id",
+    "derived_traceparent",
+    "format_traceparent",
+    "match_traceparent",
+    "new_traceparent",
+    "next_trace_sequence",
+    "position_of_handle",
+    "recorder_for",
+    "stored_context",
+    "trace_id_of",
+    "traceparent_of",
+    "valid_traceparent",
+]
 
 log = logging.getLogger("messaging_processor.tracing")
 
-TRACEPARENT = "traceparent"  # a client's W3C trace context, delivered as sent
-GATEWAY_TRACEPARENT = "__TRACEPARENT"  # one this gateway made (non-hex id, shared copies): never delivered
-TRACE_TOPIC = "%TRACE%"
-TRACE_KEY_PREFIX = "trace:"  # + trace id: the messages of a trace (a client's trace id)
-SEQUENCE_KEY_PREFIX = "trace-seq:"  # + the first 29 hex digits of a trace id this gateway made
-POSITION_KEY_PREFIX = "trace-pos:"  # + <topic>/<queue>/<offset >> 8>: events named by a receipt handle
-CLO_KEY_PREFIX = "trace-clo:"  # + <commit log offset >> 16>: the events of the messages stored there
-MESSAGE_KEY_PREFIX = "trace-msg:"  # + message id: events known only by message id
-_CLO_BITS = 16
 EVENTS = (
     "received",
     "stored",
@@ -94,79 +125,9 @@ PULLED_FIELDS = operator.attrgetter(
 TAILED_FIELDS = operator.attrgetter(
     "topic", "queue_id", "queue_offset", "commitlog_offset", "properties", "message_id"
 )
-# C-level callables, so that the processor's hot path enters no Python frame of this module:
-match_traceparent = re.compile(
-    r"(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}"
-).fullmatch  # (the length is checked first: 55)
-# A traceparent this process makes: trace id = a random 64-bit prefix (per process) and a 64-bit
-# sequence number, span id = the sequence number; flags 01 (sampled). Unique without a random draw
-# per message, and indexable in buckets of 4096 (`SEQUENCE_KEY_PREFIX`) instead of one key each.
-TRACE_ID_PREFIX = f"{getrandbits(64) | 1 << 63:016x}"
-next_trace_sequence = itertools.count(1).__next__
-format_traceparent = ("00-" + TRACE_ID_PREFIX + "{0:016x}-{0:016x}-01").format  # (sequence number)
-# A message id a traceparent can be derived from: its last 32 characters hex (store-made ids, 4.x
-# UNIQ_KEYs and RocketMQ 5 client ids are), the last 16 of them not all zero.
-derivable_id = re.compile(r"[0-9A-Fa-f]{16}(?!0{16})[0-9A-Fa-f]{16}").fullmatch  # (of id[-32:])
-
-# An event row: [event, time ms, protocol, client id, user, group, queue id, offset, attempt, detail,
-# message id, traceparent, topic, commit log offset] (None where unknown)
-Row = list[Any]
 
 
-def valid_traceparent(value: str | None) -> bool:
-    """Whether `value` is a W3C traceparent we keep (version 00 layout, non-zero ids)."""
-    return value is not None and len(value) == 55 and match_traceparent(value) is not None
-
-
-def new_traceparent() -> str:
-    """A new sampled traceparent of this process (see `format_traceparent`)."""
-    return format_traceparent(next_trace_sequence())
-
-
-def derived_traceparent(message_id: str) -> str | None:
-    """The traceparent of a message stored without one: from its id (None: the id is not hex)."""
-    t = message_id[-32:]
-    if derivable_id(t) is None:
-        return None
-    t = t.lower()
-    return f"00-{t}-{t[16:]}-01"
-
-
-def stored_context(props: dict[str, str]) -> str | None:
-    """The trace context a message's properties hold: the client's valid `traceparent`, else the one
-    this gateway made (`__TRACEPARENT`); None: it is derived from the message id."""
-    tp = props.get(TRACEPARENT)
-    if tp is not None and len(tp) == 55 and match_traceparent(tp) is not None:
-        return tp
-    return props.get(GATEWAY_TRACEPARENT)
-
-
-def context_of(props: dict[str, str], message_id: str) -> str | None:
-    """The trace context of a message with these properties and id: `stored_context`, else the one
-    derived from its id (None: the id is not hex and nothing was stored)."""
-    tp = stored_context(props)
-    return derived_traceparent(message_id) if tp is None else tp
-
-
-def traceparent_of(message: Message) -> str | None:
-    """The trace context of a stored message (`context_of`): for the trace record and its export,
-    never for a delivery (a consumer gets only the `traceparent` property a client sent)."""
-    return context_of(message.properties, message.message_id)
-
-
-def trace_id_of(traceparent: str) -> str:
-    """The 32 hex digit trace id of a (valid) traceparent."""
-    return traceparent[3:35]
-
-
-def position_of_handle(handle: str) -> str | None:
-    """The position `<topic>/<queue>/<offset>` a receipt handle points at (store/popping.py
-    `encode_handle`: `seq qid offset topic group`, in CLUSTER mode prefixed by `<node>@`)."""
-    where = _position_of_handle(handle)
-    return None if where is None else f"{where[0]}/{where[1]}/{where[2]}"
-
-
-class TraceRecorder:
+class TraceRecorder(TraceQueries):
     """Buffers lifecycle events and writes them to `%TRACE%`; answers trace queries.
 
     `append_many`, `create_topic`, `get_topic`, `get_by_id` and `get_by_key` are the StoreClient's
@@ -344,13 +305,13 @@ class TraceRecorder:
                         if len(self._nacked) >= _MAX_HANDLES:
                             self._nacked.clear()
                         self._nacked.add(clo)
-                    group = _group_of_handle(handle)
+                    group = handle_group(handle)
                     head = (event, ctx, group)
                     if acks is None or head != last_h:
                         acks, last_h = [], head
                         add((["H", event, proto, client, user, group, acks], set()))
                     acks.append((clo, t, detail))
-                    out[-1][1].add(CLO_KEY_PREFIX + str(clo >> _CLO_BITS))
+                    out[-1][1].add(CLO_KEY_PREFIX + str(clo >> CLO_BITS))
                     if expand:
                         full.append([event, t, proto, client, user, group, qid, off, None, detail, mid,
                                      tp or derived_traceparent(mid), topic, clo])  # fmt: skip
@@ -392,7 +353,7 @@ class TraceRecorder:
                     runs[-1][1] = max(runs[-1][1], end)
                 else:
                     runs.append([clo, end])
-        bits = _CLO_BITS
+        bits = CLO_BITS
         keys = {CLO_KEY_PREFIX + str(b) for a, z in runs for b in range(a >> bits, ((z - 1) >> bits) + 1)}
         tagged = []
         for i, tp in explicit or ():
@@ -404,7 +365,7 @@ class TraceRecorder:
             tps = dict(explicit or ())
             for i, res in enumerate(results):  # (the others' contexts derive from their ids)
                 tp = tps.get(i) or derived_traceparent(res[0])
-                full += _send_events(t, proto, client, user, res, tp)
+                full += send_events(t, proto, client, user, res, tp)
 
     def _delivered_row(
         self, out: list, full: list[Row] | None, t: int, proto: str, client: str, user: str | None,
@@ -419,7 +380,7 @@ class TraceRecorder:
                 redelivery = "retried" if clo in nacked else "expired"
                 nacked.discard(clo)
             items.append((clo, reconsumed + 1, redelivery))
-            keys.add(CLO_KEY_PREFIX + str(clo >> _CLO_BITS))
+            keys.add(CLO_KEY_PREFIX + str(clo >> CLO_BITS))
             tp = None if full is None else context_of(props, mid)  # (only the exporters need it)
             if len(handles) >= _MAX_HANDLES:
                 del handles[next(iter(handles))]
@@ -437,7 +398,7 @@ class TraceRecorder:
         group: str, topic: str, qid: int, read: Sequence[tuple],
     ) -> None:  # fmt: skip
         items = [(r[1], r[2] + 1, None) for r in read]  # (PULLED_FIELDS)
-        keys = {CLO_KEY_PREFIX + str(r[1] >> _CLO_BITS) for r in read}
+        keys = {CLO_KEY_PREFIX + str(r[1] >> CLO_BITS) for r in read}
         out.append((("D", t, proto, client, user, group, items), keys))
         key = (group, topic, qid)
         pulled = self._pulled.pop(key, None) or {}
@@ -461,7 +422,7 @@ class TraceRecorder:
         group: str, read: Sequence[tuple],
     ) -> None:  # fmt: skip
         clos = [r[3] for r in read]  # (TAILED_FIELDS)
-        keys = {CLO_KEY_PREFIX + str(clo >> _CLO_BITS) for clo in clos}
+        keys = {CLO_KEY_PREFIX + str(clo >> CLO_BITS) for clo in clos}
         out.append((("D", t, proto, client, user, group, [(clo, 1, None) for clo in clos]), keys))
         out.append((("H", "acked", proto, client, user, group, [(clo, t, None) for clo in clos]), set(keys)))
         if full is not None:
@@ -492,7 +453,7 @@ class TraceRecorder:
             else:
                 clo = v
             items.append((clo, t, "offset committed"))
-        keys = {CLO_KEY_PREFIX + str(clo >> _CLO_BITS) for clo, _t, _d in items}
+        keys = {CLO_KEY_PREFIX + str(clo >> CLO_BITS) for clo, _t, _d in items}
         out.append((("H", "acked", proto, client, user, group, items), keys))
 
     @staticmethod
@@ -502,11 +463,11 @@ class TraceRecorder:
     ) -> None:  # fmt: skip
         """An event on a delivery this recorder did not see (popped before a restart, or through
         another proxy): the handle names the message's position."""
-        where = _position_of_handle(handle)
+        where = handle_position(handle)
         if where is None:
             return
         topic, qid, off = where
-        row = (event, t, proto, client, user, _group_of_handle(handle), qid, off, None, detail, None, None,
+        row = (event, t, proto, client, user, handle_group(handle), qid, off, None, detail, None, None,
                topic, None)  # fmt: skip
         out.append((row, (f"{POSITION_KEY_PREFIX}{topic}/{qid}/{off >> 8}",)))
         if full is not None:  # (its message and context are looked up before the export: `_known`)
@@ -572,158 +533,6 @@ class TraceRecorder:
             self.dropped += len(records)
             self._topic_ready = False  # (deleted by an operator? made again by the next flush)
             raise
-
-    # ------------------------------------------------------------------ queries
-    async def _rows_by_key(self, key: str) -> list[list]:
-        if self._get_by_key is None:
-            return []
-        out: list[list] = []
-        for rec in await self._get_by_key(key):
-            if rec.topic == TRACE_TOPIC:
-                out.extend(orjson.loads(rec.body))
-        return out
-
-    async def _rows_of(self, m: Message) -> list[list]:
-        """The events (Rows) of the stored message `m`."""
-        mid, clo, topic, qid, off = m.message_id, m.commitlog_offset, m.topic, m.queue_id, m.queue_offset
-        tp = traceparent_of(m)
-
-        def row(event: str, t: int, who: list, group: Any = None, at: bool = True, attempt: Any = None,
-                detail: Any = None) -> Row:  # fmt: skip
-            # `who`: [protocol, client id, user]; `at`: with the message's queue and offset
-            return [event, t, *who, group, qid if at else None, off if at else None, attempt, detail, mid, tp,
-                    topic, clo]  # fmt: skip
-
-        out: list[list] = []
-        for r in await self._rows_by_key(CLO_KEY_PREFIX + str(clo >> _CLO_BITS)):
-            tag = r[0]
-            if tag == "R":
-                if any(a <= clo < z for a, z in r[5]):
-                    stored_at = m.store_timestamp or r[1]
-                    out.append(row("received", min(r[1], stored_at), r[2:5], at=False))
-                    out.append(row("stored", stored_at, r[2:5]))
-            elif tag == "D":
-                for c, attempt, redelivery in r[6]:
-                    if c == clo:
-                        if redelivery:
-                            out.append(row(redelivery, r[1], r[2:5], r[5], attempt=attempt - 1))
-                        out.append(row("delivered", r[1], r[2:5], r[5], attempt=attempt))
-            elif tag == "H":
-                out += [row(r[1], t, r[2:5], r[5], detail=detail) for c, t, detail in r[6] if c == clo]
-            elif tag == "S":  # (the older send row: one result and traceparent per message)
-                for res, rtp in zip(r[5], r[6], strict=False):
-                    if res[0] == mid and res[4] == clo:
-                        out += _send_events(r[1], r[2], r[3], r[4], res, rtp or tp)
-            elif r[13] == clo:
-                out.append(r)
-        where = [topic, qid, off]
-        for r in await self._rows_by_key(f"{POSITION_KEY_PREFIX}{topic}/{qid}/{off >> 8}"):
-            if len(r) == 14 and r[13] is None and [r[12], r[6], r[7]] == where:
-                out.append(r)
-        return out
-
-    async def trace(self, message_id: str) -> dict[str, Any] | None:
-        """The trace of a message (the admin API's JSON), None when nothing is known of it."""
-        rows = [
-            r
-            for r in await self._rows_by_key(MESSAGE_KEY_PREFIX + message_id)
-            if len(r) == 14 and r[10] == message_id and r[12] is None  # (known only by id)
-        ]
-        msg = None
-        for m in await self._get_by_id(message_id):
-            if m.message_id == message_id and not m.topic.startswith("%"):
-                rows += await self._rows_of(m)
-                msg = m
-        return _trace_json(message_id, rows, msg)
-
-    async def traces_of_trace_id(self, trace_id: str) -> list[dict[str, Any]]:
-        """The traces of every message of a trace id: those stored with it (their send rows are
-        keyed by it), and the message whose id it was derived from."""
-        tid = trace_id.lower()
-        ids: dict[str, None] = {}
-        for key in (TRACE_KEY_PREFIX + tid, SEQUENCE_KEY_PREFIX + tid[:29]):
-            for r in await self._rows_by_key(key):
-                if r[0] == "R":
-                    ids.update((mid, None) for mid, tp in r[6] if tp[3:35] == tid)
-                elif r[0] == "S":
-                    ids.update((res[0], None) for res, tp in zip(r[5], r[6], strict=False) if tp[3:35] == tid)
-        if len(tid) == 32 and derivable_id(tid) is not None:
-            for mid in (tid.upper(), "01" + tid.upper(), tid, "01" + tid):  # (store-made, RocketMQ 5 clients)
-                for m in await self._get_by_id(mid):
-                    if m.message_id == mid and not m.topic.startswith("%") and traceparent_of(m)[3:35] == tid:
-                        ids[mid] = None
-        return [t for mid in ids if (t := await self.trace(mid)) is not None]
-
-    async def traces_of_key(self, key: str) -> list[dict[str, Any]]:
-        """The traces of the messages whose key is `key` (the store's key index)."""
-        if self._get_by_key is None:
-            return []
-        ids = dict.fromkeys(m.message_id for m in await self._get_by_key(key) if not m.topic.startswith("%"))
-        return [t for mid in ids if (t := await self.trace(mid)) is not None]
-
-
-def _send_events(t_in: int, proto: str, client: str, user: str | None, res: Any, tp: str | None) -> list[Row]:
-    """The received and stored events (Rows) of one message of a send (`res`: its AppendResult)."""
-    mid, topic, qid, off, clo, _size, at = res
-    at = at or t_in
-    return [
-        ["received", min(t_in, at), proto, client, user, None, None, None, None, None, mid, tp, topic, clo],
-        ["stored", at, proto, client, user, None, qid, off, None, None, mid, tp, topic, clo],
-    ]
-
-
-_TIE_RANK = {"received": 0, "stored": 1}
-
-
-def _trace_json(message_id: str, rows: list, msg: Message | None) -> dict[str, Any] | None:
-    if not rows:
-        return None
-    # by time; in one ms received and stored first (a subscriber reading by offset may record its
-    # delivery before the send that is waiting for the fsync records those two), the others in the
-    # order recorded (the sort is stable)
-    rows.sort(key=lambda r: (r[1], _TIE_RANK.get(r[0], 2)))
-    if msg is not None:
-        tp, topic = traceparent_of(msg) or "", msg.topic
-    else:
-        tp = next((r[11] for r in rows if r[11]), None) or ""
-        topic = next((r[12] for r in rows if r[12]), "")
-    return {
-        "message_id": message_id,
-        "trace_id": trace_id_of(tp) if tp else "",
-        "traceparent": tp,
-        "topic": topic,
-        "events": [_event_json(r) for r in rows],
-    }
-
-
-def _position_of_handle(handle: str) -> tuple[str, int, int] | None:
-    parts = handle.rpartition("@")[2].split(" ", 4)
-    if len(parts) != 5:
-        return None
-    try:
-        return parts[3], int(parts[1]), int(parts[2])
-    except ValueError:
-        return None
-
-
-def _group_of_handle(handle: str) -> str | None:
-    parts = handle.rpartition("@")[2].split(" ", 4)
-    return parts[4] if len(parts) == 5 else None
-
-
-def _event_json(r: Row) -> dict[str, Any]:
-    return {
-        "event": r[0],
-        "time": r[1],
-        "protocol": r[2],
-        "client_id": r[3] or "",
-        "user": r[4],
-        "group": r[5],
-        "queue_id": r[6],
-        "offset": r[7],
-        "attempt": r[8],
-        "detail": r[9],
-    }
 
 
 def recorder_for(store: Any, retention_ms: int) -> TraceRecorder:

@@ -32,7 +32,7 @@ import time
 from typing import Any
 
 from messaging_processor import Message
-from messaging_processor.tracing import TRACEPARENT
+from messaging_processor.trace_context import TRACEPARENT
 
 from .codec import BasicProperties, Timestamp, decode_properties, encode_properties
 

@@ -36,7 +36,7 @@ import contextlib
 from datetime import UTC, datetime
 
 from messaging_processor import Message
-from messaging_processor.tracing import TRACEPARENT
+from messaging_processor.trace_context import TRACEPARENT
 
 from .event import SPECVERSION, AttrValue, Event, is_json_type
 

@@ -25,7 +25,7 @@ from adapters.grpc.codes import Code
 from adapters.grpc.generated import definition_pb2 as d
 from messaging_processor import Delivery, ErrorKind, Identity, Message, MessageType, ProcessorError
 from messaging_processor.properties import P_USER_PROPERTIES, user_property_pairs
-from messaging_processor.tracing import GATEWAY_TRACEPARENT, TRACEPARENT
+from messaging_processor.trace_context import GATEWAY_TRACEPARENT, TRACEPARENT
 
 Timestamp = timestamp_pb2.Timestamp
 Duration = duration_pb2.Duration

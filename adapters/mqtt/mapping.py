@@ -36,7 +36,7 @@ import json
 import time
 
 from messaging_processor import Message
-from messaging_processor.tracing import TRACEPARENT
+from messaging_processor.trace_context import TRACEPARENT
 
 from .codec import PropertyId
 

@@ -19,7 +19,7 @@ from adapters.remoting import message_codec as wm
 from adapters.remoting.message_codec import MessageExt
 from messaging_processor import Message, MessageType
 from messaging_processor.properties import P_USER_PROPERTIES, user_property_pairs
-from messaging_processor.tracing import GATEWAY_TRACEPARENT
+from messaging_processor.trace_context import GATEWAY_TRACEPARENT
 from remoting import parse_host_port
 from remoting.codes import SYSFLAG_TRANSACTION_MASK, SYSFLAG_TRANSACTION_PREPARED
 

@@ -293,13 +293,13 @@ def test_events_of_one_ms_put_received_and_stored_first() -> None:
     """A subscriber reading by offset sees a record once it is written, before its fsync: its
     delivery can be recorded before the send records received + stored, in the same ms. The trace
     still starts with received, stored (CI saw the other order once)."""
-    from messaging_processor.tracing import _send_events, _trace_json
+    from messaging_processor.trace_queries import _trace_json, send_events
 
     mid, ms = "AB" * 16, 1_700_000_000_000
     res = (mid, "t", 0, 7, 4096, 100, ms)  # (AppendResult's fields)
     delivered = ["delivered", ms, "mqtt", "sub", None, "g", 0, 7, 1, None, mid, TP, "t", 4096]
     acked = ["acked", ms, "mqtt", "sub", None, "g", 0, 7, None, None, mid, TP, "t", 4096]
-    rows = [delivered, acked, *_send_events(ms, "http", "pub", None, res, TP)]  # in the order recorded
+    rows = [delivered, acked, *send_events(ms, "http", "pub", None, res, TP)]  # in the order recorded
     t = _trace_json(mid, rows, None)
     assert t is not None
     assert [(e["event"], e["protocol"]) for e in t["events"]] == [
