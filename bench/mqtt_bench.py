@@ -56,7 +56,7 @@ packets; this process is pinned there too) measures, in this order:
 
 8. Message trace (`--trace-rounds N`, default 3; `--quick`: 1): phase 3 again on fresh gateways per
    round, one with tracing off (`--trace-retention 0`) and one with it on (the default, 24h: every
-   message gets a traceparent, and its received/stored/delivered/acked events go to `%TRACE%`), the
+   message is traced, and its received/stored/delivered/acked events go to `%TRACE%`), the
    order alternating. `qos1_trace_ratio` is the median of on / off QoS 1 throughput (target >= 0.9).
 
 9. Fixed rate (phase `fixed`, in the default `--phases`; it adds about 30 s to a run of the three

@@ -2,9 +2,11 @@
 
 The TraceRecorder (messaging_processor/tracing.py) hands every flushed batch of events to
 `OtlpExport.export`; each event becomes one span in the message's own trace (trace id and parent
-span id from its `traceparent`), so a Jaeger or Tempo that already has the producer's and the
-consumer's spans shows the gateway hop between them. The OpenTelemetry SDK's BatchSpanProcessor
-sends them over OTLP/HTTP (protobuf) from its own thread: the event loop only builds spans.
+span id from its trace context: the `traceparent` its client sent, else the one derived from its id
+or made by the gateway, which no consumer is given), so a Jaeger or Tempo that already has the
+producer's and the consumer's spans shows the gateway hop between them. The OpenTelemetry SDK's
+BatchSpanProcessor sends them over OTLP/HTTP (protobuf) from its own thread: the event loop only
+builds spans.
 
 The SDK rather than hand-written OTLP: it is the reference encoder and exporter (batching, retries,
 the protobuf schema), and a user's collector expects exactly what it sends."""
@@ -47,7 +49,7 @@ class OtlpExport:
         else:
             self.provider.add_span_processor(SimpleSpanProcessor(exporter))
         self.tracer = self.provider.get_tracer("msg-gateway.message-trace")
-        self.skipped = 0  # events without a (valid) traceparent
+        self.skipped = 0  # events without a trace context (a message gone before its event was exported)
 
     def export(self, rows: Sequence[list[Any]]) -> None:
         """One span per event row (messaging_processor/tracing.py `Row`)."""

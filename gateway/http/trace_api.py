@@ -43,7 +43,8 @@ class TraceEvent(BaseModel):
 
 
 class MessageTrace(BaseModel):
-    """The lifecycle of one message, events by time."""
+    """The lifecycle of one message, events by time. `traceparent` / `trace_id`: its trace context,
+    the one its client sent or the one the gateway derived from its id or made (never delivered)."""
 
     message_id: str
     trace_id: str
