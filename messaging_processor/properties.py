@@ -5,6 +5,12 @@
 for MQTT 5 User Properties. The AMQP exchanges write it for the headers of a publish. Consumers of
 other protocols read it as their own user properties or headers.
 
+A message without it (a RocketMQ producer's: its user properties are store properties of their
+own) has as application properties, in their stored order, its store properties but the gateway's
+(`application_pairs`): those of the protocol mappings (`mqtt.*`, `amqp.*`, `ce.*`), the internal
+ones (`__*`) and the RocketMQ system properties the store and the processor keep among them. A
+client's `traceparent` is an application property like any other.
+
 `mqtt.topic` holds a message's MQTT-style path. The store keeps `path_hash(path)` as the consume
 queue hash of an untagged message, so a `Filter.skip` can pass over the paths a consumer rejects.
 """
@@ -18,7 +24,29 @@ from store.message import PATH_PROPERTY, path_hash
 P_USER_PROPERTIES = "mqtt.user_properties"
 P_PATH = PATH_PROPERTY  # `mqtt.topic`: the MQTT-style path; an untagged message's entry hash is its hash
 
-__all__ = ["P_PATH", "P_USER_PROPERTIES", "path_hash", "user_property_pairs"]
+# not application properties (`application_pairs`)
+_OWN_PREFIXES = ("mqtt.", "amqp.", "ce.", "__")
+_SYSTEM = frozenset(
+    {
+        "TRANSACTION_CHECK_TIMES",
+        "CHECK_IMMUNITY_TIME_IN_SECONDS",
+        "ORIGIN_TOPIC",
+        "ORIGIN_MESSAGE_ID",
+        "ORIGIN_QUEUE_ID",
+        "ORIGIN_QUEUE_OFFSET",
+        "RECONSUME_TIMES",
+        "DLQ_REASON",
+        "RETRY_TOPIC",
+    }
+)
+
+__all__ = ["P_PATH", "P_USER_PROPERTIES", "application_pairs", "path_hash", "user_property_pairs"]
+
+
+def application_pairs(props: dict[str, str]) -> list[tuple[str, str]]:
+    """The application properties of a message stored without `mqtt.user_properties`, in order
+    (see the module docstring)."""
+    return [(k, v) for k, v in props.items() if k not in _SYSTEM and not k.startswith(_OWN_PREFIXES)]
 
 
 def user_property_pairs(props: dict[str, str]) -> list[tuple[str, str]]:

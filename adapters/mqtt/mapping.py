@@ -25,8 +25,9 @@ share a store topic; delivery matches the full path, so subscribers never see th
 
 A message that entered through another protocol (no `mqtt.topic`) is presented with topic path
 `<store topic>` or `<store topic>/<tag>` when it has a tag, QoS 1 (capped by the subscription), and
-the `traceparent` its client sent as a User Property. No trace context the gateway derived or made
-is ever added.
+its application properties as User Properties (a RocketMQ producer's user properties, the
+`traceparent` its client sent: messaging_processor/properties.py `application_pairs`). No trace
+context the gateway derived or made is ever added.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import json
 import time
 
 from messaging_processor import Message
+from messaging_processor.properties import application_pairs
 from messaging_processor.trace_context import TRACEPARENT
 
 from .codec import PropertyId
@@ -149,13 +151,13 @@ def v5_properties(msg: Message, now_ms: int | None = None) -> dict | None:
         now = int(time.time() * 1000) if now_ms is None else now_ms
         out[PropertyId.MESSAGE_EXPIRY_INTERVAL] = max(0, (int(v) - now + 999) // 1000)
     v = sp.get(P_USER)
-    if v is not None:
+    if v is not None:  # (MQTT's own, or an AMQP publish's headers: a client's traceparent among them)
         out[PropertyId.USER_PROPERTY] = pairs = [tuple(kv) for kv in json.loads(v)]
-    else:
-        pairs = None
-    v = sp.get(TRACEPARENT)  # a client's (of another protocol: MQTT's own is among the pairs)
-    if v is not None and (pairs is None or all(kv[0] != TRACEPARENT for kv in pairs)):
-        out.setdefault(PropertyId.USER_PROPERTY, []).append((TRACEPARENT, v))
+        v = sp.get(TRACEPARENT)
+        if v is not None and all(kv[0] != TRACEPARENT for kv in pairs):  # (an AMQP byte-string one)
+            pairs.append((TRACEPARENT, v))
+    elif P_TOPIC not in sp and (pairs := application_pairs(sp)):  # a message of another protocol
+        out[PropertyId.USER_PROPERTY] = pairs
     return out or None
 
 
