@@ -20,7 +20,7 @@ from typing import Any
 from remoting import RemotingCommand, ResponseCode, parse_host_port
 from remoting.client import UNIX_PREFIX, RemotingClient, RemotingClientError
 from remoting.cluster_auth import ClusterAuth
-from store import Message, StoreError
+from store import Message, NotReplicated, StoreError
 
 from . import store_wire as w
 
@@ -183,7 +183,8 @@ class AppendBatcher:
 
     A request holds one topic, so the node refuses all of it or none (a missing topic, a closed
     store); a send naming its queues goes alone (a bad queue id is found mid-placement). A refused
-    request is retried send by send so each caller gets its own answer."""
+    request is retried send by send so each caller gets its own answer; one the node wrote but its
+    replicas did not acknowledge in time (`NotReplicated`) is not sent again."""
 
     def __init__(self, node: NodeClient, timeout: float, max_inflight: int = 2, max_batch: int = 256) -> None:
         self.node = node
@@ -228,9 +229,10 @@ class AppendBatcher:
                         f.set_exception(e)
                 return
             except Exception as e:  # noqa: BLE001 - refused as a whole: answer each on its own
-                if len(batch) == 1:
-                    if not batch[0][2].done():
-                        batch[0][2].set_exception(e)
+                if len(batch) == 1 or isinstance(e, NotReplicated):  # (written: never sent again)
+                    for _, _, f in batch:
+                        if not f.done():
+                            f.set_exception(e)
                     return
                 for ms, _, f in batch:
                     try:

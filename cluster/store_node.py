@@ -215,11 +215,7 @@ class StoreNode:
                 end = max(r[4] + r[5] for r in result)  # commit log offset + size of each record
                 c = self.config
                 if not await self.replication.wait_replicated(end, c.replication_timeout_s):
-                    return cmd.response(
-                        ResponseCode.SYSTEM_ERROR,
-                        f"not replicated to the SyncStateSet within {c.replication_timeout_s:g} s",
-                        {"error": "StoreError"},
-                    )
+                    return self._not_replicated(cmd)
         if self.state_feed is not None and (name in KV_WRITES or name in CATALOG_WRITES):
             refused = await self._replicate_state(cmd, name)
             if refused is not None:
@@ -248,10 +244,15 @@ class StoreNode:
         with primary.waiting(lambda: feed.missing(seq, primary.required)):
             if await feed.wait_replicated(seq, primary.required, c.replication_timeout_s, c.min_insync):
                 return None
+        return self._not_replicated(cmd)
+
+    def _not_replicated(self, cmd: RemotingCommand) -> RemotingCommand:
+        """The answer to a write done here that the SyncStateSet did not acknowledge in time."""
         return cmd.response(
             ResponseCode.SYSTEM_ERROR,
-            f"not replicated to the SyncStateSet within {c.replication_timeout_s:g} s",
-            {"error": "StoreError"},
+            f"stored on the primary but not replicated to the SyncStateSet within"
+            f" {self.config.replication_timeout_s:g} s",
+            {"error": "NotReplicated"},
         )
 
     def _refuse_unreplicated(self, cmd: RemotingCommand) -> RemotingCommand | None:

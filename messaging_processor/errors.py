@@ -12,6 +12,7 @@ from store import (
     GroupNotFound,
     InvalidReceiptHandle,
     MessageTooLarge,
+    NotReplicated,
     StoreError,
     StoreFullError,
     TopicNotFound,
@@ -48,7 +49,10 @@ class ErrorKind(enum.Enum):
     TRANSACTION_NOT_FOUND = "transaction_not_found"
     TOO_MANY_REQUESTS = "too_many_requests"
     STORE_FULL = "store_full"  # the store refuses writes (disk full); retry later
-    UNAVAILABLE = "unavailable"  # shutting down, store unreachable
+    UNAVAILABLE = "unavailable"  # shutting down, store unreachable, too few in-sync replicas
+    # stored by a replica group's primary, not acknowledged by its in-sync replicas in time: a
+    # retry may store it twice
+    NOT_REPLICATED = "not_replicated"
     UNSUPPORTED = "unsupported"
     INTERNAL = "internal"
 
@@ -84,6 +88,8 @@ def store_error(exc: BaseException) -> ProcessorError:
         return ProcessorError(ErrorKind.TRANSACTION_NOT_FOUND, f"transaction {exc} not found or resolved")
     if isinstance(exc, StoreFullError):
         return ProcessorError(ErrorKind.STORE_FULL, f"the store refuses writes: {exc}")
+    if isinstance(exc, NotReplicated):
+        return ProcessorError(ErrorKind.NOT_REPLICATED, str(exc))
     if isinstance(exc, StoreError):
         return ProcessorError(ErrorKind.UNAVAILABLE, str(exc))
     if isinstance(exc, ValueError):

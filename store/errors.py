@@ -27,6 +27,12 @@ class TransactionNotFound(StoreError):
     pass
 
 
+class NotReplicated(StoreError):
+    """A write the primary of a replica group made but its in-sync replicas did not acknowledge
+    within the replication timeout: stored on the primary, not yet safe (a retry may store a
+    message twice)."""
+
+
 class TieredRangeNotCached(StoreError):
     """A read below the local commit log range whose bytes are in object storage but not in the
     local cache: `await Store.fetch_tiered(exc)` and read again. Not a KeyError on purpose: the

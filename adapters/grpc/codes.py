@@ -53,6 +53,9 @@ KIND_TO_CODE: dict[ErrorKind, int] = {
     # failed non-transactional send at once, this one included; TOO_MANY_REQUESTS they resend after
     # a backoff (the Python client not at all), so it stays the code of flow control only.
     ErrorKind.UNAVAILABLE: Code.HA_NOT_AVAILABLE,
+    # Stored by the primary, not acknowledged by its in-sync replicas in time: the Apache proxy's
+    # code for a broker's FLUSH_SLAVE_TIMEOUT, resent at once by the official clients as well.
+    ErrorKind.NOT_REPLICATED: Code.SLAVE_PERSISTENCE_TIMEOUT,
     ErrorKind.UNSUPPORTED: Code.UNSUPPORTED,
     ErrorKind.INTERNAL: Code.INTERNAL_SERVER_ERROR,
 }

@@ -86,6 +86,7 @@ _MESSAGE_TYPES = (d.NORMAL, d.FIFO, d.DELAY, d.TRANSACTION)
 _REFUSED_BEFORE_STORE = frozenset(ErrorKind) - {
     ErrorKind.STORE_FULL,
     ErrorKind.UNAVAILABLE,
+    ErrorKind.NOT_REPLICATED,
     ErrorKind.INTERNAL,
     ErrorKind.TOO_MANY_REQUESTS,
 }

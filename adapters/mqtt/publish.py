@@ -127,6 +127,11 @@ class Publisher:
             step = p.limits.max_batch
             for i in range(0, len(msgs), step):
                 await p.send(ctx, msgs[i : i + step], auto_create=True, receipts=False)
+        except ProcessorError as e:
+            if e.kind is not ErrorKind.NOT_REPLICATED:
+                return [await self.publish(ctx, m, False) for m in msgs]
+            # stored, not yet replicated: refused (the client may resend), never stored again here
+            return [_ERROR_REASON.get(e.kind, ReasonCode.UNSPECIFIED_ERROR)] * len(msgs)
         except Exception:  # noqa: BLE001 - answered per message below
             return [await self.publish(ctx, m, False) for m in msgs]
         return [0] * len(msgs)

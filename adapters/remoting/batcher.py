@@ -22,8 +22,11 @@ from messaging_processor import (
 
 log = logging.getLogger("adapters.remoting")
 
-# Failures that are the same for every message of a group: no point in retrying one by one.
-_SHARED = frozenset({ErrorKind.UNAVAILABLE, ErrorKind.STORE_FULL, ErrorKind.INTERNAL})
+# Failures that are the same for every message of a group: no point in retrying one by one (and a
+# group the store wrote but did not replicate in time must not be written again).
+_SHARED = frozenset(
+    {ErrorKind.UNAVAILABLE, ErrorKind.NOT_REPLICATED, ErrorKind.STORE_FULL, ErrorKind.INTERNAL}
+)
 Item = tuple[ClientContext, Message, asyncio.Future[SendReceipt]]
 
 

@@ -33,6 +33,10 @@ KIND_CODES: dict[ErrorKind, int] = {
     ErrorKind.TOO_MANY_REQUESTS: R.SYSTEM_BUSY,
     ErrorKind.STORE_FULL: R.SERVICE_NOT_AVAILABLE,
     ErrorKind.UNAVAILABLE: R.SERVICE_NOT_AVAILABLE,
+    # (stored on the primary: the broker's FLUSH_SLAVE_TIMEOUT is a send result with its header,
+    # which a refusal has none of; SYSTEM_ERROR is a code 4.x producers resend, as the broker's
+    # IN_SYNC_REPLICAS_NOT_ENOUGH)
+    ErrorKind.NOT_REPLICATED: R.SYSTEM_ERROR,
     ErrorKind.UNSUPPORTED: R.SYSTEM_ERROR,
     ErrorKind.INTERNAL: R.SYSTEM_ERROR,
 }

@@ -36,6 +36,7 @@ STATUS_BY_KIND: dict[ErrorKind, int] = {
     ErrorKind.TOO_MANY_REQUESTS: 429,
     ErrorKind.STORE_FULL: 503,
     ErrorKind.UNAVAILABLE: 503,
+    ErrorKind.NOT_REPLICATED: 503,
     ErrorKind.UNSUPPORTED: 501,
     ErrorKind.INTERNAL: 500,
 }

@@ -341,6 +341,9 @@ async def test_a_paused_replica_stops_acknowledgements_and_etcd_is_needed_only_f
         proc = c.stores[replica][0].p
         proc.send_signal(signal.SIGSTOP)
         try:
+            # in flight at the pause: written, the set cannot shrink below min-insync, so after the
+            # replication timeout RocketMQ's "slave persistence timeout" (stored on the primary)
+            assert await _send_code(listeners, b"in flight") == d.SLAVE_PERSISTENCE_TIMEOUT
             await until(lambda: _set_is(etcd.endpoint, {state.primary}), 15, "the paused replica out")
             codes = [await _send_code(listeners, f"alone-{i}".encode()) for i in range(3)]
             # min-insync 2 with one node in sync: never acknowledged, refused before it is written

@@ -1,7 +1,7 @@
 """A replica paused under load (docs/cluster.md, "Replica groups"): a real etcd, a name server,
 three `gateway store --group g1` nodes (sync replication, `--min-insync 2`) and a proxy. One
 replica is paused with SIGSTOP while the official RocketMQ Python client (its own retries and 3 s
-request timeout), the project's raw gRPC stub and MQTT 3.1.1 and 5 publishers (aiomqtt) send: no
+request timeout), the project's raw gRPC stub and MQTT 3.1.1 (aiomqtt) and 5.0 (paho) publishers send: no
 send is refused, no MQTT connection is closed, no message is stored twice and none acknowledged
 is lost; after SIGCONT the replica rejoins the SyncStateSet."""
 
@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import os
 import signal
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
 
-import aiomqtt
 import grpc
+import paho.mqtt.client as paho
 import pytest
 
 from adapters.grpc.generated import definition_pb2 as d
@@ -30,6 +32,8 @@ from tests.cluster.test_replica_group import NODES, Publishers, _in_sync, _set_i
 
 pytestmark = [
     pytest.mark.skipif(etcd_missing(), reason="etcd is not installed (deps/debian-packages.txt)"),
+    # found, not imported: its generated protobuf modules must stay out of this process
+    pytest.mark.skipif(importlib.util.find_spec("rocketmq") is None, reason="no rocketmq-python-client"),
     pytest.mark.timeout(120),
 ]
 OFFICIAL = Path(__file__).with_name("official_publisher.py")
@@ -80,27 +84,45 @@ class Official:
         await self._reader
 
 
-async def mqtt5(pubs: Publishers, failures: list[str]) -> None:
-    """An MQTT 5 QoS 1 publisher: a negative PUBACK or a closed connection is a failure."""
+def paho5(pubs: Publishers, stop: threading.Event, failures: list[str]) -> None:
+    """An MQTT 5 QoS 1 publisher (paho: aiomqtt hides PUBACK reason codes), one PUBLISH at a time:
+    a negative PUBACK or a lost connection is a failure. Runs in a thread until `stop`."""
     host, port = pubs.listeners["mqtt"].rsplit(":", 1)
-    i = 0
-    while not pubs.stop.is_set():
-        try:
-            async with aiomqtt.Client(
-                host, int(port), identifier="dev-5", protocol=aiomqtt.ProtocolVersion.V5, timeout=5
-            ) as c:
-                while not pubs.stop.is_set():
-                    body = f"v{i}".encode()
-                    i += 1  # a new body per attempt: a refused one is never sent again
-                    try:
-                        await c.publish(f"fleet/dev5/t{i}", body, qos=1)
-                        pubs.acked.append(body)
-                    except aiomqtt.MqttCodeError as e:
-                        failures.append(f"{body!r}: {e}")
-                    await asyncio.sleep(0.005)
-        except aiomqtt.MqttError as e:
-            failures.append(f"connection: {e}")
-            await asyncio.sleep(0.2)
+    acked: dict[int, int] = {}
+    answered = threading.Condition()
+
+    def on_publish(client, userdata, mid, rc, props):  # noqa: ANN001, ANN202, ARG001
+        with answered:
+            acked[mid] = rc.value if hasattr(rc, "value") else int(rc)
+            answered.notify_all()
+
+    def on_disconnect(client, userdata, flags, rc, props):  # noqa: ANN001, ANN202, ARG001
+        if not stop.is_set():
+            failures.append(f"disconnected: {rc}")
+
+    c = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="dev-5", protocol=5)
+    c.on_publish, c.on_disconnect = on_publish, on_disconnect
+    c.connect(host, int(port))
+    c.loop_start()
+    try:
+        i = 0
+        while not stop.is_set():
+            body = f"v{i}".encode()
+            i += 1  # a new body per attempt: a refused one is never sent again
+            mid = c.publish(f"fleet/dev5/t{i}", body, qos=1).mid
+            with answered:
+                if not answered.wait_for(lambda: mid in acked, 10):  # noqa: B023
+                    failures.append(f"{body!r}: no PUBACK")
+                    continue
+            rc = acked.pop(mid)
+            if rc:
+                failures.append(f"{body!r}: PUBACK {rc:#x}")
+            else:
+                pubs.acked.append(body)
+            stop.wait(0.005)
+    finally:
+        c.disconnect()
+        c.loop_stop()
 
 
 async def timed_grpc(pubs: Publishers, latencies: list[float], failures: list[str]) -> None:
@@ -154,11 +176,12 @@ async def test_a_paused_replica_refuses_no_send_and_stores_none_twice(tmp_path):
         state = await until(lambda: _in_sync(etcd.endpoint, NODES), 30, "every node in the SyncStateSet")
         pubs = Publishers(listeners)
         official, mqtt5_failures, timed_failures, latencies = Official(), [], [], []
+        paho_stop = threading.Event()
         await official.start(listeners["grpc"])
         tasks = [
             asyncio.create_task(pubs.grpc()),
             asyncio.create_task(pubs.mqtt()),
-            asyncio.create_task(mqtt5(pubs, mqtt5_failures)),
+            asyncio.create_task(asyncio.to_thread(paho5, pubs, paho_stop, mqtt5_failures)),
             asyncio.create_task(timed_grpc(pubs, latencies, timed_failures)),
         ]
 
@@ -185,6 +208,7 @@ async def test_a_paused_replica_refuses_no_send_and_stores_none_twice(tmp_path):
         await until(lambda: _in_sync(etcd.endpoint, NODES), 30, "the paused replica back in")
         await more(50, "sends acknowledged with the three again")
         pubs.stop.set()
+        paho_stop.set()
         await asyncio.gather(*tasks)
         await official.stop()
         assert pubs.failures == 0, f"{pubs.failures} raw gRPC or MQTT 3.1.1 sends failed"
@@ -193,6 +217,7 @@ async def test_a_paused_replica_refuses_no_send_and_stores_none_twice(tmp_path):
         # the sends in flight at the pause waited for the shrink (about 1 s), not the 3 s timeout
         # (nor the official client's 3 s request timeout, after which it would resend)
         assert max(latencies) < 2.5, max(latencies)
+        assert {b[:1] for b in pubs.acked} == {b"g", b"m", b"v", b"t"}  # every publisher got through
         assert not official.failed, official.failed[:5]
         for name in NODES:
             assert c.stores[name][0].stop() == 0
@@ -208,6 +233,8 @@ async def test_a_paused_replica_refuses_no_send_and_stores_none_twice(tmp_path):
             f"longest raw gRPC send {max(latencies):.2f} s"
         )
     finally:
+        if tasks:
+            paho_stop.set()
         for t in tasks:
             t.cancel()
         with contextlib.suppress(Exception):
