@@ -227,3 +227,39 @@ async def test_aio_pika_incoming_message_info_is_exactly_what_was_published(gw):
         assert incoming.body == body
         assert incoming.headers == {"foo": "bar"}
         assert incoming.info() == info
+
+
+async def test_amqp_headers_keep_their_order_to_amqp_and_mqtt_consumers(gw):
+    """pika writes a table in the order of its dict: a `traceparent` between two other headers comes
+    back in its place, to an AMQP consumer (the content header as published) and, through the MQTT
+    exchange, to an MQTT 5 subscriber (as User Properties in that order); one without gets none."""
+    import pika
+
+    headers = {"z": "1", "traceparent": TP["amqp"], "a": "2"}
+    amqp_port = port(gw, "amqp")
+
+    def amqp_round_trip() -> list[dict | None]:
+        params = pika.ConnectionParameters(
+            "127.0.0.1", amqp_port, credentials=pika.PlainCredentials("guest", "guest")
+        )
+        with pika.BlockingConnection(params) as conn:
+            ch = conn.channel()
+            ch.confirm_delivery()
+            ch.queue_declare("ordered", durable=True)
+            ch.basic_publish("", "ordered", b"with", pika.BasicProperties(headers=headers))
+            ch.basic_publish("", "ordered", b"without", pika.BasicProperties(content_type="text/plain"))
+            ch.basic_publish("amq.topic", f"{TOPIC}.pika", b"to-mqtt", pika.BasicProperties(headers=headers))
+            got = []
+            for _ in range(2):
+                _method, props, _body = ch.basic_get("ordered", auto_ack=True)
+                got.append(props.headers)
+            return got
+
+    async with aiomqtt.Client("127.0.0.1", port(gw, "mqtt"), protocol=V5) as sub:
+        await sub.subscribe(f"{TOPIC}/#", qos=1)
+        with_headers, without = await asyncio.to_thread(amqp_round_trip)
+        async with asyncio.timeout(T):
+            m = await anext(sub.messages)
+    assert list(with_headers.items()) == list(headers.items())
+    assert without is None
+    assert (m.payload, m.properties.UserProperty) == (b"to-mqtt", list(headers.items()))
