@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from messaging_processor import ClientContext, MessagingProcessor
+from messaging_processor.trace_context import GATEWAY_TRACEPARENT
 from store import codec
 
 if TYPE_CHECKING:  # pyarrow and numpy are imported on first use: the gateway starts without them
@@ -49,8 +50,9 @@ CHUNK_ROWS = 4096  # rows per record batch
 CHUNK_BYTES = 16 * 1024 * 1024  # about this many record bytes per batch (at least one record)
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 NDJSON = "application/x-ndjson"
-# Store-internal properties of redirected (delayed / half) messages, never shown to readers.
-_INTERNAL_PROPS = frozenset(("__REAL_TOPIC", "__REAL_QID", "TRANSACTION_CHECK_TIMES"))
+# Store-internal properties of redirected (delayed / half) messages and a trace context the gateway
+# made (never the client's), never shown to readers.
+_INTERNAL_PROPS = frozenset(("__REAL_TOPIC", "__REAL_QID", "TRANSACTION_CHECK_TIMES", GATEWAY_TRACEPARENT))
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # Arrow IPC end-of-stream marker
 
 COLUMNS = (

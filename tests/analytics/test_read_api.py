@@ -128,6 +128,19 @@ def test_arrow_rows_match_the_stores_messages(gateway):
         assert int(row["timestamp"].timestamp() * 1000) == rec.store_timestamp
 
 
+def test_a_trace_context_the_gateway_made_is_not_a_readers_property(gateway):
+    topic = topic_name()
+    create(gateway, topic, 1)
+    shared = {
+        "site": "north"
+    }  # one publish's copies share their properties: the gateway gives them a context
+    send(gateway, [Message(topic, b"a", properties=shared), Message(topic, b"b", properties=shared)])
+    assert set(shared) > {"site"}  # (stored with the gateway's own context beside the client's property)
+    table, _ = arrow(gateway, topic, 0)
+    assert [dict(r["properties"]) for r in table.to_pylist()] == [{"site": "north"}] * 2
+    assert table.equals(generic(gateway, topic, 0, 0, 10))
+
+
 def test_jsonl_is_the_same_rows(gateway):
     topic = topic_name()
     create(gateway, topic, 1)
