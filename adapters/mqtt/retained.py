@@ -5,8 +5,11 @@ A retained PUBLISH appends its path's record (body: the payload; properties: the
 properties) before the PUBACK; an empty one appends a tombstone (an empty body), which clears the
 path, as MQTT's empty retained payload does. Compaction (store/compaction.py) drops older records
 of a path in the background, so the topic holds about one record per retained path. On SUBSCRIBE the
-latest records matching the filter are read back (exact path: `latest`; a wildcard filter: every
-path's `latest_items`, matched with `topic_matches`), expired ones left out.
+latest records matching the filter are read back: the filter walks the index of retained paths
+(retained_index.py: path -> queue and offset, built at start from the topic and brought up to date
+with the records appended since, by this proxy or any other, before each use), and only the records
+it finds are read, by position (runs of consecutive offsets in one read); expired ones are left out
+unread. So a `dev/+/state` subscriber costs the retained messages it gets, not all of them.
 
 Earlier versions kept them in the processor's key-value table, namespace `mqtt.retained` (value:
 JSON of the properties, a newline, the payload): `start` moves what is left there into the topic,
@@ -14,17 +17,21 @@ then deletes it from the table; an interrupted move is re-done at the next start
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
-from messaging_processor import Message, MessagingProcessor
+from messaging_processor import ClientContext, Identity, Message, MessagingProcessor
 
-from .codec import topic_matches
-from .mapping import P_TOPIC, expired, store_topic
+from .mapping import P_EXPIRY_AT, P_TOPIC, store_topic
+from .retained_index import Entry, RetainedIndex
 
 RETAINED_TOPIC = "%MQTT_RETAINED%"
 RETAINED_NS = "mqtt.retained"  # the key-value namespace of earlier versions (migrated by `start`)
 MIGRATE_BATCH = 256  # retained messages moved per append (and kv delete)
+CATCH_UP_BATCH = 1024  # records read at a time when bringing the index up to date
+# reads of the retained topic are the proxy's own (the same identity as broker.PROXY_IDENTITY)
+_CTX = ClientContext("mqtt", client_id="$mqtt-retained", identity=Identity("$mqtt-proxy", None, "internal"))
 
 
 def decode_kv_retained(value: bytes) -> tuple[dict[str, str], bytes]:
@@ -39,16 +46,21 @@ def retained_record(path: str, payload: bytes, properties: dict[str, str]) -> Me
 
 
 class Retained:
-    """The retained messages of every path (a compacted topic shared by all proxies)."""
+    """The retained messages of every path (a compacted topic shared by all proxies), indexed."""
 
     def __init__(self, processor: MessagingProcessor, max_messages: int = 0, max_bytes: int = 0) -> None:
         self.processor = processor
         self.max_messages = max_messages  # 0: no cap
         self.max_bytes = max_bytes  # payload bytes, 0: no cap
-        # with a cap: payload size per retained path (read at start; this proxy's view in a cluster)
-        self.sizes: dict[str, int] | None = {} if max_messages or max_bytes else None
-        self.total_bytes = 0
+        self.index = RetainedIndex()
+        self.positions: dict[int, int] = {}  # queue -> next offset the index has not seen
+        self._lock = asyncio.Lock()  # one catch-up at a time
         self._ready = False  # the compacted topic is known to exist
+
+    @property
+    def total_bytes(self) -> int:
+        """Payload bytes of every retained message (as of the index's last catch-up)."""
+        return self.index.total_bytes
 
     async def _ensure_topic(self) -> None:
         # (a read of a missing `%` topic would create it, not compacted: create it first)
@@ -58,15 +70,35 @@ class Retained:
 
     async def start(self) -> None:
         """Create the retained topic if missing, move retained messages still in the key-value
-        table into it, and with a cap count the retained messages kept by earlier runs."""
+        table into it, and index the retained messages kept by earlier runs."""
         await self._ensure_topic()
         await self.migrate()
-        if self.sizes is not None:
-            for m in await self.processor.latest_items(RETAINED_TOPIC):
-                path = m.properties.get(P_TOPIC)
-                if path is not None:
-                    self.sizes[path] = len(m.body)
-                    self.total_bytes += len(m.body)
+        await self.catch_up()
+
+    async def catch_up(self) -> int:
+        """Index the records appended to the retained topic since the last catch-up (by any
+        proxy); the number of records read."""
+        p = self.processor
+        index = self.index
+        read = 0
+        async with self._lock:
+            info = await p.get_topic(RETAINED_TOPIC)
+            for q in range(info.queues if info is not None else 0):
+                start = self.positions.get(q)
+                if start is None:
+                    start = (await p.queue_offsets(RETAINED_TOPIC, q))[0]
+                while True:
+                    msgs = await p.read(_CTX, RETAINED_TOPIC, q, start, None, CATCH_UP_BATCH)
+                    for m in msgs:
+                        path = m.properties.get(P_TOPIC)
+                        if path is not None:
+                            index.apply(path, _entry(q, m))
+                        start = m.queue_offset + 1
+                    read += len(msgs)
+                    if len(msgs) < CATCH_UP_BATCH:
+                        break
+                self.positions[q] = start
+        return read
 
     async def migrate(self) -> int:
         """Append the retained messages of the key-value namespace `mqtt.retained` to the retained
@@ -85,46 +117,59 @@ class Retained:
 
     def admits(self, msg: Message) -> bool:
         """Whether keeping `msg` stays within the caps (a replacement counts its size change only;
-        clearing a path always does)."""
-        sizes = self.sizes
-        if sizes is None or not msg.body:
+        clearing a path always does). Counts what the index knows: every proxy's retained messages
+        as of its last catch-up."""
+        if not (self.max_messages or self.max_bytes) or not msg.body:
             return True
-        old = sizes.get(msg.properties[P_TOPIC])
-        if old is None and self.max_messages and len(sizes) >= self.max_messages:
+        index = self.index
+        old = index.get(msg.properties[P_TOPIC])
+        if old is None and self.max_messages and len(index) >= self.max_messages:
             return False
-        grown = self.total_bytes + len(msg.body) - (old or 0)
+        grown = index.total_bytes + len(msg.body) - (old.size if old is not None else 0)
         return not (self.max_bytes and grown > self.max_bytes)
 
     async def keep(self, msg: Message) -> None:
         """Make `msg` its path's retained message, or clear the path's one if `msg` is empty;
-        durable on return."""
+        durable on return (and indexed when there are caps to count it against)."""
         path = msg.properties[P_TOPIC]
         await self._ensure_topic()
         await self.processor.send_internal(RETAINED_TOPIC, [retained_record(path, msg.body, msg.properties)])
-        if self.sizes is not None:
-            self.total_bytes -= self.sizes.pop(path, 0)
-            if msg.body:
-                self.sizes[path] = len(msg.body)
-                self.total_bytes += len(msg.body)
+        if self.max_messages or self.max_bytes:
+            await self.catch_up()
 
     async def matching(self, filt: str) -> list[tuple[str, Message]]:
-        """(path, message) of the unexpired retained messages whose path matches `filt` (each
-        message's topic is its path's store topic, as when it was published)."""
+        """(path, message) of the unexpired retained messages whose path matches `filt`, by path
+        (each message's topic is its path's store topic, as when it was published). Reads the
+        records appended since the last call, then only the matching ones."""
         await self._ensure_topic()
-        p = self.processor
+        await self.catch_up()
         now = int(time.time() * 1000)
-        if "+" in filt or "#" in filt:
-            records = [
-                m
-                for m in await p.latest_items(RETAINED_TOPIC)
-                if topic_matches(filt, m.properties.get(P_TOPIC, ""))
-            ]
-        else:
-            m = await p.latest(RETAINED_TOPIC, filt)
-            records = [] if m is None else [m]
-        out = []
-        for m in records:
-            if not expired(m.properties, now):
-                path = m.properties[P_TOPIC]
-                out.append((path, Message(store_topic(path), m.body, properties=m.properties)))
-        return out
+        found = sorted(
+            (e.queue, e.offset, path)
+            for path, e in self.index.match(filt)
+            if not (e.expiry_at and e.expiry_at <= now)
+        )
+        by_path: dict[str, Message] = {}
+        p = self.processor
+        i, n = 0, len(found)
+        while i < n:  # one read per run of consecutive offsets of a queue
+            q, first, _ = found[i]
+            j = i + 1
+            while j < n and found[j][0] == q and found[j][1] == first + (j - i):
+                j += 1
+            wanted = {off: path for _q, off, path in found[i:j]}
+            for m in await p.read(_CTX, RETAINED_TOPIC, q, first, first + (j - i), j - i):
+                path = wanted.get(m.queue_offset)
+                if path is not None and m.body and m.properties.get(P_TOPIC) == path:
+                    by_path[path] = m
+            i = j
+        return [
+            (path, Message(store_topic(path), m.body, properties=m.properties))
+            for path, m in sorted(by_path.items())
+        ]
+
+
+def _entry(queue: int, m: Message) -> Entry:
+    """The index entry of a record read from the retained topic."""
+    exp = m.properties.get(P_EXPIRY_AT)
+    return Entry(queue, m.queue_offset, len(m.body), m.store_timestamp, int(exp) if exp else 0)
