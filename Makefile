@@ -124,6 +124,7 @@ bench: install install-bench-system install-system
 	$(VENV)/bin/python bench/amqp_codec_bench.py
 	$(VENV)/bin/python bench/amqp_bench.py
 	$(VENV)/bin/python bench/amqp_declare_bench.py
+	$(VENV)/bin/python bench/scale_bench.py
 	$(VENV)/bin/python bench/http_bench.py
 	$(VENV)/bin/python bench/analytics_bench.py
 	$(VENV)/bin/python bench/cluster_bench.py
