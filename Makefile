@@ -121,6 +121,8 @@ bench: install install-bench-system install-system
 	$(VENV)/bin/python bench/grpc_bench.py
 	$(VENV)/bin/python bench/mqtt_codec_bench.py
 	$(VENV)/bin/python bench/mqtt_bench.py
+	$(VENV)/bin/python bench/lonely_trace.py --flow mqtt
+	$(VENV)/bin/python bench/lonely_trace.py --flow amqp
 	$(VENV)/bin/python bench/amqp_codec_bench.py
 	$(VENV)/bin/python bench/amqp_bench.py
 	$(VENV)/bin/python bench/amqp_declare_bench.py
