@@ -48,7 +48,8 @@ def test_scale_bench_quick_json() -> None:
             assert d[f"{phase}_duplicates"] == d[f"{phase}_misrouted"] == 0, (name, phase)
         for phase in ("telemetry", "persistent"):
             assert d[f"{phase}_sent"] > 0, (name, phase)
-            assert d[f"{phase}_lost"] == d[f"{phase}_duplicates"] == d[f"{phase}_unacked"] == 0, (name, d)
+            assert d[f"{phase}_drained"] is True, (name, phase, d)
+            assert d[f"{phase}_undelivered"] == d[f"{phase}_duplicates"] == d[f"{phase}_unacked"] == 0, d
         assert d["retained_replayed"] == d["retained_flagged"] == d["retained_messages"], (name, d)
         assert d["retained_duplicates"] == 0
         assert d["reconnects"] == d["reconnect_session_present"] == 150, (name, d)
