@@ -9,6 +9,7 @@ from collections.abc import Callable
 from .config import GroupConfig, Metadata, RetryPolicy, StoreConfig, TopicConfig, check_name
 from .consumequeue import ConsumeQueue
 from .errors import GroupNotFound, TopicNotFound
+from .openfiles import OpenFiles
 
 
 class Catalog:
@@ -18,6 +19,8 @@ class Catalog:
         self.topic_configs: dict[str, TopicConfig] = meta.load_topics()
         self.group_configs: dict[str, GroupConfig] = meta.load_groups()
         self.cqs: dict[tuple[str, int], ConsumeQueue] = {}
+        # the consume queue files held open: opened on use, the least recently used closed past it
+        self.files = OpenFiles(config.max_open_queue_files)
         # the compacted topics (the append path routes their records by key: compaction.py)
         self.compacted: set[str] = {n for n, t in self.topic_configs.items() if t.compacted}
         # a topic's writable queues, by queue id (the append path reads it directly: keep the same
@@ -160,7 +163,7 @@ class Catalog:
         cq = self.cqs.get((topic, qid))
         if cq is None:
             path = os.path.join(self.config.data_dir, "consumequeue", topic, str(qid))
-            cq = self.cqs[(topic, qid)] = ConsumeQueue(path, topic, qid)
+            cq = self.cqs[(topic, qid)] = ConsumeQueue(path, topic, qid, self.files)
         return cq
 
     def queues(self, topic: str) -> list[ConsumeQueue]:

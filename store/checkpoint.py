@@ -119,7 +119,7 @@ class Checkpointer:
             self.commitlog.sync(segments)
         for cq, first, data in flushes:
             cq.write_at(first, data)
-            os.fdatasync(cq.fd)
+            cq.sync()
         if idx:
             self.index.append_file(idx)
             self.index.sync()

@@ -296,7 +296,7 @@ class Compactor:
         keep_ms = self.config.tombstone_retention_ms
         if upto == start and (old is None or old.tombstone_ts is None or now - old.tombstone_ts <= keep_ms):
             return None  # nothing new, and no tombstone to remove
-        new_entries = os.pread(cq.fd, (upto - start) * ENTRY_SIZE, (start - cq.base) * ENTRY_SIZE)
+        new_entries = cq.file_range(start, upto)
         directory = os.path.join(self.root, cq.topic, str(cq.queue_id))
         return _Job(
             label=f"{cq.topic}/{cq.queue_id}",

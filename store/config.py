@@ -65,6 +65,8 @@ class StoreConfig:
     fsync_method: str = "auto"
     segment_size: int = 128 * 1024 * 1024
     default_queues: int = 8
+    # consume queue files held open at most (openfiles.py): idle queues hold no descriptor
+    max_open_queue_files: int = 1024
     auto_create_topics: bool = True
     max_message_size: int = 4 * 1024 * 1024
     retention_ms: int = 72 * 3600 * 1000

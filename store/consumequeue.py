@@ -5,7 +5,8 @@ A queue file is named by the queue offset of its first entry (`<base:020d>.cq`);
 it from a later base. Entries are derived data: recovery truncates them to the recovery checkpoint
 and rebuilds the rest from the commit log. New entries are kept in memory (`mem`) once their
 record is written and go to the file with the first checkpoint after the record is durable, off
-the event loop.
+the event loop. The file is opened on first use and closed again by the store's bound on open
+queue files (openfiles.py): an idle queue holds no descriptor.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import os
 import struct
 from collections.abc import Iterator
 
+from .openfiles import FLAGS, OpenFiles
+
 ENTRY = struct.Struct("<qIQq")
 ENTRY_SIZE = ENTRY.size
 
@@ -23,21 +26,28 @@ ENTRY_SIZE = ENTRY.size
 class ConsumeQueue:
     """One queue's entries. `max_offset` counts entries readable now; `next_offset` those reserved."""
 
-    def __init__(self, directory: str, topic: str, queue_id: int) -> None:
+    def __init__(self, directory: str, topic: str, queue_id: int, files: OpenFiles) -> None:
         self.topic = topic
         self.queue_id = queue_id
         self.dir = directory
         os.makedirs(directory, exist_ok=True)
-        files = sorted(n for n in os.listdir(directory) if n.endswith(".cq"))
-        for stale in files[:-1]:  # left over from an interrupted retention rewrite
+        names = sorted(n for n in os.listdir(directory) if n.endswith(".cq"))
+        for stale in names[:-1]:  # left over from an interrupted retention rewrite
             os.unlink(os.path.join(directory, stale))
-        if files:
-            self.base = int(files[-1][:-3])
+        if names:
+            self.base = int(names[-1][:-3])
         else:
             self.base = 0
         self.path = os.path.join(directory, f"{self.base:020d}.cq")
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        count = os.fstat(self.fd).st_size // ENTRY_SIZE
+        self._files = files
+        self._fd = -1  # open while in `files` (openfiles.py)
+        self._pins = 0
+        self.dirty = False  # written or cut since the last `sync`
+        if names:
+            count = os.stat(self.path).st_size // ENTRY_SIZE
+        else:
+            os.close(os.open(self.path, FLAGS, 0o644))
+            count = 0
         self.max_offset = self.base + count
         self.next_offset = self.max_offset
         self.file_offset = self.max_offset  # entries in the file; [file_offset, max_offset) in memory
@@ -54,8 +64,9 @@ class ConsumeQueue:
     def truncate_to_commitlog(self, clo: int) -> None:
         """Drop entries pointing at or past commit log offset `clo` (they will be re-dispatched)."""
         lo = self.first_at(clo, self.base)
-        if lo < self.max_offset or os.fstat(self.fd).st_size != (lo - self.base) * ENTRY_SIZE:
-            os.ftruncate(self.fd, (lo - self.base) * ENTRY_SIZE)
+        if lo < self.max_offset or os.stat(self.path).st_size != (lo - self.base) * ENTRY_SIZE:
+            os.truncate(self.path, (lo - self.base) * ENTRY_SIZE)
+            self.dirty = True
         self.max_offset = self.next_offset = self.file_offset = lo
 
     def rebase(self, base: int) -> None:
@@ -63,6 +74,7 @@ class ConsumeQueue:
         assert self.max_offset == self.base and not self.pending
         path = os.path.join(self.dir, f"{base:020d}.cq")
         if path != self.path:
+            self._files.close(self)
             os.rename(self.path, path)
             self.path = path
         self.base = self.min_offset = self.max_offset = self.next_offset = base
@@ -94,18 +106,17 @@ class ConsumeQueue:
             or self.file_offset != self.max_offset
         ):
             return
-        data = os.pread(
-            self.fd,
-            (self.max_offset - self.min_offset) * ENTRY_SIZE,
-            (self.min_offset - self.base) * ENTRY_SIZE,
-        )
+        data = self.file_range(self.min_offset, self.max_offset)
         path = os.path.join(self.dir, f"{self.min_offset:020d}.cq")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.write(fd, data)
-        os.fsync(fd)
-        os.close(self.fd)
+        fd = os.open(path, FLAGS | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._files.close(self)
         os.unlink(self.path)
-        self.fd, self.path, self.base = fd, path, self.min_offset
+        self.path, self.base = path, self.min_offset
 
     # ----- writing -----------------------------------------------------------------------------
     def reserve(self, clo: int, size: int, tag_hash: int, store_ts: int) -> int:
@@ -120,7 +131,38 @@ class ConsumeQueue:
         return data
 
     def write_at(self, first_offset: int, data: bytes) -> None:
-        os.pwrite(self.fd, data, (first_offset - self.base) * ENTRY_SIZE)
+        fd = self._files.acquire(self)
+        try:
+            os.pwrite(fd, data, (first_offset - self.base) * ENTRY_SIZE)
+        finally:
+            self._files.release(self)
+        self.dirty = True
+
+    def sync(self) -> None:
+        """fdatasync the file if it was written or cut since the last time (IO thread)."""
+        if self.dirty:
+            fd = self._files.acquire(self)
+            try:
+                os.fdatasync(fd)
+            finally:
+                self._files.release(self)
+            self.dirty = False
+
+    def cut_file(self, offset: int) -> None:
+        """Cut the file after queue offset `offset` (a replica's truncation), durably."""
+        size = (offset - self.base) * ENTRY_SIZE
+        if os.stat(self.path).st_size > size:
+            os.truncate(self.path, size)
+            self.dirty = True
+            self.sync()
+
+    def file_range(self, start: int, end: int) -> bytes:
+        """The raw entries [start, end) of the file (all below `file_offset`)."""
+        fd = self._files.acquire(self)
+        try:
+            return os.pread(fd, (end - start) * ENTRY_SIZE, (start - self.base) * ENTRY_SIZE)
+        finally:
+            self._files.release(self)
 
     def take_flush(self, below: int) -> tuple[int, bytes]:
         """Loop: hand the in-memory entries of records below commit log offset `below` (the
@@ -167,7 +209,7 @@ class ConsumeQueue:
         """The entry of this queue's own file or memory (compacted or not)."""
         i = offset - self.file_offset
         if i < 0:
-            return ENTRY.unpack(os.pread(self.fd, ENTRY_SIZE, (offset - self.base) * ENTRY_SIZE))
+            return ENTRY.unpack(self.file_range(offset, offset + 1))
         fl = self.flushing
         if fl:
             n = len(fl) // ENTRY_SIZE
@@ -188,11 +230,10 @@ class ConsumeQueue:
             return iter(head) if mid == end else itertools.chain(head, self.entries(mid, end - mid))
         fo = self.file_offset
         if end <= fo:
-            data = os.pread(self.fd, (end - start) * ENTRY_SIZE, (start - self.base) * ENTRY_SIZE)
-            return ENTRY.iter_unpack(data)
+            return ENTRY.iter_unpack(self.file_range(start, end))
         parts = []
         if start < fo:
-            parts.append(os.pread(self.fd, (fo - start) * ENTRY_SIZE, (start - self.base) * ENTRY_SIZE))
+            parts.append(self.file_range(start, fo))
         tail = self.flushing + self.mem if self.flushing else self.mem
         lo = max(start - fo, 0) * ENTRY_SIZE
         parts.append(tail[lo : (end - fo) * ENTRY_SIZE])
@@ -203,8 +244,13 @@ class ConsumeQueue:
         keys = _TimeView(self)
         return self.min_offset + bisect.bisect_left(keys, ts)
 
+    @property
+    def is_open(self) -> bool:
+        """Whether the file holds a descriptor now (tests; the bound closes idle ones)."""
+        return self._fd >= 0
+
     def close(self) -> None:
-        os.close(self.fd)
+        self._files.close(self)
 
 
 class _TimeView:

@@ -72,7 +72,7 @@ class Recovery:
             cq.set_min_by_commitlog(cl.min_offset)
         queues = {f"{t}/{q}": cq.max_offset for (t, q), cq in self.cqs.items()}
         for cq in self.cqs.values():
-            os.fdatasync(cq.fd)
+            cq.sync()  # only those recovery wrote or cut: the others were synced by a checkpoint
         self.index.sync()
         write_checkpoint_file(self.data_dir, cl.scan_end, queues, self.segments)
         progress = ConsumerProgress(os.path.join(self.data_dir, "consumers"))

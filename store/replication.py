@@ -415,10 +415,7 @@ class LogReplica:
         self.segments.by_base = stats
         write_checkpoint_file(self.config.data_dir, offset, queues, self.segments)
         for cq, lo in cuts:
-            size = (lo - cq.base) * ENTRY_SIZE
-            if os.fstat(cq.fd).st_size > size:
-                os.ftruncate(cq.fd, size)
-                os.fdatasync(cq.fd)
+            cq.cut_file(lo)
         self.index.cut_file(offset)
         cl.truncate(offset)
         self.epochs.truncate_from(offset)

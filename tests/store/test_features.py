@@ -200,13 +200,13 @@ async def test_records_are_readable_once_written_and_answered_once_durable(make_
     assert not appended.done(), "the appender was answered before its sync"
     cq = s.cqs[("v", 0)]
     await s._checkpoints.checkpoint()
-    assert os.fstat(cq.fd).st_size == 0, "a checkpoint wrote the entry of a record not yet durable"
+    assert os.stat(cq.path).st_size == 0, "a checkpoint wrote the entry of a record not yet durable"
     w.fsync.request = real_request
     real_request(held.pop())
     r = await asyncio.wait_for(appended, 10)
     assert r.queue_offset == 0
     await s._checkpoints.checkpoint()
-    assert os.fstat(cq.fd).st_size > 0
+    assert os.stat(cq.path).st_size > 0
     s.ack(popped[0].receipt_handle)
     assert s.backlog("g", "v") == 0
 
