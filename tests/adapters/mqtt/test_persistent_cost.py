@@ -10,6 +10,7 @@ message (each session reads and filters the whole `dev` store topic); the target
 Run as a script for the figures at several sizes (default 100 and 3,000 sessions):
 
     .venv/bin/python -m tests.adapters.mqtt.test_persistent_cost 100 3000
+    .venv/bin/python -m tests.adapters.mqtt.test_persistent_cost --cpu 100 1000 3000  # CPU, acks/s
 
 The store topic has one queue here, so a command published after the telemetry reaches a session's
 reader only after that reader has passed the telemetry: when every session has its command, every
@@ -169,6 +170,47 @@ async def measure(data_dir: str, sessions: int, telemetry: int = TELEMETRY, trac
     return cost
 
 
+async def cpu_per_message(
+    data_dir: str, sessions: int, messages: int = 300, window: int = 20
+) -> dict[str, float]:
+    """Publish `messages` QoS 1 telemetry messages (`window` unacked at a time) past `sessions`
+    persistent sessions and take the process CPU (clients included: they are idle but for the
+    publisher) until every session's reader has passed them: CPU per message and acks per second."""
+    core = await Core.open(data_dir, default_queues=1, auto_create_topics=True, traced=True)
+    env = await serve(core)
+    cost = Cost(sessions, messages)
+    _instrument(env, cost)
+    raws: list[Raw] = []
+    try:
+        for i in range(sessions):
+            raw, _ = await Raw.connect(env, f"cost-{i}", 4, clean_start=False)
+            raw.send(encode_subscribe(Subscribe(1, [Subscription(f"dev/{i}/cmd", 1)]), 4))
+            assert isinstance(await raw.recv(timeout=60), Suback)
+            raws.append(raw)
+        states = env.adapter.broker.registry.states
+        cost.groups.update({states[f"cost-{i}"].group: f"dev/{i}/cmd" for i in range(sessions)})
+        pub, _ = await Raw.connect(env, "cost-publisher", 4)
+        c0, t0 = time.process_time(), time.perf_counter()
+        sent = acked = 0
+        while acked < messages:
+            while sent < messages and sent - acked < window:
+                sent += 1
+                pub.send(encode_publish(f"dev/{sent % 100}/telemetry", b"x" * 64, 1, sent))
+            await pub.recv(timeout=120)
+            acked += 1
+        t_acked = time.perf_counter() - t0
+        deadline = time.perf_counter() + 120
+        while cost.reads < sessions * messages and time.perf_counter() < deadline:
+            await asyncio.sleep(0.05)
+        cpu = time.process_time() - c0
+        await pub.close()
+    finally:
+        for r in raws:
+            r.abort()
+        await close_env(env)
+    return {"cpu_us": cpu / messages * 1e6, "acks_per_s": messages / t_acked}
+
+
 @pytest.mark.xfail(strict=True, reason="issue 48 item 1: each persistent session reads its whole store topic")
 async def test_a_message_costs_nothing_for_the_persistent_sessions_it_is_not_for(tmp_path):
     cost = await measure(str(tmp_path / "data"), SESSIONS)
@@ -200,5 +242,19 @@ async def _main(sizes: list[int]) -> None:
         )
 
 
+async def _cpu(sizes: list[int]) -> None:
+    print("sessions  CPU per message (us)  acks/s   (300 QoS 1 telemetry messages, 20 unacked at a time)")
+    for n in sizes:
+        with tempfile.TemporaryDirectory() as d:
+            r = await cpu_per_message(os.path.join(d, "data"), n)
+        with open("/proc/loadavg") as f:
+            load = f.read().split()[0]
+        print(f"{n:>8}  {r['cpu_us']:>20.0f}  {r['acks_per_s']:>6.0f}   load {load}")
+
+
 if __name__ == "__main__":
-    asyncio.run(_main([int(a) for a in sys.argv[1:]] or [100, 3000]))
+    args = sys.argv[1:]
+    if args and args[0] == "--cpu":
+        asyncio.run(_cpu([int(a) for a in args[1:]] or [100, 1000, 3000]))
+    else:
+        asyncio.run(_main([int(a) for a in args] or [100, 3000]))
