@@ -1,0 +1,83 @@
+"""The subscription index of all persistent sessions, online or offline (issue 48 item 1; the
+design: docs/mqtt.md "Persistent sessions at scale").
+
+One `TopicTrie` over the non-shared filters of every persistent session maps a published path to
+the sessions whose filters match it, at a cost that depends on the trie's depth and on what
+matches, not on how many sessions there are. It is the rule "which sessions get this message" of
+the multi-dispatch design: the MQTT adapter hands `sessions_for` to the processor's neutral
+dispatch hook, which names the session queues a message goes to. Shared subscriptions are not in
+it (a share delivers to one member: shared.py); a No Local subscription leaves out the session's
+own messages (`mqtt.client_id`, mapping.py).
+
+Not yet wired: today's delivery (fanout.py) still reads each covered store topic per session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from messaging_processor import Message
+
+from .codec import TopicTrie
+from .mapping import P_CLIENT, path_of
+
+if TYPE_CHECKING:
+    from .subscription import Sub
+
+# (client id, no local): one trie item per (session, filter); the flag travels with the item so a
+# match needs no second lookup
+_Item = tuple[str, bool]
+
+
+class SessionIndex:
+    """Which persistent sessions a path is for: `update` a session's filters whenever they change
+    (SUBSCRIBE, UNSUBSCRIBE, restore at start), `drop` it when it ends, `sessions_for` a path."""
+
+    __slots__ = ("_trie", "_filters")
+
+    def __init__(self) -> None:
+        self._trie: TopicTrie[_Item] = TopicTrie()
+        self._filters: dict[str, dict[str, bool]] = {}  # client id -> its filters -> no local
+
+    def __len__(self) -> int:
+        """Sessions indexed (those with at least one non-shared subscription)."""
+        return len(self._filters)
+
+    def update(self, client_id: str, subs: Iterable[Sub]) -> None:
+        """Make `subs` the session's subscriptions in the index (shared ones are left out)."""
+        want = {s.filter: s.nl for s in subs if s.share is None}
+        have = self._filters.get(client_id, {})
+        trie = self._trie
+        for f, nl in have.items():
+            if want.get(f) != nl:
+                trie.discard(f, (client_id, nl))
+        for f, nl in want.items():
+            if have.get(f) != nl:
+                trie.add(f, (client_id, nl))
+        if want:
+            self._filters[client_id] = want
+        else:
+            self._filters.pop(client_id, None)
+
+    def drop(self, client_id: str) -> None:
+        """The session ended (expired, discarded, Clean Start): it matches nothing any more."""
+        for f, nl in self._filters.pop(client_id, {}).items():
+            self._trie.discard(f, (client_id, nl))
+
+    def sessions_for(self, path: str, publisher: str | None = None) -> set[str]:
+        """The client ids of the sessions a message on `path` goes to (`publisher`: the client id
+        of an MQTT publisher with a No Local subscription, if any)."""
+        out: set[str] = set()
+        for cid, nl in self._trie.match(path):
+            if not (nl and cid == publisher):
+                out.add(cid)
+        return out
+
+    def sessions_for_message(self, msg: Message) -> set[str]:
+        """`sessions_for` of a stored message (its MQTT path, or the one another protocol's message
+        is presented under)."""
+        return self.sessions_for(path_of(msg), msg.properties.get(P_CLIENT))
+
+
+__all__ = ["SessionIndex"]
