@@ -19,6 +19,7 @@ from store import (
     AppendResult,
     CompactionStats,
     Filter,
+    GroupConfig,
     Message,
     MessageType,
     RetryPolicy,
@@ -710,20 +711,29 @@ class MessagingProcessor:
         g = await self.store.get_group(name)
         if g is None:
             raise ProcessorError(ErrorKind.GROUP_NOT_FOUND, f"consumer group {name} does not exist")
-        info = GroupInfo(g.name, g.max_attempts, g.retry.initial_ms, g.retry.multiplier, g.retry.max_ms)
-        for grp, topic in await self.store.subscriptions():
-            if grp != name or await self.store.get_topic(topic) is None:
-                continue
-            info.topics[topic] = {
-                "backlog": await self.store.backlog(name, topic),
-                "inflight": await self.store.inflight_count(name, topic),
-            }
-        return info
+        return await self._group_info(g, [t for grp, t in await self.store.subscriptions() if grp == name])
 
     async def list_groups(self) -> list[GroupInfo]:
-        return [
-            await self.get_group(g.name) for g in await self.store.list_groups() if not g.name.startswith("%")
-        ]
+        """Every group but the system ones, as `get_group` (the subscriptions are read once)."""
+        topics: dict[str, list[str]] = {}
+        for grp, topic in await self.store.subscriptions():
+            topics.setdefault(grp, []).append(topic)
+        gs = [g for g in await self.store.list_groups() if not g.name.startswith("%")]
+        return [await self._group_info(g, topics.get(g.name, [])) for g in gs]
+
+    async def _group_info(self, g: GroupConfig, topics: list[str]) -> GroupInfo:
+        info = GroupInfo(g.name, g.max_attempts, g.retry.initial_ms, g.retry.multiplier, g.retry.max_ms)
+        for topic in topics:
+            if await self.store.get_topic(topic) is not None:
+                info.topics[topic] = {
+                    "backlog": await self.store.backlog(g.name, topic),
+                    "inflight": await self.store.inflight_count(g.name, topic),
+                }
+        return info
+
+    async def group_names(self) -> list[str]:
+        """The names of the groups, system ones included (no counts: cheap with many groups)."""
+        return [g.name for g in await self.store.list_groups()]
 
     async def backlog(self, group: str, topic: str) -> tuple[int, int]:
         """(messages of `topic` not yet acked by `group`, how many of those are in flight)."""

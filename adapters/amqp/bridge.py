@@ -198,10 +198,10 @@ class ExchangeBridge:
             ex.watch = self._bindings_changed
         vh.topic_exchange = self.topic_exchange
         wanted = await self._wanted_topics()
-        for g in await self.processor.list_groups():
-            if g.name.startswith(GROUP_PREFIX) and g.name[len(GROUP_PREFIX) :] not in wanted:
+        for name in await self.processor.group_names():
+            if name.startswith(GROUP_PREFIX) and name[len(GROUP_PREFIX) :] not in wanted:
                 with contextlib.suppress(ProcessorError):
-                    await self.processor.delete_group(g.name)
+                    await self.processor.delete_group(name)
         self.changed.set()
         self.task = asyncio.get_running_loop().create_task(self._reconcile_forever())
 
