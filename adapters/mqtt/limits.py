@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -58,12 +59,13 @@ class Refusal:
 class SessionLimits:
     """The per-user connection count and the publish throttle of one MQTT connection."""
 
-    __slots__ = ("limiter", "pause", "resume", "user", "logged_in")
+    __slots__ = ("limiter", "transport", "user", "logged_in")
 
-    def __init__(self, limiter: Limiter, pause: Callable[[], Any], resume: Callable[[], Any]) -> None:
+    def __init__(self, limiter: Limiter, transport: asyncio.Transport) -> None:
+        """`transport`: paused and resumed by the publish throttle (its methods are bound only
+        when a throttle is made, not for every idle connection)."""
         self.limiter = limiter
-        self.pause = pause
-        self.resume = resume
+        self.transport = transport
         self.user: str | None = None
         self.logged_in = False
 
@@ -79,7 +81,8 @@ class SessionLimits:
         self.user, self.logged_in = user, True
         meter = self.limiter.meter(user)
         if meter is not None:
-            session.throttle = ReadThrottle(meter, self.limiter, PROTOCOL, self.pause, self.resume)
+            t = self.transport
+            session.throttle = ReadThrottle(meter, self.limiter, PROTOCOL, t.pause_reading, t.resume_reading)
         return True
 
     def closed(self, session: Session) -> None:
@@ -98,8 +101,8 @@ def admit_publish(session: Session, p: Publish) -> bool:
     if session.version == MQTT_5 and throttle.over_hard_quota(1, len(p.payload)):
         if p.qos == 1:
             session._reply_now(encode_puback(p.packet_id, ReasonCode.QUOTA_EXCEEDED, MQTT_5))
-        elif p.qos == 2:
-            session.awaiting_rel.discard(p.packet_id)
+        elif p.qos == 2 and p.packet_id in session.awaiting_rel:
+            session.awaiting_rel.discard(p.packet_id)  # type: ignore[union-attr]
             session._reply_now(encode_pubrec(p.packet_id, ReasonCode.QUOTA_EXCEEDED, MQTT_5))
         return False
     throttle.charge(1, len(p.payload))

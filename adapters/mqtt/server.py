@@ -28,14 +28,20 @@ REFUSED_WAIT_S = 5.0  # a refused connection is closed after this if its CONNECT
 
 
 class MqttProtocol(asyncio.Protocol):
-    __slots__ = ("adapter", "transport", "session", "feed", "counted", "conn_id")
+    __slots__ = ("adapter", "transport", "session", "refusal", "counted", "_no")
 
     def __init__(self, adapter: MqttAdapter) -> None:
         self.adapter = adapter
         self.transport: asyncio.Transport | None = None
         self.session: Session | None = None
+        self.refusal: Refusal | None = None  # over a connection limit: no session, CONNACK refused
         self.counted = False  # holds one of the limiter's connection places
-        self.conn_id = f"mqtt-{next(adapter.conn_ids)}"  # the console's handle on it
+        self._no = next(adapter.conn_ids)
+
+    @property
+    def conn_id(self) -> str:
+        """The console's handle on this connection."""
+        return f"mqtt-{self._no}"
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's TCPTransport is not an asyncio.Transport subclass: no isinstance check here.
@@ -47,7 +53,7 @@ class MqttProtocol(asyncio.Protocol):
             why = limiter.accept("mqtt", host_of(peer))
             if why is not None:
                 log.debug("mqtt %s refused: %s", remote, why)
-                self.feed = Refusal(transport.write, transport.close, why).feed  # type: ignore[attr-defined]
+                self.refusal = Refusal(transport.write, transport.close, why)  # type: ignore[attr-defined]
                 asyncio.get_running_loop().call_later(REFUSED_WAIT_S, transport.close)  # no CONNECT came
                 return
             self.counted = True
@@ -56,19 +62,18 @@ class MqttProtocol(asyncio.Protocol):
             cert_user = peer_common_name(transport.get_extra_info("peercert"))
         self.session = Session(self.adapter.broker, transport.write, transport.close, remote, cert_user)
         if limiter is not None:
-            self.session.limits = SessionLimits(
-                limiter,
-                transport.pause_reading,  # type: ignore[attr-defined]
-                transport.resume_reading,  # type: ignore[attr-defined]
-            )
+            self.session.limits = SessionLimits(limiter, transport)  # type: ignore[arg-type]
         if self.adapter.max_outbound_bytes:
             # pause_writing above the bound (docs/limits.md "Memory per connection")
             transport.set_write_buffer_limits(high=self.adapter.max_outbound_bytes)  # type: ignore[attr-defined]
-        self.feed = self.session.feed
         self.adapter.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
-        self.feed(data)
+        s = self.session
+        if s is not None:
+            s.feed(data)
+        elif self.refusal is not None:
+            self.refusal.feed(data)
 
     def pause_writing(self) -> None:
         if self.session is not None and self.adapter.max_outbound_bytes:
@@ -228,7 +233,7 @@ class MqttAdapter:
         (5.0 clients get DISCONNECT 0x8B Server shutting down)."""
         self.processor.clients.remove_consumer_report(self.consumers_info)
         self.net.close()
-        tasks = [t for c in self.connections if c.session is not None for t in c.session._tasks]
+        tasks = [t for c in self.connections if c.session is not None for t in list(c.session._tasks)]
         if tasks and grace > 0:
             await asyncio.wait(tasks, timeout=grace)
         await self.broker.close()

@@ -16,19 +16,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from messaging_processor import (
-    CERTIFICATE_MECHANISM,
-    Action,
     ClientContext,
-    Identity,
-    ProcessorError,
-    Resource,
 )
+from runtime.deadlines import wheel_of
+from runtime.events import LazyEvent
 
 from .codec import (
     MQTT_5,
@@ -47,8 +43,6 @@ from .codec import (
     ReasonCode,
     Subscribe,
     Unsubscribe,
-    connack_code,
-    encode_connack,
     encode_disconnect,
     encode_puback,
     encode_pubcomp,
@@ -58,9 +52,13 @@ from .codec import (
     encode_unsuback,
 )
 from .codec.packets import Pingreq
+from .connect import handle_connect
 from .limits import admit_batch, admit_publish
 from .mapping import P_CLIENT, to_message
-from .persistence import NEVER, qos2_mark
+from .persistence import qos2_mark
+from .states import AUTHORIZING, CLOSED, CONNECTED, CONNECTING
+
+__all__ = ["AUTHORIZING", "CLOSED", "CONNECTED", "CONNECTING", "Session"]
 
 if TYPE_CHECKING:
     from ..limits import ReadThrottle
@@ -70,9 +68,6 @@ if TYPE_CHECKING:
     from .subscription import Sub
 
 log = logging.getLogger("adapters.mqtt")
-
-CONNECTING, AUTHORIZING, CONNECTED, CLOSED = range(4)
-TOPIC_ALIAS_MAXIMUM = 64  # inbound aliases this server accepts (resolved by the codec)
 
 
 class _Reply:
@@ -84,7 +79,56 @@ class _Reply:
         self.done = False
 
 
+_NO_IDS: frozenset[int] = frozenset()  # `awaiting_rel` until the first inbound QoS 2 PUBLISH
+
+
 class Session:
+    """One connection's protocol state. Idle, it holds no timer, task, deque or event waiters of its
+    own (docs/performance.md "Idle device memory"): keep-alive is a slot of the loop's deadline wheel
+    (runtime/deadlines.py); the reply queue, outbound queue, task set and QoS 2 id set exist only
+    while in use (an empty tuple / frozenset stands for them otherwise)."""
+
+    __slots__ = (
+        "broker",
+        "cert_user",
+        "_transport_write",
+        "_wbuf",
+        "_close",
+        "remote",
+        "loop",
+        "decoder",
+        "state",
+        "version",
+        "client_id",
+        "ctx",
+        "since",
+        "messages_in",
+        "messages_out",
+        "will",
+        "keep_alive",
+        "last_rx",
+        "subs",
+        "pstate",
+        "nl_count",
+        "expiry",
+        "max_out",
+        "awaiting_rel",
+        "inflight",
+        "queue",
+        "send_quota",
+        "aliases_out",
+        "_next_pid",
+        "_backlog",
+        "_replies",
+        "_tasks",
+        "_ka_slot",
+        "_normal_disconnect",
+        "closed_event",
+        "limits",
+        "throttle",
+        "writable",
+    )
+
     def __init__(
         self,
         broker: Broker,
@@ -96,7 +140,7 @@ class Session:
         self.broker = broker
         self.cert_user = cert_user  # the CN of a verified client certificate, when it names the user
         self._transport_write = write
-        self._wbuf: list[bytes] = []  # writes of one event-loop tick, sent with one syscall
+        self._wbuf: list[bytes] | None = None  # writes of one event-loop tick, sent with one syscall
         self._close = close
         self.remote = remote
         self.loop = asyncio.get_running_loop()
@@ -116,36 +160,39 @@ class Session:
         self.nl_count = 0  # No Local subscriptions: while > 0 publishes carry the client id
         self.expiry = 0  # Session Expiry Interval in force (s)
         self.max_out = 0  # the client's Maximum Packet Size (0: no limit)
-        self.awaiting_rel: set[int] = set()  # inbound QoS 2 ids between PUBREC and PUBREL
+        self.awaiting_rel: set[int] | frozenset[int] = _NO_IDS  # inbound QoS 2 ids between PUBREC and PUBREL
         self.inflight: dict[int, list[Any]] = {}  # outbound id -> [qos, done future, pubrec seen]
-        self.queue: deque[tuple] = deque()  # outbound QoS > 0 beyond the client's receive maximum
+        self.queue: deque[tuple] | tuple = ()  # outbound QoS > 0 beyond the client's receive maximum
         self.send_quota = 65535  # the client's Receive Maximum (5.0)
         self.aliases_out: OutboundAliases | None = None  # topic aliases we send (client's maximum > 0)
         self._next_pid = 1
         self._backlog: list[Any] | None = None
-        self._replies: deque[_Reply] = deque()
-        self._tasks: set[asyncio.Task] = set()
-        self._ka_timer: asyncio.TimerHandle | None = None
+        self._replies: deque[_Reply] | tuple = ()
+        self._tasks: set[asyncio.Task] | tuple = ()
+        self._ka_slot: int | None = None  # this session's slot in the keep-alive wheel
         self._normal_disconnect = False
-        self.closed_event = asyncio.Event()
+        self.closed_event = LazyEvent()
         self.limits: SessionLimits | None = None  # connection and publish-rate limits (limits.py)
         self.throttle: ReadThrottle | None = None  # set at CONNECT when publish rates are limited
         # clear while the transport's write buffer is over --max-outbound-bytes-per-connection (server.py):
         # delivery loops do not pop, clean-session fan-out skips this session (docs/limits.md)
-        self.writable = asyncio.Event()
+        self.writable = LazyEvent()
         self.writable.set()
 
     # ------------------------------------------------------------------ output
     def _write(self, data: bytes) -> None:
-        if not self._wbuf:
+        buf = self._wbuf
+        if buf is None:
+            self._wbuf = [data]
             self.loop.call_soon(self._flush_writes)
-        self._wbuf.append(data)
+        else:
+            buf.append(data)
 
     def _flush_writes(self) -> None:
         buf = self._wbuf
         if not buf or self.state == CLOSED:
             return
-        self._wbuf = []
+        self._wbuf = None
         self._transport_write(buf[0] if len(buf) == 1 else b"".join(buf))
 
     # ------------------------------------------------------------------ input
@@ -209,7 +256,7 @@ class Session:
         elif t is Connect:
             self.state = AUTHORIZING
             self._backlog = []
-            self._spawn(self._connect(pkt))
+            self._spawn(handle_connect(self, pkt))
         else:  # AUTH: no enhanced authentication in this slice
             self.close(ReasonCode.BAD_AUTHENTICATION_METHOD)
 
@@ -217,7 +264,7 @@ class Session:
     def _reply_now(self, data: bytes) -> None:
         if not self._replies:
             self._write(data)
-        else:
+        else:  # a non-empty deque
             r = _Reply()
             r.data = data
             r.done = True
@@ -225,6 +272,8 @@ class Session:
 
     def _reply_later(self, coro: Awaitable[tuple[bytes | None, Callable[[], None] | None]]) -> None:
         r = _Reply()
+        if not self._replies:
+            self._replies = deque()
         self._replies.append(r)
 
         async def run() -> None:
@@ -244,142 +293,37 @@ class Session:
     def _flush(self) -> None:
         q = self._replies
         while q and q[0].done:
-            r = q.popleft()
+            r = q.popleft()  # type: ignore[union-attr]
             if self.state == CLOSED:
                 continue
             if r.data:
                 self._write(r.data)
             if r.after is not None:
                 r.after()
+        if not q:
+            self._replies = ()  # released until the next reply that waits
 
     def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task:
         t = self.loop.create_task(coro)  # type: ignore[arg-type]
-        self._tasks.add(t)
-        t.add_done_callback(self._tasks.discard)
+        tasks = self._tasks
+        if not tasks:
+            tasks = self._tasks = set()
+        tasks.add(t)  # type: ignore[union-attr]
+        t.add_done_callback(self._task_done)
         return t
 
-    # ------------------------------------------------------------------ CONNECT
-    async def _connect(self, c: Connect) -> None:
-        v = self.version = c.protocol_level
-        props: dict = {}
-        cid = c.client_id
-        if not cid:
-            cid = "auto-" + uuid.uuid4().hex
-            if v == MQTT_5:
-                props[PropertyId.ASSIGNED_CLIENT_IDENTIFIER] = cid
-        self.client_id = cid
-        if not self.broker.caps.client_id_ok(cid):
-            self._refuse(ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, "client identifier too long")
-            return
-        if self.cert_user is not None:
-            identity = Identity(self.cert_user, None, CERTIFICATE_MECHANISM)
-        else:
-            identity = Identity(
-                c.username,
-                c.password.decode("utf-8", "replace") if c.password is not None else None,
-                "mqtt-password" if c.username is not None or c.password is not None else "none",
-            )
-        self.ctx = ClientContext("mqtt", cid, identity, self.remote)
-        refusal = await self._authenticate(c)
-        if self.state == CLOSED:
-            return
-        if refusal is not None:
-            self._write(encode_connack(False, connack_code(refusal, v), v))
-            self._backlog = None
-            self.close()
-            return
-        if self.limits is not None and not self.limits.login(self):
-            self._refuse(ReasonCode.QUOTA_EXCEEDED, "too many connections for this user")
-            return
-        self.will = c.will
-        keep_alive = c.keep_alive
-        if v == MQTT_5:
-            cp = c.properties
-            if PropertyId.AUTHENTICATION_METHOD in cp:  # no enhanced authentication (AUTH) methods
-                self._refuse(ReasonCode.BAD_AUTHENTICATION_METHOD, "no authentication methods are supported")
-                return
-            self.send_quota = cp.get(PropertyId.RECEIVE_MAXIMUM, 65535)
-            self.max_out = cp.get(PropertyId.MAXIMUM_PACKET_SIZE, 0)
-            if cp.get(PropertyId.TOPIC_ALIAS_MAXIMUM, 0):
-                self.aliases_out = OutboundAliases(cp[PropertyId.TOPIC_ALIAS_MAXIMUM])
-            self.expiry = cp.get(PropertyId.SESSION_EXPIRY_INTERVAL, 0)
-            self.decoder.topic_alias_maximum = TOPIC_ALIAS_MAXIMUM
-            props[PropertyId.TOPIC_ALIAS_MAXIMUM] = TOPIC_ALIAS_MAXIMUM
-            props[PropertyId.SUBSCRIPTION_IDENTIFIER_AVAILABLE] = 1
-            props[PropertyId.WILDCARD_SUBSCRIPTION_AVAILABLE] = 1
-            props[PropertyId.SHARED_SUBSCRIPTION_AVAILABLE] = 1
-            props[PropertyId.RETAIN_AVAILABLE] = 1
-            props[PropertyId.MAXIMUM_PACKET_SIZE] = self.broker.max_packet_size
-            mk = self.broker.max_keep_alive
-            if mk and (keep_alive == 0 or keep_alive > mk):
-                keep_alive = mk
-                props[PropertyId.SERVER_KEEP_ALIVE] = mk
-        else:
-            self.expiry = 0 if c.clean_start else NEVER
-        try:
-            present = await self.broker.registry.attach(self, c.clean_start, self.expiry)
-        except Exception as e:  # noqa: BLE001 - the store could not take the session
-            log.warning("mqtt %s: session setup failed: %s", cid, e)
-            self._refuse(ReasonCode.SERVER_UNAVAILABLE, "session store unavailable")
-            return
-        if self.state == CLOSED:
-            return
-        self.state = CONNECTED
-        self._write(encode_connack(present, 0, v, props or None))
-        self.keep_alive = keep_alive
-        if keep_alive:
-            self._ka_timer = self.loop.call_later(keep_alive * 1.5, self._check_keep_alive)
-        if self.pstate is not None:
-            self._spawn(self.broker.registry.resume(self))
-        backlog, self._backlog = self._backlog, None
-        for pkt in backlog or ():
-            if self.state == CLOSED:
-                break
-            self.handle(pkt)
+    def _task_done(self, t: asyncio.Task) -> None:
+        tasks = self._tasks
+        if t in tasks:
+            tasks.discard(t)  # type: ignore[union-attr]
+            if not tasks:
+                self._tasks = ()
 
-    async def _authenticate(self, c: Connect) -> int | None:
-        """Check the CONNECT's credentials and will: None when accepted (`self.ctx.identity` then the
-        verified one), else the 5.0 reason code to refuse it with. As Mosquitto with
-        `allow_anonymous false`, a CONNECT without credentials gets Not authorized (3.1.1: 5), and with
-        `allow_anonymous` it is the anonymous principal, which the ACL rules of `anonymous` govern; bad
-        credentials, whichever part was wrong, Bad User Name or Password (3.1.1: 4); a will whose
-        topic the user may not publish to, Not authorized."""
-        p = self.broker.processor
-        ctx = self.ctx
-        try:
-            if p.security is not None:
-                anonymous = ctx.identity.mechanism == "none"
-                try:
-                    await p.authenticate(ctx)
-                except ProcessorError:
-                    return ReasonCode.NOT_AUTHORIZED if anonymous else ReasonCode.BAD_USER_NAME_OR_PASSWORD
-            await p.authorize(ctx.identity, Action.CONNECT, Resource("cluster", "mqtt"))
-        except ProcessorError as e:
-            log.info("mqtt %s (%s) refused: %s", ctx.client_id, self.remote, e)
-            return ReasonCode.NOT_AUTHORIZED
-        w = c.will
-        if (
-            w is not None
-            and p.security is not None
-            and not p.permits(ctx.identity, Action.PUBLISH, Resource("topic", w.topic))
-        ):
-            log.info(
-                "mqtt %s (%s) refused: may not publish its will to %s",
-                ctx.client_id,
-                self.remote,
-                w.topic,
-            )
-            return ReasonCode.NOT_AUTHORIZED
-        return None
-
-    def _refuse(self, reason: int, text: str) -> None:
-        v = self.version
-        props = {PropertyId.REASON_STRING: text} if v == MQTT_5 else None
-        self._write(encode_connack(False, connack_code(reason, v), v, props))
-        self._backlog = None
-        self.close()
-
-    def _check_keep_alive(self) -> None:
+    def deadline(self) -> None:
+        """The keep-alive wheel's check (runtime/deadlines.py): nothing received for 1.5 x the
+        keep-alive closes the connection (3.1.1 3.1.2.10, 5.0 3.1.2.10), else the next check is due
+        1.5 x keep-alive after the last packet received."""
+        self._ka_slot = None
         if self.state == CLOSED:
             return
         limit = self.keep_alive * 1.5
@@ -388,7 +332,7 @@ class Session:
             log.info("mqtt %s: keep-alive timeout after %.1f s", self.client_id, idle)
             self.close(ReasonCode.KEEP_ALIVE_TIMEOUT)
         else:
-            self._ka_timer = self.loop.call_later(limit - idle, self._check_keep_alive)
+            self._ka_slot = wheel_of(self.loop).schedule(self, self.last_rx + limit)
 
     # ------------------------------------------------------------------ inbound PUBLISH
     def _on_publish(self, p: Publish) -> None:
@@ -398,10 +342,13 @@ class Session:
         qos = p.qos
         pid = p.packet_id
         if qos == 2:
-            if pid in self.awaiting_rel:  # a retransmission: already stored
+            ids = self.awaiting_rel
+            if pid in ids:  # a retransmission: already stored
                 self._reply_now(encode_pubrec(pid, 0, self.version))
                 return
-            self.awaiting_rel.add(pid)
+            if type(ids) is frozenset:
+                ids = self.awaiting_rel = set()
+            ids.add(pid)  # type: ignore[union-attr]
         msg = to_message(p.topic, p.payload, qos, p.retain, p.properties if self.version == MQTT_5 else None)
         if self.nl_count:
             msg.properties[P_CLIENT] = self.client_id
@@ -463,8 +410,8 @@ class Session:
                 # denied by the ACL: 3.1.1 has no negative PUBACK/PUBREC, so the message is
                 # acknowledged and dropped (as Mosquitto does); a QoS 2 one then completes normally
                 return (encode_puback(pid) if qos == 1 else encode_pubrec(pid, 0, v)), None
-            if qos == 2:
-                self.awaiting_rel.discard(pid)
+            if qos == 2 and pid in self.awaiting_rel:
+                self.awaiting_rel.discard(pid)  # type: ignore[union-attr]
             if v != MQTT_5:
                 return None, None  # 3.1.1 has no negative PUBACK: close the connection
         if qos == 1:
@@ -476,7 +423,8 @@ class Session:
 
     def _on_pubrel(self, pid: int) -> None:
         known = pid in self.awaiting_rel
-        self.awaiting_rel.discard(pid)
+        if known:
+            self.awaiting_rel.discard(pid)  # type: ignore[union-attr]
         st = self.pstate
         if known and st is not None:
             self._spawn(qos2_mark(self.broker.processor, st, "i", pid, False))
@@ -515,7 +463,9 @@ class Session:
                 done.set_result(True)
             return
         if len(self.inflight) >= self.send_quota:
-            self.queue.append((path, body, qos, retain, props, done, time.monotonic()))
+            if not self.queue:
+                self.queue = deque()
+            self.queue.append((path, body, qos, retain, props, done, time.monotonic()))  # type: ignore[union-attr]
             return
         pid = self._alloc_pid()
         if self.aliases_out is None:
@@ -571,7 +521,7 @@ class Session:
         left of it)."""
         queue = self.queue
         while queue and len(self.inflight) < self.send_quota and self.state == CONNECTED:
-            path, body, qos, retain, props, done, since = queue.popleft()
+            path, body, qos, retain, props, done, since = queue.popleft()  # type: ignore[union-attr]
             left = props.get(PropertyId.MESSAGE_EXPIRY_INTERVAL) if props else None
             if left is not None:
                 waited = time.monotonic() - since
@@ -581,6 +531,8 @@ class Session:
                     continue
                 props = {**props, PropertyId.MESSAGE_EXPIRY_INTERVAL: left - int(waited)}
             self.deliver(path, body, qos, retain, props, done)
+        if not self.queue:
+            self.queue = ()  # released until the client's window is full again
 
     def _on_pubrec(self, p: Pubrec) -> None:
         e = self.inflight.get(p.packet_id)
@@ -638,8 +590,9 @@ class Session:
             return
         was_connected = self.state == CONNECTED
         self.state = CLOSED
-        if self._ka_timer is not None:
-            self._ka_timer.cancel()
+        if self._ka_slot is not None:
+            wheel_of(self.loop).cancel(self, self._ka_slot)
+            self._ka_slot = None
         for e in self.inflight.values():
             if e[1] is not None and not e[1].done():
                 e[1].set_result(False)
@@ -647,8 +600,8 @@ class Session:
             if q[5] is not None and not q[5].done():
                 q[5].set_result(False)
         self.inflight.clear()
-        self.queue.clear()
-        self._replies.clear()
+        self.queue = ()
+        self._replies = ()
         if (
             was_connected
             or self.pstate is not None

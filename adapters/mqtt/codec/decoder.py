@@ -69,6 +69,9 @@ _FLAGS_0010 = frozenset({6, 8, 10})  # PUBREL, SUBSCRIBE, UNSUBSCRIBE
 _ACKS = {4: Puback, 5: Pubrec, 6: Pubrel, 7: Pubcomp}
 
 
+ALL_VERSIONS = frozenset((MQTT_3_1, MQTT_3_1_1, MQTT_5))  # shared by every decoder that takes them all
+
+
 class Decoder:
     """Incremental MQTT decoder for one connection.
 
@@ -112,7 +115,7 @@ class Decoder:
         *,
         version: int | None = None,
         max_packet_size: int = MAX_PACKET_SIZE,
-        supported_versions: tuple[int, ...] = (MQTT_3_1, MQTT_3_1_1, MQTT_5),
+        supported_versions: tuple[int, ...] | frozenset[int] = ALL_VERSIONS,
         strict_utf8: bool = False,
         topic_alias_maximum: int = 0,
     ) -> None:
@@ -125,16 +128,16 @@ class Decoder:
         self.role = role
         self.version = version
         self.max_packet_size = max_packet_size
-        self.supported_versions = frozenset(supported_versions)
+        self.supported_versions = frozenset(supported_versions)  # the same object for a frozenset
         self.strict_utf8 = strict_utf8
         self.topic_alias_maximum = topic_alias_maximum
         self._server = role == "server"
         self._ready = self._server and version is not None
         self._connect_level: int | None = None
-        self._aliases: dict[int, str] = {}
+        self._aliases: dict[int, str] | None = None  # made by the first alias set
         self._buf = b""
         self._pos = 0
-        self._more: list[bytes] = []
+        self._more: list[bytes] | tuple = ()  # later reads of a partial frame
         self._more_len = 0
         self._need = 0
         self._error: MQTTCodecError | None = None
@@ -153,7 +156,10 @@ class Decoder:
             self._need = 0
         else:
             data = bytes(data)
-            self._more.append(data)
+            if self._more:
+                self._more.append(data)  # type: ignore[union-attr]
+            else:
+                self._more = [data]
             self._more_len += len(data)
 
     @property
@@ -176,6 +182,9 @@ class Decoder:
                 out.append(packet)
         except MQTTCodecError as e:
             return out, e
+        if self._pos >= len(self._buf) and not self._more:  # all decoded: hold no read between reads
+            self._buf = b""
+            self._pos = 0
         return out, None
 
     def __iter__(self) -> Iterator[Any]:
@@ -197,7 +206,7 @@ class Decoder:
                     return None
                 buf = self._buf = b"".join([buf[pos:], *self._more])
                 pos = self._pos = 0
-                self._more = []
+                self._more = ()
                 self._more_len = 0
                 self._need = 0
             n = len(buf)
@@ -250,7 +259,7 @@ class Decoder:
             self._error = e
             self._buf = b""
             self._pos = self._more_len = 0
-            self._more = []
+            self._more = ()
             raise
 
     # --- PUBLISH (hot path) ------------------------------------------------------------------------
@@ -306,10 +315,13 @@ class Decoder:
                 ReasonCode.TOPIC_ALIAS_INVALID,
                 f"topic alias {alias} outside 1..{self.topic_alias_maximum}",
             )
+        aliases = self._aliases
         if topic:
-            self._aliases[alias] = topic
+            if aliases is None:
+                aliases = self._aliases = {}
+            aliases[alias] = topic
             return topic
-        known = self._aliases.get(alias)
+        known = aliases.get(alias) if aliases is not None else None
         if known is None:
             raise protocol_error(f"topic alias {alias} used before it was set")
         return known
