@@ -83,7 +83,13 @@ def amqp_queues(name: str, work: Path, args: argparse.Namespace) -> dict[str, An
 
         def start() -> Server:
             return start_gateway(
-                work, "amqp", args.gateway_args, cpu=args.server_cpu, ready=amqp_ready, server_cls=AmqpServer
+                work,
+                "amqp",
+                args.gateway_args,
+                cpu=args.server_cpu,
+                src=args.gateway_src,
+                ready=amqp_ready,
+                server_cls=AmqpServer,
             )
     else:
         if rabbitmq_script() is None:

@@ -3,7 +3,7 @@ session, on our gateway and on Mosquitto in the same run, with the same generato
 
     .venv/bin/python bench/scale_bench.py [--servers gateway,mosquitto] [--phases P,...]
         [--conns N] [--persistent-share F] [--sessions S] [--queues Q] [--retained R]
-        [--telemetry-rate R] [--quick] [--json]
+        [--telemetry-rate R] [--gateway-src DIR] [--gateway-arg ARG ...] [--quick] [--json]
 
 The generator is this process (bench/scale_client.py: raw asyncio MQTT 3.1.1 clients on uvloop
 with pre-encoded packets, sockets bound to loopback source addresses 127.0.0.2 ... 127.0.0.9),
@@ -123,7 +123,7 @@ def git_head() -> str:
 
 def start_server(name: str, work: Path, args: argparse.Namespace) -> Server:
     if name == "gateway":
-        return start_gateway(work, "mqtt", args.gateway_args, cpu=args.server_cpu)
+        return start_gateway(work, "mqtt", args.gateway_args, cpu=args.server_cpu, src=args.gateway_src)
     if name == "mosquitto":
         return start_mosquitto(work, args.server_cpu)
     raise ServerError(f"unknown server {name}")
@@ -173,7 +173,8 @@ def bench_server(name: str, args: argparse.Namespace) -> dict[str, Any]:
         server: Server | None = None
         try:
             server = start_server(name, work, args)
-            out.setdefault("version", server.info.get("version") or f"gateway {git_head()}")
+            gw = f"gateway from {args.gateway_src}" if args.gateway_src else f"gateway {git_head()}"
+            out.setdefault("version", server.info.get("version") or gw)
             log(f"[{name}] {group.__name__} (pid {server.pid})")
             out.update(uvloop.run(group(server, args)))
         finally:
@@ -220,6 +221,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--server-cpu", type=int, default=0)
     ap.add_argument("--gen-cpu", type=int, default=1)
     ap.add_argument("--gateway-arg", action="append", default=[], help="one more `gateway start` argument")
+    ap.add_argument("--gateway-src", type=Path, default=None, help="run the gateway from this source tree")
     ap.add_argument("--seed", type=int, default=48)
     ap.add_argument("--quick", action="store_true", help="a small, short run (the smoke test)")
     ap.add_argument("--json", action="store_true")
@@ -280,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     g, m = report.get("gateway", {}), report.get("mosquitto", {})
     for k in KEYS:
         a, b = g.get(k), m.get(k)
-        report[f"{k}_ratio"] = round(a / b, 3) if a and b else None
+        report[f"{k}_ratio"] = round(a / b, 3) if a is not None and b else None
     with open("/proc/loadavg") as f:
         load = f.read().split()[:3]
     report["config"] = {

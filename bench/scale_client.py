@@ -123,23 +123,20 @@ class Conn(asyncio.Protocol):
             data = self.rest + data
         n = len(data)
         pos = 0
+        acks: list[bytes] = []  # PUBACKs of this read, written at once
         while n - pos >= 2:
             b0 = data[pos]
-            rl = 0
-            shift = 0
+            rl = shift = 0
             h = pos + 1
-            while True:
-                if h >= n:
-                    self.rest = data[pos:]
-                    return
+            more = True  # the remaining length goes on
+            while more and h < n:
                 b = data[h]
                 h += 1
                 rl |= (b & 0x7F) << shift
                 shift += 7
-                if not b & 0x80:
-                    break
+                more = bool(b & 0x80)
             end = h + rl
-            if end > n:
+            if more or end > n:  # the remaining length or the packet is not all here yet
                 break
             kind = b0 >> 4
             if kind == 3:  # PUBLISH
@@ -148,7 +145,7 @@ class Conn(asyncio.Protocol):
                 topic = data[h + 2 : h + 2 + tl]
                 p = h + 2 + tl
                 if qos:
-                    self.write(b"\x40\x02" + data[p : p + 2])
+                    acks.append(b"\x40\x02" + data[p : p + 2])
                     p += 2
                 self.received += 1
                 if self.sink is not None:
@@ -165,6 +162,8 @@ class Conn(asyncio.Protocol):
                 self.suback.set_result(data[end - 1])
             pos = end
         self.rest = data[pos:] if pos < n else b""
+        if acks:
+            self.write(b"".join(acks))
 
     # -- requests
     def subscribe(self, topic_filter: str, qos: int = 1) -> asyncio.Future[int]:

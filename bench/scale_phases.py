@@ -249,7 +249,7 @@ class Run:
         assert w is not None
         load = w.stop(phase)
         figs = w.figures
-        taken = max(acks1 - acks0, 1)
+        taken = acks1 - acks0
         ok = await wait_for(lambda: len(seen) >= sent and acked[0] >= sent, a.drain_max, 0.02)
         sub.sink = None
         for c in pubs:
@@ -271,7 +271,7 @@ class Run:
             f"{phase}_duplicates": dups,
             f"{phase}_unacked": unacked,
             # server CPU over the window per message it acknowledged in it
-            f"{phase}_cpu_us_per_msg": _r(figs["server_cpu_s"] / taken * 1e6, 1),
+            f"{phase}_cpu_us_per_msg": _r(figs["server_cpu_s"] / taken * 1e6, 1) if taken else None,
             f"{phase}_acks_per_s": _r((acks1 - acks0) / figs["duration_s"], 1),
             f"{phase}_p50_ms": _r(pct_ms(lat, 50)),
             f"{phase}_p99_ms": _r(pct_ms(lat, 99)),
