@@ -14,6 +14,11 @@ Messages for the session are not copied anywhere: the session has its own consum
 name per session incarnation) and pops every store topic its subscriptions cover; whatever arrives
 while it is offline simply waits in the store, past the group's committed offsets.
 
+Session records are written through one `RecordWriter` per processor: the records (and deletes)
+asked for while a write is in flight go together in the next `kv_put_many` (one transaction, one
+sync), so a reconnect storm costs a kv sync per batch of CONNECTs, not per CONNECT; each caller
+still returns only once its record is durable, and a client id's writes land in the order asked.
+
 Loading, expiring and ending sessions is registry.py's; the delivery loops are fanout.py's; the cap
 on that backlog (`--mqtt-max-queued-messages` / `-bytes`) is offline_queue.py's.
 """
@@ -27,6 +32,7 @@ import json
 import re
 import time
 import uuid
+import weakref
 from collections.abc import Awaitable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -125,10 +131,68 @@ def parse_record(client_id: str, value: bytes) -> tuple[SessionState, list[list[
     return st, d.get("s", [])
 
 
+class RecordWriter:
+    """Group commit of session records: `put` queues a record (None: delete it) for the next
+    `kv_put_many` and returns once that write is durable (raising what it raised)."""
+
+    __slots__ = ("processor", "_pending", "_done", "_writing", "_task")
+
+    def __init__(self, processor: MessagingProcessor) -> None:
+        self.processor = processor
+        self._pending: dict[str, bytes | None] = {}
+        self._done: asyncio.Future[None] | None = None  # settles when the pending batch is written
+        self._writing = False
+        self._task: asyncio.Task[None] | None = None
+
+    async def put(self, client_id: str, value: bytes | None) -> None:
+        self._pending.pop(client_id, None)  # (re-inserted last: a dict keeps its writes in order)
+        self._pending[client_id] = value
+        done = self._done
+        if done is None:
+            done = self._done = asyncio.get_running_loop().create_future()
+        if not self._writing:
+            self._writing = True
+            self._task = asyncio.get_running_loop().create_task(self._write())
+        await asyncio.shield(done)
+
+    async def _write(self) -> None:
+        try:
+            while self._pending:
+                batch, done = self._pending, self._done
+                self._pending, self._done = {}, None
+                try:
+                    await self.processor.kv_put_many(SESSIONS_NS, batch)
+                except Exception as e:  # noqa: BLE001 - every waiter of the batch gets it
+                    if done is not None and not done.done():
+                        done.set_exception(e)
+                        done.exception()  # (retrieved: a waiter may have been cancelled)
+                else:
+                    if done is not None and not done.done():
+                        done.set_result(None)
+        finally:
+            self._writing = False
+
+
+_writers: weakref.WeakKeyDictionary[Any, RecordWriter] = weakref.WeakKeyDictionary()
+
+
+def record_writer(processor: MessagingProcessor) -> RecordWriter:
+    """The session record writer of `processor` (one per processor, so one per proxy)."""
+    w = _writers.get(processor)
+    if w is None:
+        w = _writers[processor] = RecordWriter(processor)
+    return w
+
+
 async def save(processor: MessagingProcessor, st: SessionState) -> None:
-    """Write the session record (not once the session is discarded)."""
+    """Write the session record (not once the session is discarded); durable on return."""
     if not st.discarded:
-        await processor.kv_put(SESSIONS_NS, st.client_id, st.record())
+        await record_writer(processor).put(st.client_id, st.record())
+
+
+async def delete_record(processor: MessagingProcessor, client_id: str) -> None:
+    """Delete a session record, after any write of it asked for earlier."""
+    await record_writer(processor).put(client_id, None)
 
 
 def qos2_mark(

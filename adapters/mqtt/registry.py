@@ -26,6 +26,7 @@ from .persistence import (
     QOS2_NS,
     SESSIONS_NS,
     SessionState,
+    delete_record,
     parse_record,
     qos2_prefix,
     save,
@@ -105,7 +106,7 @@ class SessionRegistry:
             st, subs = parse_record(cid, value)
         except (ValueError, KeyError, TypeError):
             log.warning("mqtt: unreadable saved session %r dropped", cid)
-            await self.processor.kv_delete(SESSIONS_NS, cid)
+            await delete_record(self.processor, cid)
             return None
         if st.disconnected_at is None:  # saved while connected: that run or proxy ended since
             st.disconnected_at = now
@@ -346,7 +347,7 @@ class SessionRegistry:
                 }
                 if items:
                     await p.kv_put_many(QOS2_NS, items)
-                await p.kv_delete(SESSIONS_NS, st.client_id)
+                await delete_record(p, st.client_id)
             with contextlib.suppress(Exception):
                 await p.delete_group(st.group)
         finally:
