@@ -28,6 +28,7 @@ from fastapi import APIRouter
 from adapters.base import Adapter
 from gateway import collector as gc_collector
 from gateway.config import PROTOCOLS, Settings, trace_retention_ms
+from runtime.oslimits import ProcessLimits
 from runtime.tls import ServerTls, TlsError, TlsFiles
 
 if TYPE_CHECKING:
@@ -171,6 +172,7 @@ class Gateway:
         self._enabled: list[Adapter] = []  # every enabled listener, for /healthz
         self.tls: ServerTls | None = None  # --tls-cert: the certificate every TLS listener serves
         self.limiter = limiter_of(settings)  # connection and publish-rate limits of every listener
+        self.os_limits: ProcessLimits | None = None  # descriptor and memory limits (start)
 
     def listeners(self) -> list[Adapter]:
         return list(self._enabled)
@@ -182,6 +184,8 @@ class Gateway:
 
         s = self.settings
         cluster_config = None
+        self.os_limits = ProcessLimits()  # the descriptor limit raised first: the store opens files
+        self.os_limits.install(asyncio.get_running_loop())
         if self.worker is not None:
             await self._open_claims(self.worker)
         if s.mode == "cluster":
@@ -357,6 +361,7 @@ class Gateway:
             )
             app = create_app(self.processor, [*ce.routers(), *self.extra_routers], listeners=self.listeners)
             app.state.limiter = self.limiter  # /metrics: gateway_limit_refusals_total
+            app.state.os_limits = self.os_limits  # /metrics: gateway_fd_limit, gateway_accept_errors_total
             app.state.metrics_options = MetricsOptions(s.metrics_per_object, s.metrics_max_objects)
             http = HttpAdapter(
                 app,
@@ -481,6 +486,8 @@ class Gateway:
         if self.claims is not None:
             claims, self.claims = self.claims, None
             await claims.close()
+        if self.os_limits is not None:
+            self.os_limits.close()
 
     @staticmethod
     async def _stop_adapter(adapter: Adapter, grace: float) -> None:

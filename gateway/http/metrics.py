@@ -23,6 +23,7 @@ from fastapi.responses import Response
 from adapters.base import Adapter
 from adapters.limits import Limiter
 from messaging_processor import MessagingProcessor, ProcessorError
+from runtime.oslimits import ProcessLimits, open_fds
 
 from .deps import get_listeners, get_processor
 
@@ -308,6 +309,9 @@ async def metrics(request: Request) -> Response:
     processor, options = get_processor(request), _options(request)
     limiter = getattr(request.app.state, "limiter", None)
     text = render(processor, get_listeners(request), limiter)
+    os_limits = getattr(request.app.state, "os_limits", None)
+    if os_limits is not None:
+        text += render_process_limits(os_limits)
     if options.per_object:
         text += await render_per_object(processor, options.max_objects)
     return Response(text, media_type=CONTENT_TYPE)
@@ -318,3 +322,30 @@ async def metrics_per_object(request: Request) -> Response:
     """Only the per-topic and per-group series (whatever --metrics-per-object says)."""
     text = await render_per_object(get_processor(request), _options(request).max_objects)
     return Response(text, media_type=CONTENT_TYPE)
+
+
+def render_process_limits(limits: ProcessLimits) -> str:
+    """The descriptor and memory limits and how often they were the bound (runtime/oslimits.py)."""
+    w = _Writer()
+    w.family("gateway_fd_limit", "gauge", "The process's file descriptor limit (soft, after raising it).")
+    w.sample("gateway_fd_limit", limits.fd_limit)
+    w.family("gateway_open_fds", "gauge", "File descriptors the process holds open.")
+    w.sample("gateway_open_fds", open_fds())
+    name = "gateway_accept_errors_total"
+    w.family(name, "counter", "Connections refused because accept() failed (asyncio loop), by errno.")
+    for reason, n in sorted(limits.accept_errors.items()):
+        w.sample(name, n, ("reason",), (reason,))
+    name = "gateway_fd_limit_reached_total"
+    w.family(name, "counter", "Seconds in which the process found no file descriptor free.")
+    w.sample(name, limits.fd_limit_reached)
+    if limits.memory_limit:
+        w.family(
+            "gateway_memory_limit_bytes",
+            "gauge",
+            "The smallest of RLIMIT_AS, RLIMIT_DATA, cgroup memory.max.",
+        )
+        w.sample("gateway_memory_limit_bytes", limits.memory_limit)
+        name = "gateway_memory_limit_near_total"
+        w.family(name, "counter", "Seconds in which resident memory was over 90 % of the memory limit.")
+        w.sample(name, limits.memory_limit_near)
+    return w.text()

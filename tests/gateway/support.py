@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,9 +32,14 @@ class Proc(GatewayProc):
     """A gateway subprocess, killed after the test."""
 
     def __init__(
-        self, args: list[str], *, new_session: bool = False, env: Mapping[str, str] | None = None
+        self,
+        args: list[str],
+        *,
+        new_session: bool = False,
+        env: Mapping[str, str] | None = None,
+        **kw: Any,  # GatewayProc's: log_path, preexec_fn...
     ) -> None:
-        super().__init__(args, new_session=new_session, env=env)
+        super().__init__(args, new_session=new_session, env=env, **kw)
         started.append(self)
 
 

@@ -1,0 +1,97 @@
+"""Operating limits that say so (runtime/oslimits.py): `gateway start` raises its descriptor limit
+to the hard limit, and a gateway out of descriptors refuses new connections, logs it (once a
+minute) and counts it in /metrics; its connections stay open and work again once descriptors are
+free. (While none is free the store cannot open a file either: a publish then fails; see
+docs/limits.md, "Process limits".)"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import resource
+import socket
+
+import aiomqtt
+import httpx
+
+from tests.gateway.support import Proc
+from tests.support import wait_until
+
+
+def limited(soft: int, hard: int):
+    def preexec() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    return preexec
+
+
+def open_files_limit(pid: int) -> tuple[int, int]:
+    with open(f"/proc/{pid}/limits") as f:
+        for line in f:
+            if line.startswith("Max open files"):
+                soft, hard = line.split()[3:5]
+                return int(soft), int(hard)
+    raise AssertionError("no 'Max open files' line")
+
+
+def start(tmp_path, soft: int, hard: int, *extra: str) -> tuple[Proc, dict[str, str]]:
+    args = ["start", "--data-dir", str(tmp_path / "data"), "--protocols", "mqtt,http"]
+    args += ["--mqtt-port", "0", "--http-port", "0", *extra]
+    proc = Proc(args, preexec_fn=limited(soft, hard), log_path=tmp_path / "gateway.log")
+    return proc, proc.wait_ready(60)
+
+
+def test_soft_limit_raised_to_hard_at_start(tmp_path):
+    proc, _ = start(tmp_path, 256, 4096)
+    try:
+        assert open_files_limit(proc.p.pid) == (4096, 4096)
+        assert "file descriptor limit 4096 (hard 4096)" in (tmp_path / "gateway.log").read_text()
+    finally:
+        proc.stop()
+
+
+async def test_out_of_descriptors_serves_existing_refuses_new_and_says_so(tmp_path):
+    limit = 160
+    proc, listeners = start(tmp_path, limit, limit, "--event-loop", "asyncio")
+    mqtt_port = int(listeners["mqtt"].rsplit(":", 1)[1])
+    http = f"http://{listeners['http']}"
+    flood: list[socket.socket] = []
+    try:
+        async with aiomqtt.Client("127.0.0.1", mqtt_port, identifier="old", timeout=10) as c:
+            await c.subscribe("fd/test", qos=1)
+            for _ in range(limit + 40):  # more connections than the gateway has descriptors left
+                flood.append(socket.create_connection(("127.0.0.1", mqtt_port), timeout=5))
+            log_path = tmp_path / "gateway.log"
+            await wait_until(lambda: "accept() failed with EMFILE" in log_path.read_text(), timeout=20)
+            for s in flood:
+                s.close()
+            flood.clear()
+            r = await wait_for_metrics(http)
+            await c.publish("fd/test", b"still served", qos=1)  # the connection held through it
+            msg = await asyncio.wait_for(anext(aiter(c.messages)), 10)
+            assert msg.payload == b"still served"
+        text = r.text
+        m = re.search(r'^gateway_accept_errors_total\{reason="emfile"\} (\d+)', text, re.M)
+        assert m and int(m.group(1)) > 0, text
+        assert re.search(rf"^gateway_fd_limit {limit}$", text, re.M)
+        assert re.search(r"^gateway_open_fds \d+$", text, re.M)
+        log = log_path.read_text()
+        assert log.count("accept() failed with EMFILE") == 1, "the message is not rate-limited"
+        # and new connections are accepted again once descriptors are free
+        async with aiomqtt.Client("127.0.0.1", mqtt_port, identifier="new", timeout=10) as c2:
+            await c2.publish("fd/test", b"new", qos=1)
+    finally:
+        for s in flood:
+            s.close()
+        proc.stop()
+
+
+async def wait_for_metrics(url: str) -> httpx.Response:
+    """GET /metrics once the listener accepts again (it retries accept() every second)."""
+    async with httpx.AsyncClient(timeout=5) as client:
+        for _ in range(40):
+            try:
+                return await client.get(url + "/metrics")
+            except httpx.TransportError:
+                await asyncio.sleep(0.25)
+    raise AssertionError("/metrics did not answer")
