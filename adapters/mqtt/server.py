@@ -60,7 +60,7 @@ class MqttProtocol(asyncio.Protocol):
         cert_user = None
         if self.adapter.cert_identity:
             cert_user = peer_common_name(transport.get_extra_info("peercert"))
-        self.session = Session(self.adapter.broker, transport.write, transport.close, remote, cert_user)
+        self.session = Session(self.adapter.broker, transport, remote, cert_user)
         if limiter is not None:
             self.session.limits = SessionLimits(limiter, transport)  # type: ignore[arg-type]
         if self.adapter.max_outbound_bytes:

@@ -91,9 +91,8 @@ class Session:
     __slots__ = (
         "broker",
         "cert_user",
-        "_transport_write",
+        "transport",
         "_wbuf",
-        "_close",
         "remote",
         "loop",
         "decoder",
@@ -123,7 +122,7 @@ class Session:
         "_tasks",
         "_ka_slot",
         "_normal_disconnect",
-        "closed_event",
+        "_closed_event",
         "limits",
         "throttle",
         "writable",
@@ -132,16 +131,14 @@ class Session:
     def __init__(
         self,
         broker: Broker,
-        write: Callable[[bytes], Any],
-        close: Callable[[], Any],
+        transport: Any,
         remote: str = "",
         cert_user: str | None = None,
     ) -> None:
         self.broker = broker
         self.cert_user = cert_user  # the CN of a verified client certificate, when it names the user
-        self._transport_write = write
+        self.transport = transport  # what the session needs of it: write(bytes), close()
         self._wbuf: list[bytes] | None = None  # writes of one event-loop tick, sent with one syscall
-        self._close = close
         self.remote = remote
         self.loop = asyncio.get_running_loop()
         self.decoder = Decoder(max_packet_size=broker.max_packet_size)
@@ -171,7 +168,7 @@ class Session:
         self._tasks: set[asyncio.Task] | tuple = ()
         self._ka_slot: int | None = None  # this session's slot in the keep-alive wheel
         self._normal_disconnect = False
-        self.closed_event = LazyEvent()
+        self._closed_event: LazyEvent | None = None  # made when someone waits for the close
         self.limits: SessionLimits | None = None  # connection and publish-rate limits (limits.py)
         self.throttle: ReadThrottle | None = None  # set at CONNECT when publish rates are limited
         # clear while the transport's write buffer is over --max-outbound-bytes-per-connection (server.py):
@@ -193,7 +190,7 @@ class Session:
         if not buf or self.state == CLOSED:
             return
         self._wbuf = None
-        self._transport_write(buf[0] if len(buf) == 1 else b"".join(buf))
+        self.transport.write(buf[0] if len(buf) == 1 else b"".join(buf))
 
     # ------------------------------------------------------------------ input
     def feed(self, data: bytes) -> None:
@@ -580,7 +577,7 @@ class Session:
         if reason is not None and self.version == MQTT_5 and self.state == CONNECTED:
             self._write(encode_disconnect(reason, MQTT_5))
         self._flush_writes()
-        self._close()
+        self.transport.close()
         self.connection_lost()
 
     def connection_lost(self) -> None:
@@ -609,4 +606,15 @@ class Session:
         ):
             will = self.will if was_connected and not self._normal_disconnect else None
             self.broker.registry.session_closed(self, will)
-        self.closed_event.set()
+        if self._closed_event is not None:
+            self._closed_event.set()
+
+    @property
+    def closed_event(self) -> LazyEvent:
+        """Set once the connection is closed (made on first use: idle sessions hold none)."""
+        ev = self._closed_event
+        if ev is None:
+            ev = self._closed_event = LazyEvent()
+            if self.state == CLOSED:
+                ev.set()
+        return ev

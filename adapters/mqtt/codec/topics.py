@@ -16,8 +16,9 @@ Pure functions, no I/O:
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator
-from typing import Generic, TypeVar
+from collections.abc import Hashable, Iterator, Mapping
+from types import MappingProxyType
+from typing import Any, Generic, TypeVar
 
 SHARE_PREFIX = "$share/"
 
@@ -104,14 +105,19 @@ def topic_matches(filt: str, topic: str) -> bool:
 T = TypeVar("T", bound=Hashable)
 
 
+_NONE: Mapping[Any, Any] = MappingProxyType({})
+
+
 class _Node:
     __slots__ = ("children", "plus", "hash", "items")
 
     def __init__(self) -> None:
-        self.children: dict[str, _Node] = {}
+        # both stay the shared read-only `_NONE` until written (a leaf has no children, an inner
+        # node of `dev/<i>/cmd` no items: ~128 B less per subscription)
+        self.children: Mapping[str, _Node] = _NONE
         self.plus: _Node | None = None
         self.hash: _Node | None = None
-        self.items: dict[Hashable, None] = {}  # an insertion-ordered set
+        self.items: Mapping[Hashable, None] = _NONE  # an insertion-ordered set
 
     def empty(self) -> bool:
         return not self.items and not self.children and self.plus is None and self.hash is None
@@ -157,11 +163,15 @@ class TopicTrie(Generic[T]):
             else:
                 nxt = node.children.get(level)
                 if nxt is None:
-                    nxt = node.children[level] = _Node()
+                    if node.children is _NONE:
+                        node.children = {}
+                    nxt = node.children[level] = _Node()  # type: ignore[index]
             node = nxt
         if item in node.items:
             return False
-        node.items[item] = None
+        if node.items is _NONE:
+            node.items = {}
+        node.items[item] = None  # type: ignore[index]
         self._count += 1
         return True
 
@@ -182,7 +192,9 @@ class TopicTrie(Generic[T]):
             node = nxt
         if item not in node.items:
             return False
-        del node.items[item]
+        del node.items[item]  # type: ignore[attr-defined]
+        if not node.items:
+            node.items = _NONE
         self._count -= 1
         while trail and node.empty():
             parent, level = trail.pop()
@@ -191,7 +203,9 @@ class TopicTrie(Generic[T]):
             elif level == "#":
                 parent.hash = None
             else:
-                del parent.children[level]
+                del parent.children[level]  # type: ignore[attr-defined]
+                if not parent.children:
+                    parent.children = _NONE
             node = parent
         return True
 
