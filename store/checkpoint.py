@@ -61,6 +61,7 @@ class Checkpointer:
         self.segments = segments
         self.progress = progress
         self.lock = asyncio.Lock()  # one checkpoint (or retention file rewrite) at a time
+        self._written: tuple[int, ...] = ()  # what the last checkpoint file recorded (`_state`)
 
     async def checkpoint(self, consumer_snapshot: bool = False) -> None:
         """Write the in-memory queue and index entries to their files, then the checkpoint. Once
@@ -84,20 +85,29 @@ class Checkpointer:
         # files never point past `end`; index entries may, and recovery cuts them at `end`)
         flushes = [f for f in ((cq, *cq.take_flush(end)) for cq in self.cqs.values() if cq.mem) if f[2]]
         idx = self.index.take_flush()
-        queues = {f"{t}/{q}": cq.flushable_end for (t, q), cq in self.cqs.items()}
-        try:
-            await self.run_io(self._write, end, flushes, idx, segs, queues)
-        except BaseException:
-            for cq, _first, _data in flushes:
-                cq.unflush()
-            self.index.mem[:0] = idx  # written again (at the same place) by the next checkpoint
-            raise
+        state = self._state(end)
+        if flushes or idx or segs or state != self._written:  # else the file says it all already
+            queues = {f"{t}/{q}": cq.flushable_end for (t, q), cq in self.cqs.items()}
+            try:
+                await self.run_io(self._write, end, flushes, idx, segs, queues)
+            except BaseException:
+                for cq, _first, _data in flushes:
+                    cq.unflush()
+                self.index.mem[:0] = idx  # written again (at the same place) by the next checkpoint
+                raise
+            self._written = state
         for cq, _first, _data in flushes:
             cq.flushed()
         if consumer_snapshot or self.progress.ops >= self.config.consumer_checkpoint_ops:
             self.progress.ops = 0
             snap = self.progress.snapshot()
             await self.run_io(self.progress.write_checkpoint, snap, self.progress.take_log())
+
+    def _state(self, end: int) -> tuple[int, ...]:
+        """What a checkpoint file records, in short: an idle store (100,000 queues) skips rewriting
+        and syncing the same file every second. Queue ends move only with `end` (or a flush)."""
+        cl = self.commitlog
+        return (end, len(self.cqs), len(self.segments.by_base), cl.min_offset, cl.write_pos)
 
     async def flush_progress(self) -> None:
         """Append the consumer progress operations since the last flush to its log."""

@@ -104,3 +104,24 @@ def test_pinned_files_stay_open(tmp_path):
     assert len(files) == 0
     with pytest.raises(ValueError):
         OpenFiles(0)
+
+
+async def test_idle_checkpoint_does_not_rewrite_the_file(make_store, tmp_path):
+    """With nothing new, a checkpoint leaves checkpoint.json alone (it lists every queue: with
+    100,000 of them, rewriting and syncing it every second was an idle cost)."""
+    s = await make_store(checkpoint_interval_ms=3_600_000)
+    for i in range(5):
+        await s.append(Message(f"c{i}", b"x"))
+    await s._checkpoints.checkpoint()
+    path = tmp_path / "data" / "checkpoint.json"
+    inode = os.stat(path).st_ino
+    await s._checkpoints.checkpoint()
+    assert os.stat(path).st_ino == inode, "an idle checkpoint rewrote the file"
+    await s.append(Message("c0", b"y"))
+    await s._checkpoints.checkpoint()
+    assert os.stat(path).st_ino != inode
+    s.create_topic("fresh", queues=1)
+    s.read("fresh", 0, 0)  # its queue exists now: the next checkpoint lists it
+    inode = os.stat(path).st_ino
+    await s._checkpoints.checkpoint()
+    assert os.stat(path).st_ino != inode
