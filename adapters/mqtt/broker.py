@@ -77,6 +77,7 @@ class Broker:
         in-flight messages made visible again), stop the fan-out loops."""
         self.registry.close_connections()
         await self.fanout.close()
+        await self.retained.close()
         await self.registry.close()
 
 

@@ -18,7 +18,9 @@ then deletes it from the table; an interrupted move is re-done at the next start
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import time
 
 from messaging_processor import ClientContext, Identity, Message, MessagingProcessor
@@ -30,7 +32,9 @@ RETAINED_TOPIC = "%MQTT_RETAINED%"
 RETAINED_NS = "mqtt.retained"  # the key-value namespace of earlier versions (migrated by `start`)
 MIGRATE_BATCH = 256  # retained messages moved per append (and kv delete)
 CATCH_UP_BATCH = 1024  # records read at a time when bringing the index up to date
+FOLLOW_S = 0.5  # how often the index reads what was appended since (so a first use finds little)
 # reads of the retained topic are the proxy's own (the same identity as broker.PROXY_IDENTITY)
+log = logging.getLogger("adapters.mqtt")
 _CTX = ClientContext("mqtt", client_id="$mqtt-retained", identity=Identity("$mqtt-proxy", None, "internal"))
 
 
@@ -56,6 +60,7 @@ class Retained:
         self.positions: dict[int, int] = {}  # queue -> next offset the index has not seen
         self._lock = asyncio.Lock()  # one catch-up at a time
         self._ready = False  # the compacted topic is known to exist
+        self._follower: asyncio.Task[None] | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -74,6 +79,25 @@ class Retained:
         await self._ensure_topic()
         await self.migrate()
         await self.catch_up()
+        self._follower = asyncio.get_running_loop().create_task(self._follow())
+
+    async def _follow(self) -> None:
+        """Tail the topic: index what this proxy or another appended, every FOLLOW_S, so that a
+        subscription after a burst of retained writes does not index the burst itself."""
+        while True:
+            await asyncio.sleep(FOLLOW_S)
+            try:
+                await self.catch_up()
+            except Exception as e:  # noqa: BLE001 - the next use (or round) catches up again
+                log.debug("mqtt retained index: catch-up failed: %s", e)
+
+    async def close(self) -> None:
+        """Stop tailing the topic."""
+        t, self._follower = self._follower, None
+        if t is not None:
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
 
     async def catch_up(self) -> int:
         """Index the records appended to the retained topic since the last catch-up (by any

@@ -14,6 +14,7 @@ from adapters.mqtt.retained import RETAINED_TOPIC, retained_record
 from adapters.mqtt.retained_index import Entry, RetainedIndex
 from tests.adapters.mqtt.support import V5, close_env, open_env, serve
 from tests.adapters.mqtt.test_retained_topic import payloads, publish_retained, retained_of
+from tests.support import wait_until
 
 
 class Counting:
@@ -138,3 +139,16 @@ def test_index_matching_agrees_with_topic_matches(seed):
     for p in sorted(live):
         index.apply(p, Entry(0, 20_000, 0, 20_000, 0))
     assert len(index) == 0 and index.total_bytes == 0 and not list(index.match("#"))
+
+
+async def test_the_index_tails_the_topic_without_a_subscription(tmp_path):
+    env = await open_env(str(tmp_path / "data"))
+    try:
+        await fill(env.processor, 50, 10)  # written past the adapter, as by another proxy
+        index = env.adapter.broker.retained.index
+        await wait_until(lambda: len(index) == 50)
+        count = Counting(env.processor.store)
+        assert len(await retained_of(env, "dev/+/state")) == 5
+        assert count.records == 5  # the subscription found them indexed
+    finally:
+        await close_env(env)
