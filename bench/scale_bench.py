@@ -21,8 +21,9 @@ Phases (`--phases`, all by default), in this order, on one server each group:
 - `commands`: QoS 1 commands from one publisher to `--commands` (1,000) random connected devices,
   one each, paced at `--command-rate` (500/s): `commands_delivered`, p50/p99 publish-to-delivery.
 - `retained`: `--retained` (10,000) retained QoS 1 messages to `dev/<i>/state` (at most 500
-  unacked), then a new `dev/+/state` subscriber: `retained_replay_s` from its SUBSCRIBE to the
-  last distinct retained message received.
+  unacked; `retained_store_s`; a server that has not stored them all after `--retained-max-s`
+  (120) s gets no more: `retained_messages` is what it stored), then a new `dev/+/state`
+  subscriber: `retained_replay_s` from its SUBSCRIBE to the last distinct retained message.
 - `reconnect`: every persistent-session device DISCONNECTs; once the server is idle all
   reconnect (clean session 0) as fast as they can: `reconnects_per_s`, and how many CONNACKs said
   session present (`reconnect_session_present`); then commands to 100 resumed devices arrive
@@ -204,6 +205,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--telemetry-devices", type=int, default=1000)
     ap.add_argument("--telemetry-rate", type=float, default=5000.0)
     ap.add_argument("--retained", type=int, default=10_000)
+    ap.add_argument(
+        "--retained-max-s",
+        type=float,
+        default=120.0,
+        help="stop storing retained messages after this (120 s)",
+    )
     ap.add_argument("--sessions", type=int, default=1000)
     ap.add_argument("--persistent-publishers", type=int, default=100)
     ap.add_argument("--persistent-rate", type=float, default=500.0)
