@@ -31,6 +31,8 @@ from messaging_processor import (
     ProcessorError,
     Resource,
 )
+from runtime.deadlines import wheel_of
+from runtime.events import LazyEvent
 
 from . import codec as c
 from .channel import CLOSED as CH_CLOSED
@@ -145,7 +147,7 @@ class Connection:
         self.channel_max = channel_max
         self.cancel_notify = False
         self.blocked_notify = False
-        self.writable = asyncio.Event()
+        self.writable = LazyEvent()
         self.writable.set()
         # --max-outbound-bytes-per-connection (server.py sets it): consumers' delivery loops pop only while
         # `writable` (docs/limits.md "Memory per connection"); 0: not bounded
@@ -158,7 +160,8 @@ class Connection:
         self._timer: asyncio.TimerHandle | None = self.loop.call_later(10.0, self._handshake_timeout)
         self._inflight = 0
         self._paused = False
-        self.closed_event = asyncio.Event()
+        self.closed_event = LazyEvent()
+        self._tick_slot: int | None = None  # the heartbeat tick's slot in the loop's deadline wheel
         self.limits: ConnectionLimits | None = None  # connection and publish-rate limits (limits.py)
         self.throttle: ReadThrottle | None = None  # set at login when publish rates are limited
 
@@ -508,15 +511,22 @@ class Connection:
 
     # ------------------------------------------------------------------ heartbeats, renewals
     def _arm_timer(self) -> None:
-        """Heartbeats every half interval; invisible-time renewals four times per invisible time."""
+        """Heartbeats every half interval; invisible-time renewals four times per invisible time. One
+        wheel ticks every connection (runtime/deadlines.py), not a TimerHandle each."""
         hb = self.heartbeat
         period = min(5.0, self.broker.invisible_time_ms / 4000)
         if hb:
             period = min(period, hb / 2)
-        self._timer = self.loop.call_later(period, self._tick)
+        self._tick_slot = wheel_of(self.loop).schedule(self, self.loop.time() + period)
 
-    def _tick(self) -> None:
-        self._timer = None
+    def _cancel_tick(self) -> None:
+        if self._tick_slot is not None:
+            wheel_of(self.loop).cancel(self, self._tick_slot)
+            self._tick_slot = None
+
+    def deadline(self) -> None:
+        """The heartbeat tick: the wheel's call, `period` after `_arm_timer`."""
+        self._tick_slot = None
         if self.state not in (OPEN, CLOSING):
             return
         now = self.loop.time()
@@ -562,6 +572,7 @@ class Connection:
         self.state = CLOSING
         self.decoder.closing = True
         self._release()
+        self._cancel_tick()
         if self._timer is not None:
             self._timer.cancel()
         self._timer = self.loop.call_later(5.0, self.close)
@@ -582,6 +593,7 @@ class Connection:
     def connection_lost(self) -> None:
         """The transport is gone (idempotent)."""
         self.state = CLOSED
+        self._cancel_tick()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
