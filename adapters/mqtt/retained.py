@@ -187,10 +187,10 @@ class Retained:
                 if path is not None and m.body and m.properties.get(P_TOPIC) == path:
                     by_path[path] = m
             i = j
-        return [
-            (path, Message(store_topic(path), m.body, properties=m.properties))
-            for path, m in sorted(by_path.items())
-        ]
+        out = sorted(by_path.items())
+        for path, m in out:  # (records read for this call only: given their path's store topic)
+            m.topic = store_topic(path)
+        return out
 
 
 def _entry(queue: int, m: Message) -> Entry:
