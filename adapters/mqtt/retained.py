@@ -26,7 +26,7 @@ import time
 from messaging_processor import ClientContext, Identity, Message, MessagingProcessor
 
 from .mapping import P_EXPIRY_AT, P_TOPIC, store_topic
-from .retained_index import Entry, RetainedIndex
+from .retained_index import EXPIRY_AT, OFFSET, QUEUE, SIZE, Entry, RetainedIndex, entry
 
 RETAINED_TOPIC = "%MQTT_RETAINED%"
 RETAINED_NS = "mqtt.retained"  # the key-value namespace of earlier versions (migrated by `start`)
@@ -149,7 +149,7 @@ class Retained:
         old = index.get(msg.properties[P_TOPIC])
         if old is None and self.max_messages and len(index) >= self.max_messages:
             return False
-        grown = index.total_bytes + len(msg.body) - (old.size if old is not None else 0)
+        grown = index.total_bytes + len(msg.body) - (old[SIZE] if old is not None else 0)
         return not (self.max_bytes and grown > self.max_bytes)
 
     async def keep(self, msg: Message) -> None:
@@ -169,9 +169,9 @@ class Retained:
         await self.catch_up()
         now = int(time.time() * 1000)
         found = sorted(
-            (e.queue, e.offset, path)
+            (e[QUEUE], e[OFFSET], path)
             for path, e in self.index.match(filt)
-            if not (e.expiry_at and e.expiry_at <= now)
+            if not (e[EXPIRY_AT] and e[EXPIRY_AT] <= now)
         )
         by_path: dict[str, Message] = {}
         p = self.processor
@@ -196,4 +196,4 @@ class Retained:
 def _entry(queue: int, m: Message) -> Entry:
     """The index entry of a record read from the retained topic."""
     exp = m.properties.get(P_EXPIRY_AT)
-    return Entry(queue, m.queue_offset, len(m.body), m.store_timestamp, int(exp) if exp else 0)
+    return entry(queue, m.queue_offset, len(m.body), m.store_timestamp, int(exp) if exp else 0)

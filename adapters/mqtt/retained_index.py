@@ -18,17 +18,17 @@ wins, as in the store's own `latest`.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import NamedTuple
+
+# An entry: where a retained path's record is, and what deciding on it without reading it needs.
+# A plain tuple of ints (not a NamedTuple): the collector does not track it, nor a node holding
+# only such tuples, so a million indexed paths add next to nothing to a full garbage collection.
+Entry = tuple[int, int, int, int, int]  # (queue, offset, payload bytes, store time ms, expiry epoch ms or 0)
+QUEUE, OFFSET, SIZE, TS, EXPIRY_AT = range(5)
 
 
-class Entry(NamedTuple):
-    """Where a retained path's record is, and what deciding on it without reading it needs."""
-
-    queue: int
-    offset: int
-    size: int  # payload bytes
-    ts: int  # store time (ms)
-    expiry_at: int  # epoch ms after which it is not delivered (0: never)
+def entry(queue: int, offset: int, size: int, ts: int, expiry_at: int) -> Entry:
+    """An index entry (size 0: a tombstone, which clears its path)."""
+    return (queue, offset, size, ts, expiry_at)
 
 
 # A node is a dict: level -> child, where a child is either a node (levels below it exist) or the
@@ -69,9 +69,9 @@ class RetainedIndex:
         """A record of `path` read from the topic: a value (size > 0) sets the path unless a newer
         record (by store time, from another queue) is indexed; a tombstone (size 0) clears it."""
         old = self.get(path)
-        if old is not None and old.queue != entry.queue and old.ts > entry.ts:
+        if old is not None and old[QUEUE] != entry[QUEUE] and old[TS] > entry[TS]:
             return  # an older record of another queue (the topic gained queues since)
-        if entry.size:
+        if entry[SIZE]:
             self._set(path, entry, old)
         elif old is not None:
             self._remove(path, old)
@@ -95,8 +95,8 @@ class RetainedIndex:
         if old is None:
             self._count += 1
         else:
-            self.total_bytes -= old.size
-        self.total_bytes += entry.size
+            self.total_bytes -= old[SIZE]
+        self.total_bytes += entry[SIZE]
 
     def _remove(self, path: str, old: Entry) -> None:
         levels = path.split("/")
@@ -118,7 +118,7 @@ class RetainedIndex:
             del parent[level]
             node = parent
         self._count -= 1
-        self.total_bytes -= old.size
+        self.total_bytes -= old[SIZE]
 
     # ------------------------------------------------------------------ matching
     def match(self, filt: str) -> Iterator[tuple[str, Entry]]:

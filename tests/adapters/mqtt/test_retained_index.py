@@ -5,13 +5,14 @@ matching agrees with `topic_matches`."""
 
 from __future__ import annotations
 
+import gc
 import random
 
 import pytest
 
 from adapters.mqtt.codec import topic_matches
 from adapters.mqtt.retained import RETAINED_TOPIC, retained_record
-from adapters.mqtt.retained_index import Entry, RetainedIndex
+from adapters.mqtt.retained_index import EXPIRY_AT, Entry, RetainedIndex, entry
 from tests.adapters.mqtt.support import V5, close_env, open_env, serve
 from tests.adapters.mqtt.test_retained_topic import payloads, publish_retained, retained_of
 from tests.support import wait_until
@@ -98,8 +99,8 @@ async def test_the_index_follows_changes_restarts_and_other_proxies(tmp_path):
         assert "s/e" in payloads(await retained_of(env, "s/+"))
         idx = env.adapter.broker.retained.index
         e = idx.get("s/e")
-        assert e is not None and e.expiry_at
-        idx.apply("s/e", e._replace(expiry_at=1))  # as if its time had passed (no sleep)
+        assert e is not None and e[EXPIRY_AT]
+        idx.apply("s/e", (*e[:EXPIRY_AT], 1))  # as if its time had passed (no sleep)
         assert "s/e" not in payloads(await retained_of(env, "s/+"))
         await publish_retained(env, [("s/e", b"")])
     finally:
@@ -113,7 +114,7 @@ async def test_the_index_follows_changes_restarts_and_other_proxies(tmp_path):
 
 
 def _entry(i: int) -> Entry:
-    return Entry(0, i, 1, i, 0)
+    return entry(0, i, 1, i, 0)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -127,7 +128,7 @@ def test_index_matching_agrees_with_topic_matches(seed):
         index.apply(p, _entry(i))
     gone = set(rnd.sample(sorted(paths), 60))
     for p in gone:
-        index.apply(p, Entry(0, 10_000, 0, 10_000, 0))  # tombstones
+        index.apply(p, entry(0, 10_000, 0, 10_000, 0))  # tombstones
     live = paths - gone
     assert len(index) == len(live)
     assert index.total_bytes == len(live)
@@ -137,8 +138,17 @@ def test_index_matching_agrees_with_topic_matches(seed):
         got = sorted(p for p, _e in index.match(f))
         assert got == sorted(p for p in live if topic_matches(f, p)), f
     for p in sorted(live):
-        index.apply(p, Entry(0, 20_000, 0, 20_000, 0))
+        index.apply(p, entry(0, 20_000, 0, 20_000, 0))
     assert len(index) == 0 and index.total_bytes == 0 and not list(index.match("#"))
+
+
+def test_index_leaves_are_not_tracked_by_the_garbage_collector():
+    index = RetainedIndex()
+    for i in range(100):
+        index.apply(f"dev/{i}/state", entry(0, i, 1, i, 0))
+    gc.collect()
+    leaf = index._root["dev"]["7"]  # the node of dev/7: only its `state` entry
+    assert not gc.is_tracked(index.get("dev/7/state")) and not gc.is_tracked(leaf)
 
 
 async def test_the_index_tails_the_topic_without_a_subscription(tmp_path):
