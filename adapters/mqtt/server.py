@@ -81,7 +81,7 @@ class MqttProtocol(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         if self.session is not None:
-            self.session.writable.set()
+            self.session.set_writable()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.adapter.connections.discard(self)
@@ -89,7 +89,7 @@ class MqttProtocol(asyncio.Protocol):
             self.counted = False
             self.adapter.limiter.closed("mqtt")  # type: ignore[union-attr]
         if self.session is not None:
-            self.session.writable.set()  # releases deliveries waiting for room (they see it closed)
+            self.session.set_writable()  # releases deliveries waiting for room (they see it closed)
             self.session.connection_lost()
             if self.session.limits is not None:
                 self.session.limits.closed(self.session)

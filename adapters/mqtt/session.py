@@ -125,7 +125,7 @@ class Session:
         "_closed_event",
         "limits",
         "throttle",
-        "writable",
+        "_writable",
     )
 
     def __init__(
@@ -171,10 +171,7 @@ class Session:
         self._closed_event: LazyEvent | None = None  # made when someone waits for the close
         self.limits: SessionLimits | None = None  # connection and publish-rate limits (limits.py)
         self.throttle: ReadThrottle | None = None  # set at CONNECT when publish rates are limited
-        # clear while the transport's write buffer is over --max-outbound-bytes-per-connection (server.py):
-        # delivery loops do not pop, clean-session fan-out skips this session (docs/limits.md)
-        self.writable = LazyEvent()
-        self.writable.set()
+        self._writable: LazyEvent | None = None  # `writable`, made on first use
 
     # ------------------------------------------------------------------ output
     def _write(self, data: bytes) -> None:
@@ -608,6 +605,22 @@ class Session:
             self.broker.registry.session_closed(self, will)
         if self._closed_event is not None:
             self._closed_event.set()
+
+    @property
+    def writable(self) -> LazyEvent:
+        """Clear while the transport's write buffer is over --max-outbound-bytes-per-connection
+        (server.py): delivery loops do not pop, clean-session fan-out skips this session
+        (docs/limits.md). Made on first use (set)."""
+        ev = self._writable
+        if ev is None:
+            ev = self._writable = LazyEvent()
+            ev.set()
+        return ev
+
+    def set_writable(self) -> None:
+        """The write buffer drained (or the connection ended): release what waits for room."""
+        if self._writable is not None:
+            self._writable.set()
 
     @property
     def closed_event(self) -> LazyEvent:

@@ -16,6 +16,7 @@ Pure functions, no I/O:
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Hashable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
@@ -165,7 +166,8 @@ class TopicTrie(Generic[T]):
                 if nxt is None:
                     if node.children is _NONE:
                         node.children = {}
-                    nxt = node.children[level] = _Node()  # type: ignore[index]
+                    # one string for a level many filters share (`cmd` of every `dev/<i>/cmd`)
+                    nxt = node.children[sys.intern(level)] = _Node()  # type: ignore[index]
             node = nxt
         if item in node.items:
             return False
