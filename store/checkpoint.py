@@ -87,7 +87,8 @@ class Checkpointer:
         idx = self.index.take_flush()
         state = self._state(end)
         if flushes or idx or segs or state != self._written:  # else the file says it all already
-            queues = {f"{t}/{q}": cq.flushable_end for (t, q), cq in self.cqs.items()}
+            # an empty queue from offset 0 tells recovery nothing: the file lists the others only
+            queues = {f"{t}/{q}": n for (t, q), cq in self.cqs.items() if (n := cq.flushable_end)}
             try:
                 await self.run_io(self._write, end, flushes, idx, segs, queues)
             except BaseException:
