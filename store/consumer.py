@@ -115,6 +115,7 @@ class ConsumerProgress:
         os.makedirs(directory, exist_ok=True)
         self.states: dict[tuple[str, str], GroupTopic] = {}
         self.by_id: dict[int, GroupTopic] = {}
+        self.max_id = 0  # the highest id named (max(by_id) per new name was quadratic in names)
         self.seq = 0
         self.gen = 0
         self.buf = bytearray()
@@ -130,7 +131,7 @@ class ConsumerProgress:
     def get(self, group: str, topic: str) -> GroupTopic:
         st = self.states.get((group, topic))
         if st is None:
-            st = self._new(max(self.by_id, default=0) + 1, group, topic)
+            st = self._new(self.max_id + 1, group, topic)
             g, t = group.encode(), topic.encode()
             self.buf += _NAME.pack(OP_NAME, st.id, len(g)) + g + struct.pack("<H", len(t)) + t
         return st
@@ -139,6 +140,7 @@ class ConsumerProgress:
         st = GroupTopic(gt_id, group, topic)
         self.states[(group, topic)] = st
         self.by_id[gt_id] = st
+        self.max_id = max(self.max_id, gt_id)
         return st
 
     def next_seq(self) -> int:
@@ -231,6 +233,7 @@ class ConsumerProgress:
         operations of the old state are dropped."""
         self.states.clear()
         self.by_id.clear()
+        self.max_id = 0
         self.buf.clear()
         seq = self.seq
         self._load_snapshot(json.loads(snapshot))
