@@ -309,7 +309,10 @@ class Collector:
         self.server.server_close()
 
 
-async def test_otlp_export_puts_the_gateway_hop_into_the_producers_trace(tmp_path):
+async def _mqtt_in_amqp_acked(tmp_path, body: bytes, user_props: list[tuple[str, str]]):
+    """A gateway exporting to a real OTLP/HTTP collector: `body` published over MQTT 5 with
+    `user_props`, consumed and acked over AMQP (aio-pika). (the exported spans, the AMQP headers
+    the consumer got, the stored message), after the gateway stopped (the exporter flushed)."""
     collector = Collector()
     settings = Settings(
         data_dir=str(tmp_path / "data"),
@@ -332,23 +335,31 @@ async def test_otlp_export_puts_the_gateway_hop_into_the_producers_trace(tmp_pat
             ch = await conn.channel()
             queue = await ch.declare_queue(TOPIC, durable=True)
             props = Properties(PacketTypes.PUBLISH)
-            props.UserProperty = [("traceparent", TP["mqtt"])]
+            props.UserProperty = user_props
             async with aiomqtt.Client("127.0.0.1", listener(g, "mqtt").bound_port, protocol=V5) as pub:
-                await pub.publish(TOPIC, b"otlp", qos=1, properties=props)
+                await pub.publish(TOPIC, body, qos=1, properties=props)
             async with queue.iterator() as it:
                 async with asyncio.timeout(T):
                     async for m in it:
-                        assert m.headers["traceparent"] == TP["mqtt"]
+                        assert m.body == body
+                        headers = dict(m.headers or {})
                         await m.ack()
                         break
+        [stored] = await g.processor.read(ClientContext("test"), TOPIC, 0, 0, max_messages=2)
     finally:
         await g.stop()  # flushes the trace and shuts the exporter down (sending what it batched)
         collector.close()
-    names = {(sp.name, sp.trace_id.hex(), sp.parent_span_id.hex()) for sp in collector.spans}
+    return collector.spans, headers, stored
+
+
+async def test_otlp_export_puts_the_gateway_hop_into_the_producers_trace(tmp_path):
+    spans, headers, _ = await _mqtt_in_amqp_acked(tmp_path, b"otlp", [("traceparent", TP["mqtt"])])
+    assert headers["traceparent"] == TP["mqtt"]
+    names = {(sp.name, sp.trace_id.hex(), sp.parent_span_id.hex()) for sp in spans}
     trace_id, parent = TP["mqtt"][3:35], TP["mqtt"][36:52]
     for event in ("received", "stored", "delivered", "acked"):
         assert (f"{event} {TOPIC}", trace_id, parent) in names, names
-    attrs = {sp.name: {a.key: a.value.string_value for a in sp.attributes} for sp in collector.spans}
+    attrs = {sp.name: {a.key: a.value.string_value for a in sp.attributes} for sp in spans}
     assert attrs[f"received {TOPIC}"]["network.protocol.name"] == "mqtt"
     assert attrs[f"delivered {TOPIC}"]["network.protocol.name"] == "amqp"
 
@@ -357,45 +368,11 @@ async def test_otlp_gets_every_span_of_a_message_sent_without_a_context(tmp_path
     """Issue 47's acceptance: a message published over MQTT without a trace context, consumed and
     acked over AMQP, gives received, stored, delivered and acked spans in one trace (the one
     derived from its id) at a real OTLP/HTTP receiver, and the AMQP consumer gets no traceparent."""
-    collector = Collector()
-    settings = Settings(
-        data_dir=str(tmp_path / "data"),
-        protocols=("mqtt", "amqp"),
-        mqtt_port=0,
-        amqp_port=0,
-        flush="async",
-        default_queues=1,
-        segment_size_mib=4,
-        otlp_endpoint=collector.url,
-    )
-    g = Gateway(settings)
-    await g.start()
-    try:
-        await g.processor.create_topic(TOPIC, 1)
-        conn = await aio_pika.connect(
-            f"amqp://guest:guest@127.0.0.1:{listener(g, 'amqp').bound_port}/", timeout=T
-        )
-        async with conn:
-            ch = await conn.channel()
-            queue = await ch.declare_queue(TOPIC, durable=True)
-            props = Properties(PacketTypes.PUBLISH)
-            props.UserProperty = [("site", "north")]
-            async with aiomqtt.Client("127.0.0.1", listener(g, "mqtt").bound_port, protocol=V5) as pub:
-                await pub.publish(TOPIC, b"no-context", qos=1, properties=props)
-            async with queue.iterator() as it:
-                async with asyncio.timeout(T):
-                    async for m in it:
-                        assert m.body == b"no-context"
-                        assert "traceparent" not in (m.headers or {})  # none added (issue 47)
-                        await m.ack()
-                        break
-        [stored] = await g.processor.read(ClientContext("test"), TOPIC, 0, 0, max_messages=2)
-    finally:
-        await g.stop()  # flushes the trace and shuts the exporter down (sending what it batched)
-        collector.close()
+    exported, headers, stored = await _mqtt_in_amqp_acked(tmp_path, b"no-context", [("site", "north")])
+    assert "traceparent" not in headers  # none added (issue 47)
     tp = derived_traceparent(stored.message_id)
     assert tp is not None and "traceparent" not in stored.properties
-    spans = [sp for sp in collector.spans if sp.name.endswith(f" {TOPIC}")]
+    spans = [sp for sp in exported if sp.name.endswith(f" {TOPIC}")]
     by_event = {sp.name.split(" ")[0]: sp for sp in spans}
     assert set(by_event) == {"received", "stored", "delivered", "acked"}, [sp.name for sp in spans]
     assert {sp.trace_id.hex() for sp in spans} == {tp[3:35]}  # one trace: the derived context's
