@@ -43,7 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from common import Server, cpu_s, cpu_ticks, log, start_gateway, system_busy_s
+from common import Server, cpu_ticks, log, run_s, start_gateway, system_busy_s
 from mqtt_servers import start_mosquitto
 
 # The syscalls counted under each kind (the rest are "other").
@@ -281,7 +281,7 @@ class Window:
         self.traffic, self.pid = traffic, pid
 
     def __enter__(self) -> Window:
-        self.p0, self.r0, self.c0 = self.traffic.published, self.traffic.received, cpu_s(self.pid)
+        self.p0, self.r0, self.c0 = self.traffic.published, self.traffic.received, run_s(self.pid)
         self.b0, self.t0, self.s0 = system_busy_s(), time.monotonic(), cpu_ticks()
         return self
 
@@ -289,7 +289,7 @@ class Window:
         wall = time.monotonic() - self.t0
         self.messages = max(1, self.traffic.published - self.p0)
         self.received = self.traffic.received - self.r0
-        self.cpu = cpu_s(self.pid) - self.c0
+        self.cpu = run_s(self.pid) - self.c0
         steal1, all1 = cpu_ticks()
         self.steal = (steal1 - self.s0[0]) / max(1, all1 - self.s0[1])
         self.other_util = max(0.0, (system_busy_s() - self.b0 - self.cpu) / wall)  # of one CPU
