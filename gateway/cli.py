@@ -214,6 +214,20 @@ _START_FLAGS: dict[str, dict[str, Any]] = {
         "help": "admit clients without credentials: with --auth as the ACL's anonymous principal, "
         "without it on a non-loopback --host (default: refused)",
     },
+    "jwt_jwks": {"metavar": "FILE", "help": "device tokens: verify JWTs (RS256/ES256) with this JWKS file"},
+    "jwt_public_key": {
+        "metavar": "PEM",
+        "help": "device tokens: verify JWTs with this RSA or P-256 public key",
+    },
+    "jwt_secret_file": {
+        "metavar": "FILE",
+        "help": "device tokens: verify HS256 JWTs with this secret (mode 600)",
+    },
+    "jwt_user_claim": {"metavar": "CLAIM", "help": "the JWT claim naming the user (default sub)"},
+    "jwt_device_claim": {"metavar": "CLAIM", "help": "the JWT claim that %%d stands for in ACL rules"},
+    "jwt_audience": {"metavar": "AUD", "help": "refuse JWTs whose aud does not include this"},
+    "jwt_issuer": {"metavar": "ISS", "help": "refuse JWTs whose iss is not this"},
+    "jwt_leeway_s": {"type": float, "metavar": "S", "help": "clock skew allowed on exp and nbf (default 0)"},
 }
 
 # `gateway store`: flag -> Settings field (every one also a GATEWAY_* env var and a TOML key).

@@ -171,6 +171,18 @@ class Settings:
     # as the one anonymous principal that only the ACL rules of `anonymous` grant anything (default:
     # refused); with auth off everyone is anonymous, and this lets a non-loopback host run so
     allow_anonymous: bool = False
+    # device tokens (docs/security.md, "Device tokens (JWT)"), with auth on: a password or Bearer
+    # token shaped as a JWT is verified against a JWKS file, a PEM public key (RS256/ES256) or an
+    # HS256 secret file (owner-only, >= 32 bytes); the user is the `jwt_user_claim` claim, `%d` in
+    # ACL rules the `jwt_device_claim` claim; `iss` / `aud` checked when set; `exp` / `nbf` always
+    jwt_jwks: str | None = None
+    jwt_public_key: str | None = None
+    jwt_secret_file: str | None = None
+    jwt_user_claim: str = "sub"
+    jwt_device_claim: str | None = None
+    jwt_audience: str | None = None
+    jwt_issuer: str | None = None
+    jwt_leeway_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name, choices in (
@@ -243,6 +255,27 @@ class Settings:
         for name in ("tls_key", "tls_client_ca", "tls_required", "tls_require_client_cert"):
             if getattr(self, name) not in (None, False) and self.tls_cert is None:
                 raise ConfigError(f"{name} needs tls_cert")
+        for name in (
+            "jwt_jwks",
+            "jwt_public_key",
+            "jwt_secret_file",
+            "jwt_device_claim",
+            "jwt_audience",
+            "jwt_issuer",
+        ):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ConfigError(f"{name} must be a non-empty string, got {value!r}")
+        if not isinstance(self.jwt_user_claim, str) or not self.jwt_user_claim:
+            raise ConfigError(f"jwt_user_claim must name a claim, got {self.jwt_user_claim!r}")
+        lw = self.jwt_leeway_s
+        if isinstance(lw, bool) or not isinstance(lw, int | float) or not 0 <= lw <= 3600:
+            raise ConfigError(f"jwt_leeway_s must be a number of seconds in [0, 3600], got {lw!r}")
+        object.__setattr__(self, "jwt_leeway_s", float(lw))
+        if (self.jwt_jwks or self.jwt_public_key or self.jwt_secret_file) and not self.auth:
+            raise ConfigError(
+                "jwt_jwks, jwt_public_key and jwt_secret_file need auth (device tokens are logins)"
+            )
         if self.tls_require_client_cert is True and self.tls_client_ca is None:
             raise ConfigError("tls_require_client_cert needs tls_client_ca (to verify certificates with)")
         _check_int("max_body_size", self.max_body_size, 1, MAX_BODY_LIMIT)

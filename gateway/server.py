@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from cluster.remote_store import ClusterStoreClient
     from gateway.workers import ClaimsClient, WorkerLink
     from messaging_processor import LocalStoreClient
+    from messaging_processor.security.jwt_tokens import JwtVerifier
     from remoting.cluster_auth import ClusterAuth
     from store import StoreConfig
 
@@ -132,6 +133,29 @@ class StartupError(Exception):
     """The gateway could not start (store unavailable, port busy, adapter missing); one-line reason."""
 
 
+def jwt_verifier(s: Settings) -> JwtVerifier | None:
+    """The device token verifier (docs/security.md, "Device tokens (JWT)"), its keys read now; None
+    without a JWT key; StartupError when a key file is unusable (never saying a secret)."""
+    from messaging_processor.security.jwt_tokens import JwtConfigError, JwtSettings, JwtVerifier
+
+    js = JwtSettings(
+        s.jwt_jwks,
+        s.jwt_public_key,
+        s.jwt_secret_file,
+        s.jwt_user_claim,
+        s.jwt_device_claim,
+        s.jwt_audience,
+        s.jwt_issuer,
+        s.jwt_leeway_s,
+    )
+    if not js.enabled:
+        return None
+    try:
+        return JwtVerifier(js)
+    except JwtConfigError as e:
+        raise StartupError(f"device tokens: {e}") from None
+
+
 def limiter_of(s: Settings) -> Limiter:
     """The process's connection and publish-rate limits (docs/limits.md)."""
     from adapters.limits import Limiter, LimitSettings
@@ -213,7 +237,7 @@ class Gateway:
         if s.auth:
             from messaging_processor.security import Security
 
-            security = Security(store_client, allow_anonymous=s.allow_anonymous)
+            security = Security(store_client, allow_anonymous=s.allow_anonymous, jwt=jwt_verifier(s))
         tracer = None
         retention = trace_retention_ms(s.trace_retention)
         if retention > 0:

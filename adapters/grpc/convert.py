@@ -279,13 +279,17 @@ _identities: dict[str, Identity] = {}
 
 def identity_of(authorization: str, date_time: str = "") -> Identity | None:
     """`MQv2-HMAC-SHA1 Credential=<ak>, SignedHeaders=x-mq-date-time, Signature=<hex>` → Identity
-    (username = access key; the signature and signed date-time in `attributes` for an authorizer).
-    None when no access key is given."""
+    (username = access key; the signature and signed date-time in `attributes` for an authorizer);
+    `Bearer <token>` → a bearer Identity (a device token, docs/security.md). None when no access
+    key or token is given."""
     key = authorization + "\0" + date_time
     ident = _identities.get(key)
     if ident is not None:
         return ident
     scheme, _, rest = authorization.partition(" ")
+    if scheme.lower() == "bearer":  # a device token (JWT) as `authorization: Bearer <token>` metadata
+        token = rest.strip()
+        return Identity(secret=token, mechanism="bearer") if token else None
     fields: dict[str, str] = {}
     for part in rest.split(","):
         k, sep, v = part.strip().partition("=")

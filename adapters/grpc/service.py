@@ -96,6 +96,12 @@ MAX_VERIFIED = 4096
 Check = tuple[Action, Resource]
 
 
+def _token_expired(ident: Identity) -> bool:
+    """A verified identity of a device token whose `exp` has passed (docs/security.md)."""
+    p = ident.principal
+    return p is not None and p.expires_at is not None and p.expires_at <= time.time()
+
+
 def _topic(name: str) -> Resource:
     return Resource("topic", name)
 
@@ -187,6 +193,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             return None
         key = (ctx.identity, ctx.client_id)
         verified = ctx.identity if ctx.identity.principal is not None else self._verified.get(key)
+        if verified is not None and _token_expired(verified):
+            self._verified.pop(key, None)  # a device token past its exp: verified again, and refused
+            verified = None
         if verified is None:
             try:
                 await proc.authenticate(ctx)
@@ -196,7 +205,12 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             p = verified.principal
             pkey = (ctx.client_id, p.user if p is not None else "")
             prev = self._principals.get(pkey)
-            if prev is not None and prev.principal is not None and not prev.principal.revoked:
+            if (
+                prev is not None
+                and prev.principal is not None
+                and not prev.principal.revoked
+                and (p is None or prev.principal.expires_at == p.expires_at)
+            ):
                 verified = prev  # a new date-time signed by the same user: keep its decision cache
             else:
                 if len(self._principals) >= MAX_VERIFIED:

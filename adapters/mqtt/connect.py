@@ -21,6 +21,7 @@ from runtime.deadlines import wheel_of
 from .codec import MQTT_5, Connect, OutboundAliases, PropertyId, ReasonCode, connack_code, encode_connack
 from .persistence import NEVER
 from .states import CLOSED, CONNECTED, TOPIC_ALIAS_MAXIMUM
+from .token_expiry import arm as arm_token_expiry
 
 if TYPE_CHECKING:
     from .session import Session
@@ -98,6 +99,7 @@ async def handle_connect(s: Session, c: Connect) -> None:
     s.keep_alive = keep_alive
     if keep_alive:
         s._ka_slot = wheel_of(s.loop).schedule(s, s.loop.time() + keep_alive * 1.5)
+    arm_token_expiry(s)
     if s.pstate is not None:
         s._spawn(s.broker.registry.resume(s))
     backlog, s._backlog = s._backlog, None

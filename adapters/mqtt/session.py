@@ -66,6 +66,7 @@ if TYPE_CHECKING:
     from .limits import SessionLimits
     from .persistence import SessionState
     from .subscription import Sub
+    from .token_expiry import TokenExpiry
 
 log = logging.getLogger("adapters.mqtt")
 
@@ -121,6 +122,7 @@ class Session:
         "_replies",
         "_tasks",
         "_ka_slot",
+        "_token_expiry",
         "_normal_disconnect",
         "_closed_event",
         "limits",
@@ -167,6 +169,7 @@ class Session:
         self._replies: deque[_Reply] | tuple = ()
         self._tasks: set[asyncio.Task] | tuple = ()
         self._ka_slot: int | None = None  # this session's slot in the keep-alive wheel
+        self._token_expiry: TokenExpiry | None = None  # a device token's exp (token_expiry.py)
         self._normal_disconnect = False
         self._closed_event: LazyEvent | None = None  # made when someone waits for the close
         self.limits: SessionLimits | None = None  # connection and publish-rate limits (limits.py)
@@ -587,6 +590,9 @@ class Session:
         if self._ka_slot is not None:
             wheel_of(self.loop).cancel(self, self._ka_slot)
             self._ka_slot = None
+        if self._token_expiry is not None:
+            self._token_expiry.cancel()
+            self._token_expiry = None
         for e in self.inflight.values():
             if e[1] is not None and not e[1].done():
                 e[1].set_result(False)

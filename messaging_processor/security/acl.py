@@ -1,6 +1,7 @@
-"""ACL decisions for one principal: which rules apply (its user, its role, anyone), with `%u` and `%c`
-filled in, compiled once per directory version; each (action, resource) decision is then cached on
-the principal, so a connection pays for a decision once and a dict lookup afterwards.
+"""ACL decisions for one principal: which rules apply (its user, its role, anyone), with `%u`, `%c`
+and `%d` (a device token's device id) filled in, compiled once per directory version; each
+(action, resource) decision is then cached on the principal, so a connection pays for a decision
+once and a dict lookup afterwards.
 
 A matching deny wins over an allow; nothing is allowed that no rule allows; admins may do everything.
 The anonymous principal (a client admitted without credentials, `allow_anonymous`) gets the rules of
@@ -37,6 +38,11 @@ class Principal:
     protocol: str = ""
     token_id: str | None = None
     anonymous: bool = False
+    # a device token's principal (jwt_tokens.py): its user need not exist, never an admin; `device`
+    # is what `%d` stands for, `expires_at` the token's `exp` (Unix seconds)
+    external: bool = False
+    device: str | None = None
+    expires_at: float | None = None
     version: int = -1  # directory version the compiled rules are of
     revoked: bool = False
     allow: dict[tuple[str, str], list[tuple[str, ...]]] = field(default_factory=dict)
@@ -51,9 +57,13 @@ class Principal:
 ANONYMOUS_USER = "$anonymous"  # the anonymous principal's name in logs: no user name can be it ('$')
 
 
-def _fill(pattern: str, user: str | None, client_id: str) -> str | None:
+def _fill(pattern: str, user: str | None, client_id: str, device: str | None = None) -> str | None:
     if "%u" in pattern and user is None:
         return None  # the anonymous principal has no user name
+    if "%d" in pattern:
+        if not device or any(ch in device for ch in "/+#"):
+            return None  # no device id (not a device token, or no such claim), or one with wildcards
+        pattern = pattern.replace("%d", device)
     if "%c" in pattern:
         if not client_id or any(ch in client_id for ch in "/+#"):
             return None  # a client id with wildcard characters never widens a rule
@@ -72,7 +82,7 @@ def compile_rules(p: Principal, rules: list[Rule], version: int) -> None:
     for r in rules:
         if r.subject not in subjects:
             continue
-        filled = _fill(r.pattern, user, p.client_id)
+        filled = _fill(r.pattern, user, p.client_id, p.device)
         if filled is None:
             continue
         levels = split(filled)

@@ -54,7 +54,7 @@ class Rule:
     id: str
     subject: str  # "user:NAME", "role:admin|user", "anyone" (authenticated) or "anonymous"
     kind: str  # "topic" or "group"
-    pattern: str  # MQTT filter syntax, with %u / %c
+    pattern: str  # MQTT filter syntax, with %u / %c / %d
     actions: tuple[str, ...]
     deny: bool = False
 

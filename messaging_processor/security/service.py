@@ -8,7 +8,11 @@ as a wrong password.
 
 With `allow_anonymous`, a client that presents no credentials at all is admitted as the one anonymous
 principal (per client id and protocol, for its decision cache), which gets only what rules of subject
-`anonymous` grant; credentials that do not verify are refused as before, never taken as anonymous."""
+`anonymous` grant; credentials that do not verify are refused as before, never taken as anonymous.
+
+With a device token verifier (`jwt`, jwt_tokens.py), a password or Bearer token that looks like a JWT
+is verified as one instead; its principal is the token's user (who need not exist, and is never an
+admin), with the device id and expiry the adapters use."""
 
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from ..store_client import StoreClient
 from . import passwords, signatures
 from .acl import ANONYMOUS_USER, Grant, Principal, compile_rules, decide, grant, remember
 from .directory import Directory
+from .jwt_tokens import JwtError, JwtVerifier, looks_like_jwt
 from .records import User
 
 _MAX_VERIFIED = 10_000
@@ -37,9 +42,17 @@ class AuthFailure(Exception):
 
 
 class Security:
-    def __init__(self, store: StoreClient, *, poll_s: float = 1.0, allow_anonymous: bool = False) -> None:
+    def __init__(
+        self,
+        store: StoreClient,
+        *,
+        poll_s: float = 1.0,
+        allow_anonymous: bool = False,
+        jwt: JwtVerifier | None = None,
+    ) -> None:
         self.directory = Directory(store, poll_s)
         self.allow_anonymous = allow_anonymous
+        self.jwt = jwt  # device tokens: None unless a JWT key is configured
         self._key = secrets.token_bytes(32)
         self._verified: dict[bytes, str] = {}  # HMAC(user, password) -> the hash it was checked against
         # One principal per (user, client id, protocol, token): a client that authenticates per
@@ -103,6 +116,8 @@ class Security:
         return user
 
     async def login_password(self, name: str, password: str, protocol: str, client_id: str = "") -> Principal:
+        if self.jwt is not None and looks_like_jwt(password):
+            return self.login_jwt(password, protocol, client_id)  # the user name may be anything
         user = await self._user(name) if name else None
         if user is None or user.password_hash is None:
             await asyncio.to_thread(passwords.verify, passwords.DUMMY_HASH, password)
@@ -137,7 +152,27 @@ class Security:
             p = self._principals[key] = Principal(ANONYMOUS_USER, "", client_id, protocol, anonymous=True)
         return p
 
+    def login_jwt(self, text: str, protocol: str, client_id: str = "") -> Principal:
+        """A device token's principal: AuthFailure (reason `jwt_*`) unless it verifies."""
+        assert self.jwt is not None
+        try:
+            c = self.jwt.verify(text)
+        except JwtError as e:
+            raise AuthFailure(e.reason) from None
+        # per token identity (user, device, expiry): a reconnect with the same token keeps its cache
+        key = (c.user, client_id, protocol, f"jwt\0{c.device or ''}\0{c.expires_at}")
+        p = self._principals.get(key)
+        if p is None:
+            if len(self._principals) >= _MAX_PRINCIPALS:
+                self._principals.clear()
+            p = self._principals[key] = Principal(
+                c.user, "user", client_id, protocol, external=True, device=c.device, expires_at=c.expires_at
+            )
+        return p
+
     def login_token(self, text: str, protocol: str, client_id: str = "") -> Principal:
+        if self.jwt is not None and looks_like_jwt(text):
+            return self.login_jwt(text, protocol, client_id)
         token = self.directory.token_of(text)
         user = self.directory.users.get(token.user) if token is not None else None
         if token is None or user is None:
@@ -177,7 +212,7 @@ class Security:
         d = self.directory
         if p.version == d.version:
             return
-        if p.anonymous:
+        if p.anonymous or p.external:  # no user record to follow (a device token's role stays "user")
             compile_rules(p, list(d.rules.values()), d.version)
             return
         user = d.users.get(p.user)
@@ -207,7 +242,7 @@ class Security:
         self._current(p)
         if p.revoked:
             return False
-        if p.anonymous:
-            return vhost == "/"  # the default virtual host only: it has no user record to list others
         user = self.directory.users.get(p.user)
+        if p.anonymous or (p.external and user is None):
+            return vhost == "/"  # the default virtual host only: it has no user record to list others
         return p.admin or (user is not None and vhost in user.vhosts)

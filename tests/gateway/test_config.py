@@ -283,6 +283,14 @@ NON_DEFAULT = {
     "cluster_tls_ca": "/etc/cluster/ca.pem",
     "auth": True,
     "allow_anonymous": True,
+    "jwt_jwks": "/etc/gateway/jwks.json",
+    "jwt_public_key": "/etc/gateway/jwt.pem",
+    "jwt_secret_file": "/run/secrets/jwt_secret",
+    "jwt_user_claim": "username",
+    "jwt_device_claim": "device_id",
+    "jwt_audience": "gateway",
+    "jwt_issuer": "https://idp.example",
+    "jwt_leeway_s": 5.0,
 }
 # Settings only `gateway store` takes as flags (`--name`, `--port`); the others are flags of `start`.
 STORE_ONLY = {
