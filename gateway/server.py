@@ -440,6 +440,7 @@ class Gateway:
                 max_outbound_bytes=s.max_outbound_bytes_per_connection,
                 reuse_port=self.worker is not None,
                 claims=self.claims.namespace("mqtt") if self.claims is not None else None,
+                session_queues=s.mode != "cluster" and self.worker is None,
             )
             if self.claims is not None:
                 self.claims.evictors["mqtt"] = mqtt.evict

@@ -27,6 +27,7 @@ from store import (
 )
 from store.raw_range import RawRange
 
+from .dispatch import Dispatcher, Dispatchers
 from .errors import ErrorKind, ProcessorError, StoreCall, store_error, store_failed
 from .metrics import Metrics
 from .model import (
@@ -156,6 +157,14 @@ class MessagingProcessor:
         self._known_topics: set[str] = set()
         self._tasks: list[asyncio.Task] = []
         self._closing = False
+        self.dispatchers = Dispatchers()  # extra queues a sent message also goes to (dispatch.py)
+
+    def add_dispatcher(self, fn: Dispatcher) -> None:
+        """Have every send also store each message in the topics `fn(message)` names (dispatch.py)."""
+        self.dispatchers.add(fn)
+
+    def remove_dispatcher(self, fn: Dispatcher) -> None:
+        self.dispatchers.remove(fn)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -401,8 +410,11 @@ class MessagingProcessor:
         tracer = self.tracer
         if tracer is not None:
             tps = ensure_traceparents(messages)  # (kept, not the messages: nothing big outlives the send)
+        copies = self.dispatchers.copies(messages) if self.dispatchers else None
         try:
-            if len(messages) == 1:
+            if copies:  # (in the same write: durable together, dispatch.py)
+                results = (await self.store.append_many([*messages, *copies]))[: len(messages)]
+            elif len(messages) == 1:
                 results: list[AppendResult] = [await self.store.append(messages[0])]
             else:
                 results = await self.store.append_many(list(messages))
@@ -583,6 +595,13 @@ class MessagingProcessor:
             r = await self.store.end_transaction(tid, commit)
         if r is None:
             return None
+        if commit and self.dispatchers:  # a committed message's copies (dispatch.py): a write of
+            # their own after the commit (a crash between the two loses them, not the message)
+            with StoreCall(self.metrics, ctx.protocol, "end_transaction"):
+                stored = await self.store.get_message(r.commitlog_offset)
+                copies = self.dispatchers.copies_of_committed(stored, r.topic)
+                if copies:
+                    await self.store.append_many(copies)
         self.metrics.messages_in[(ctx.protocol, r.topic)] += 1
         return SendReceipt(
             r.message_id, r.topic, r.queue_id, r.queue_offset, r.commitlog_offset, r.store_timestamp
@@ -897,19 +916,20 @@ class MessagingProcessor:
         )
 
     async def send_internal(
-        self, topic: str, messages: Sequence[Message], *, compacted: bool = False
+        self, topic: str, messages: Sequence[Message], *, compacted: bool = False, queues: int | None = None
     ) -> None:
         """Store `messages` in `topic`, a `%` topic of the gateway's own that `send` refuses to
         producers (e.g. MQTT's retained messages); no producer, ACL or size checks: the caller
-        checked what it stores. `topic` is created first if missing (`compacted` if asked; an
-        existing one made compacted if asked); with no messages only that is done. Durable on return."""
+        checked what it stores. `topic` is created first if missing (with `queues`, `compacted` if
+        asked; an existing one made compacted if asked); with no messages only that is done. Durable
+        on return."""
         if not topic.startswith("%") or any(m.topic != topic for m in messages):
             raise ProcessorError(ErrorKind.ILLEGAL_TOPIC, f"internal sends go to one % topic, not {topic!r}")
         with StoreCall(None, "", ""):
             if topic not in self._known_topics:
                 t = await self.store.get_topic(topic)
                 if t is None or (compacted and not t.compacted):
-                    await self.store.create_topic(topic, t.queues if t else None, None, None, compacted)
+                    await self.store.create_topic(topic, t.queues if t else queues, None, None, compacted)
                     log.info("topic %s created (compacted: %s)", topic, compacted)
                 self._known_topics.add(topic)
             if messages:

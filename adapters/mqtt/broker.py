@@ -6,6 +6,8 @@
     fanout         Fanout (fanout.py): delivery of stored messages to clean and persistent sessions
     retained       Retained (retained.py): retained messages
     publisher      Publisher (publish.py): storing PUBLISHes and wills
+    routes         SessionRoutes (session_routing.py): which persistent sessions' queues a send
+                   also goes to (the processor's dispatcher; None without session queues)
 
 A Session (session.py) calls these parts directly; the broker only builds them, starts and stops
 them, and holds the proxy's fan-out name and identity.
@@ -24,6 +26,7 @@ from .publish import Publisher
 from .registry import SessionRegistry
 from .retained import Retained
 from .session import Session
+from .session_routing import SessionRoutes
 from .shared import Shares
 from .subscriptions import Subscriptions
 
@@ -43,7 +46,10 @@ class Broker:
         topic_scan_interval: float = 1.0,
         max_keep_alive: int = 0,
         caps: MqttCaps = DEFAULT_CAPS,
+        session_queues: bool = True,
     ) -> None:
+        """`session_queues`: persistent sessions get a queue each (LOCAL mode in one process; a
+        proxy of CLUSTER mode or `--workers` does not see the others' sessions: session_routing.py)."""
         self.processor = processor
         self.max_packet_size = max_packet_size
         self.max_keep_alive = max_keep_alive  # 0: accept what the client asks for
@@ -54,8 +60,11 @@ class Broker:
         self.fanout = Fanout(processor, ctx, self.group, topic_scan_interval)
         self.publisher = Publisher(processor, self.fanout, self.retained, caps)
         self.shares = Shares(processor, ctx)
-        self.subscriptions = Subscriptions(processor, self.fanout, self.retained, self.shares)
-        self.registry = SessionRegistry(processor, self.subscriptions, self.publisher.publish, caps)
+        self.routes = SessionRoutes() if session_queues else None
+        self.subscriptions = Subscriptions(processor, self.fanout, self.retained, self.shares, self.routes)
+        self.registry = SessionRegistry(
+            processor, self.subscriptions, self.publisher.publish, caps, self.routes
+        )
 
     @property
     def sessions(self) -> dict[str, Session]:
@@ -69,6 +78,8 @@ class Broker:
 
     async def start(self) -> None:
         """Restore the persistent sessions an earlier run saved."""
+        if self.routes is not None:
+            self.processor.add_dispatcher(self.routes.dispatch)
         await self.registry.start()
         await self.retained.start()
 
@@ -79,6 +90,8 @@ class Broker:
         await self.fanout.close()
         await self.retained.close()
         await self.registry.close()
+        if self.routes is not None:
+            self.processor.remove_dispatcher(self.routes.dispatch)
 
 
 __all__ = ["Broker", "PROXY_IDENTITY"]

@@ -11,7 +11,9 @@ every `scan_interval` seconds (and at once when an MQTT publish goes to a store 
 loop, see publish.py); topics found after the first scan are read from their start.
 
 Persistent sessions (persistence.py) do not use the shared loops: each has its own consumer group
-and, while connected, one loop per store topic its subscriptions cover (`sync`). Without a QoS 2
+and, while connected, one loop on its own queue (the store topic every send that matches its
+filters also stores the message in: session_routing.py), or, for a session without a queue
+(CLUSTER mode, `--workers`), one loop per store topic its subscriptions cover (`sync`). Without a QoS 2
 subscription it reads by offset (OffsetDeliveryLoop): the group's progress, the first message the
 client has not acked, is committed periodically and when the connection ends, so a message not
 acked comes again on the next connection, after a crash too (at least once). With one, a
@@ -315,9 +317,10 @@ class Fanout:
         s = st.attached
         if s is None:
             return
+        scans = st.wild and st.queue is None  # (a session with a queue reads only its queue)
         names = (
             [t.name for t in await self.processor.list_topics() if not t.name.startswith("%")]
-            if st.wild
+            if scans
             else []
         )
         if st.attached is not s:
@@ -336,7 +339,7 @@ class Fanout:
         for t in want:
             if t not in st.feeds:
                 st.feeds[t] = self._feed(st, s, t)
-        if st.wild:
+        if scans:
             self.wild_states.add(st)
             self._ensure_scanner()
         else:
@@ -433,7 +436,7 @@ class Fanout:
             return
         names = (
             [t.name for t in await self.processor.list_topics() if not t.name.startswith("%")]
-            if st.wild
+            if st.wild and st.queue is None
             else []
         )
         try:

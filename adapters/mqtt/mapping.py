@@ -37,6 +37,7 @@ import json
 import time
 
 from messaging_processor import Message
+from messaging_processor.dispatch import DISPATCHED_FROM
 from messaging_processor.properties import application_pairs
 from messaging_processor.trace_context import TRACEPARENT
 
@@ -117,10 +118,12 @@ def to_message(path: str, payload: bytes, qos: int, retain: bool, props: dict | 
 
 def path_of(msg: Message) -> str:
     """The MQTT topic path a stored message is delivered under."""
-    path = msg.properties.get(P_TOPIC)
+    props = msg.properties
+    path = props.get(P_TOPIC)
     if path:
         return path
-    return f"{msg.topic}/{msg.tag}" if msg.tag else msg.topic
+    topic = props.get(DISPATCHED_FROM) or msg.topic  # (a session queue's copy: its original topic)
+    return f"{topic}/{msg.tag}" if msg.tag else topic
 
 
 def qos_of(msg: Message) -> int:

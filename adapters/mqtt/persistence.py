@@ -5,14 +5,20 @@ with a Session Expiry Interval above 0. Its durable parts live in the processor'
 (so they survive a gateway restart) and in the store:
 
     kv "mqtt.sessions" / <client id>      JSON {"v": version, "e": expiry s, "d": disconnected at
-                                          (epoch s) or null, "g": consumer group,
-                                          "s": [[filter, qos, no_local, rap, rh, sub id], ...]}
+                                          (epoch s) or null, "g": consumer group, "q": its queue
+                                          (absent: none), "s": [[filter, qos, no_local, rap, rh,
+                                          sub id], ...]}
     kv "mqtt.qos2" / <len>:<client id>:i<packet id>   inbound QoS 2 stored, PUBREL not seen yet
     kv "mqtt.qos2" / <len>:<client id>:o<packet id>   outbound QoS 2 PUBREC seen, PUBCOMP not yet
 
-Messages for the session are not copied anywhere: the session has its own consumer group (a new
-name per session incarnation) and pops every store topic its subscriptions cover; whatever arrives
-while it is offline simply waits in the store, past the group's committed offsets.
+Messages for the session: a session has its own consumer group (a new name per session
+incarnation) and, in LOCAL mode, its own queue, the store topic `%SQ%<group>` ("q" in the record):
+every send that matches one of its filters also stores the message there (the processor's
+multi-dispatch, session_routing.py), so a message costs nothing for sessions it is not for and a
+resume reads only its own queue. Whatever arrives while it is offline waits there, past the
+group's committed offset. Without a queue (CLUSTER mode and `--workers`, whose proxies do not yet
+share the index; and records saved before queues existed) the session reads every store topic its
+subscriptions cover, filtering them (fanout.py).
 
 Session records are written through one `RecordWriter` per processor: the records (and deletes)
 asked for while a write is in flight go together in the next `kv_put_many` (one transaction, one
@@ -84,6 +90,8 @@ class SessionState:
         self.attached: Session | None = None
         self.feeds: dict[str, DeliveryLoop] = {}  # store topic -> loop (while attached)
         self.wild = 0  # subscriptions whose first level is a wildcard (cover every store topic)
+        self.queue: str | None = None  # its own store topic (session_routing.py), or None: reads topics
+        self.queue_made = False  # whether `queue` exists in the store (made at the first subscription)
         self.skip: SkipWindows = {}  # refuse-new: offsets beyond the offline queue cap (offline_queue.py)
         self.expiry_timer: asyncio.TimerHandle | None = None
         self.will_timer: asyncio.TimerHandle | None = None
@@ -93,9 +101,11 @@ class SessionState:
         self.discarded = False
 
     def topics(self, all_topics: list[str]) -> set[str]:
-        """The store topics this session's (non-shared) subscriptions cover."""
+        """The store topics this session's (non-shared) subscriptions cover: its queue if it has one."""
         from .mapping import store_topic_of_level
 
+        if self.queue is not None:
+            return {self.queue} if any(s.share is None for s in self.subs.values()) else set()
         if self.wild:
             return set(all_topics)
         return {store_topic_of_level(s.first) for s in self.subs.values() if s.share is None}
@@ -108,10 +118,11 @@ class SessionState:
 
     def record(self) -> bytes:
         subs = [[f, s.qos, int(s.nl), int(s.rap), s.rh, s.sub_id] for f, s in self.subs.items()]
-        return json.dumps(
-            {"v": self.version, "e": self.expiry, "d": self.disconnected_at, "g": self.group, "s": subs},
-            separators=(",", ":"),
-        ).encode()
+        d: dict[str, Any] = {"v": self.version, "e": self.expiry, "d": self.disconnected_at, "g": self.group}
+        if self.queue is not None:
+            d["q"] = self.queue
+        d["s"] = subs
+        return json.dumps(d, separators=(",", ":")).encode()
 
     def remaining(self, now: float | None = None) -> float | None:
         """Seconds until the (offline) session expires; None if it never does."""
@@ -128,6 +139,7 @@ def parse_record(client_id: str, value: bytes) -> tuple[SessionState, list[list[
     d = json.loads(value)
     st = SessionState(client_id, d["g"], d.get("v", 4), d.get("e", NEVER))
     st.disconnected_at = d.get("d")
+    st.queue = d.get("q")
     return st, d.get("s", [])
 
 

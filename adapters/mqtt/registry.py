@@ -34,9 +34,11 @@ from .persistence import (
     split_qos2_key,
 )
 from .session import CLOSED, Session
+from .session_routing import session_queue
 from .subscription import make_sub
 
 if TYPE_CHECKING:
+    from .session_routing import SessionRoutes
     from .subscriptions import Subscriptions
 
 log = logging.getLogger("adapters.mqtt")
@@ -68,9 +70,11 @@ class SessionRegistry:
         subscriptions: Subscriptions,
         publish: Callable[[ClientContext, Message, bool], Awaitable[int]],
         caps: MqttCaps = DEFAULT_CAPS,
+        routes: SessionRoutes | None = None,
     ) -> None:
         self.processor = processor
         self.subscriptions = subscriptions
+        self.routes = routes  # None: sessions get no queue (CLUSTER mode, --workers: session_routing.py)
         self.publish = publish  # for wills
         self.caps = caps  # the offline queue caps apply when a session is resumed
         self.sessions: dict[str, Session] = {}  # connected sessions by client id
@@ -117,6 +121,12 @@ class SessionRegistry:
                 if sub.wild and sub.share is None:
                     st.wild += 1
         st.restore_qos2(qos2)
+        if st.queue is not None:
+            st.queue_made = any(x.share is None for x in st.subs.values())  # (made with the first)
+            if self.routes is None:  # saved by a run that had queues, resumed by one without
+                log.warning("mqtt %s: session queue %s not read in this mode", cid, st.queue)
+            else:
+                self.routes.update(st)
         self.states[cid] = st
         return st
 
@@ -139,6 +149,8 @@ class SessionRegistry:
         return value
 
     def _forget(self, st: SessionState) -> None:
+        if self.routes is not None and self.states.get(st.client_id) is st:
+            self.routes.drop(st.client_id)
         for h in (st.expiry_timer, st.will_timer):
             if h is not None:
                 h.cancel()
@@ -192,6 +204,8 @@ class SessionRegistry:
             st.version = s.version
         elif expiry > 0:
             st = SessionState(cid, session_group(cid), s.version, expiry)
+            if self.routes is not None:
+                st.queue = session_queue(st.group)  # (made in the store with its first subscription)
             await self.processor.create_group(st.group, max_attempts=PERSISTENT_MAX_ATTEMPTS)
             self.states[cid] = st
         if st is None:
@@ -333,6 +347,8 @@ class SessionRegistry:
             return
         st.discarding = asyncio.get_running_loop().create_future()
         st.discarded = True
+        if self.routes is not None and st.queue is not None:
+            self.routes.drop(st.client_id)  # (first: nothing more is stored for it)
         try:
             for h in (st.expiry_timer, st.will_timer):
                 if h is not None:
@@ -350,6 +366,9 @@ class SessionRegistry:
                 await delete_record(p, st.client_id)
             with contextlib.suppress(Exception):
                 await p.delete_group(st.group)
+            if st.queue is not None and st.queue_made:
+                with contextlib.suppress(Exception):
+                    await p.delete_topic(st.queue)
         finally:
             if self.states.get(st.client_id) is st:
                 del self.states[st.client_id]

@@ -131,11 +131,13 @@ class MqttAdapter:
         max_outbound_bytes: int = 0,
         reuse_port: bool = False,
         claims: ClientIdClaims | None = None,
+        session_queues: bool = True,
     ) -> None:
         """`cert_identity`: a verified client certificate's CN is the user (its CONNECT's user name and
         password are then ignored). `limiter`: connection and publish-rate limits (docs/limits.md).
         `max_outbound_bytes`: a connection whose write buffer is above it gets no more deliveries until
-        it drains (0: not bounded)."""
+        it drains (0: not bounded). `session_queues`: a queue per persistent session (Broker; off for
+        a proxy that shares its sessions with others: CLUSTER mode, --workers)."""
         self.processor = processor
         self.max_outbound_bytes = max_outbound_bytes
         self.limiter = limiter
@@ -148,6 +150,7 @@ class MqttAdapter:
             topic_scan_interval=topic_scan_interval,
             max_keep_alive=max_keep_alive,
             caps=caps,
+            session_queues=session_queues,
         )
         self.broker.fanout.max_outbound_bytes = max_outbound_bytes
         self.broker.registry.claims = claims  # `reuse_port` workers: client-id takeover across them

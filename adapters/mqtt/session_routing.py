@@ -1,5 +1,6 @@
-"""The subscription index of all persistent sessions, online or offline (issue 48 item 1; the
-design: docs/mqtt.md "Persistent sessions at scale").
+"""Which persistent sessions a message goes to: the subscription index of all persistent sessions,
+online or offline, and the dispatch rule built on it (issue 48 item 1; docs/mqtt.md "Persistent
+sessions at scale").
 
 One `TopicTrie` over the non-shared filters of every persistent session maps a published path to
 the sessions whose filters match it, at a cost that depends on the trie's depth and on what
@@ -9,7 +10,13 @@ dispatch hook, which names the session queues a message goes to. Shared subscrip
 it (a share delivers to one member: shared.py); a No Local subscription leaves out the session's
 own messages (`mqtt.client_id`, mapping.py).
 
-Not yet wired: today's delivery (fanout.py) still reads each covered store topic per session.
+`SessionRoutes` is that rule wired in: it holds the index and each session's queue (its own store
+topic, `%SQ%<group>`), and its `dispatch` is the MQTT adapter's dispatcher on the processor
+(messaging_processor/dispatch.py), so every send, of every protocol, also stores a message in the
+queues of the sessions it matches, in the same write. A session reads only its queue (fanout.py).
+In LOCAL mode (one process) the registry sees every persistent session and keeps the index whole;
+proxies of CLUSTER mode and `--workers` would each need every other's changes (a change feed not
+built yet), so there sessions get no queue and read their store topics as before.
 """
 
 from __future__ import annotations
@@ -20,10 +27,19 @@ from typing import TYPE_CHECKING
 from messaging_processor import Message
 
 from .codec import TopicTrie
-from .mapping import P_CLIENT, path_of
+from .mapping import P_CLIENT, P_TOPIC, path_of
 
 if TYPE_CHECKING:
+    from .persistence import SessionState
     from .subscription import Sub
+
+SESSION_QUEUE_PREFIX = "%SQ%"
+
+
+def session_queue(group: str) -> str:
+    """The store topic of the persistent session whose consumer group is `group`."""
+    return SESSION_QUEUE_PREFIX + group
+
 
 # (client id, no local): one trie item per (session, filter); the flag travels with the item so a
 # match needs no second lookup
@@ -80,4 +96,38 @@ class SessionIndex:
         return self.sessions_for(path_of(msg), msg.properties.get(P_CLIENT))
 
 
-__all__ = ["SessionIndex"]
+class SessionRoutes:
+    """The index of the sessions that have a queue, and the dispatcher that names their queues."""
+
+    __slots__ = ("index", "queues")
+
+    def __init__(self) -> None:
+        self.index = SessionIndex()
+        self.queues: dict[str, str] = {}  # client id -> its queue (sessions with one)
+
+    def __len__(self) -> int:
+        return len(self.queues)
+
+    def update(self, st: SessionState) -> None:
+        """The session's subscriptions changed (or it was restored): index them."""
+        if st.queue is None:
+            return
+        self.queues[st.client_id] = st.queue
+        self.index.update(st.client_id, st.subs.values())
+
+    def drop(self, client_id: str) -> None:
+        """The session ended: nothing more goes to its queue."""
+        self.queues.pop(client_id, None)
+        self.index.drop(client_id)
+
+    def dispatch(self, msg: Message) -> list[str]:
+        """The queues a message about to be stored also goes to (the processor's dispatcher)."""
+        if not self.index or msg.topic[0] == "%":  # (none indexed; the gateway's own topics)
+            return []
+        props = msg.properties
+        path = props.get(P_TOPIC) or (f"{msg.topic}/{msg.tag}" if msg.tag else msg.topic)
+        queues = self.queues
+        return [queues[c] for c in self.index.sessions_for(path, props.get(P_CLIENT)) if c in queues]
+
+
+__all__ = ["SESSION_QUEUE_PREFIX", "SessionIndex", "SessionRoutes", "session_queue"]

@@ -6,7 +6,8 @@ granted with or without a check of each delivered path, retained messages includ
 authorizer, it is authorized as `Action.SUBSCRIBE` on its store topic (`*` for a root wildcard).
 Then: a shared one (`$share/...`) joins a share (shared.py); a clean session's is
 indexed for the fan-out (fanout.py), whose loop is positioned before the SUBACK; a persistent
-session's is saved and its group positioned at the end of each store topic it newly covers. The
+session's is indexed for dispatch to its queue (session_routing.py; one without a queue has its
+group positioned at the end of each store topic it newly covers instead) and saved. The
 retained messages matching a filter (per its retain handling) go out right after the SUBACK.
 """
 
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from .persistence import SessionState
     from .retained import Retained
     from .session import Session
+    from .session_routing import SessionRoutes
     from .shared import ShareMember, Shares
 
 
@@ -37,12 +39,18 @@ class Subscriptions:
     """The subscriptions of clean sessions (`Session.subs`) and persistent ones (`SessionState.subs`)."""
 
     def __init__(
-        self, processor: MessagingProcessor, fanout: Fanout, retained: Retained, shares: Shares
+        self,
+        processor: MessagingProcessor,
+        fanout: Fanout,
+        retained: Retained,
+        shares: Shares,
+        routes: SessionRoutes | None = None,
     ) -> None:
         self.processor = processor
         self.fanout = fanout
         self.retained = retained
         self.shares = shares
+        self.routes = routes  # persistent sessions' queues (session_routing.py); None: no queues
 
     async def subscribe(self, s: Session, pkt: Subscribe) -> tuple[bytes, Callable[[], None] | None]:
         """The SUBACK, and what to run after it is written (the retained messages), if anything;
@@ -108,7 +116,11 @@ class Subscriptions:
                 )
                 access.apply(self.processor, sub, grant)
                 if st is not None:
-                    await fanout.cover(st, sub)
+                    if st.queue is None:
+                        await fanout.cover(st, sub)
+                    elif not st.queue_made:
+                        await self.processor.send_internal(st.queue, [], queues=1)
+                        st.queue_made = True
                     if sub.wild:
                         st.wild += 1
                 else:
@@ -136,6 +148,8 @@ class Subscriptions:
         if changed:
             s.nl_count = sum(1 for x in holder.values() if x.nl)
             if st is not None:
+                if self.routes is not None:
+                    self.routes.update(st)  # (before the SUBACK: what is sent from now on is queued)
                 await save(self.processor, st)
                 await fanout.sync(st)
         suback = encode_suback(pkt.packet_id, codes, v)
@@ -169,6 +183,8 @@ class Subscriptions:
             sub.loop = None
         if sub.wild and sub.share is None:
             st.wild -= 1
+        if self.routes is not None:
+            self.routes.update(st)
         await save(self.processor, st)
         await self.fanout.sync(st)
         return True

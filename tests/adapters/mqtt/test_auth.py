@@ -365,7 +365,7 @@ async def test_resumed_session_is_decided_for_the_new_user(aenv):
                 received.append(m.payload)
 
         task = asyncio.create_task(collect())
-        await settled(aenv, st.group, "devices")  # the session's loop handled the waiting message
+        await settled(aenv, st.group, st.queue)  # the session's loop handled the waiting message
         await b.publish("devices/bob/ok", b"own", qos=1)  # a round trip on the same connection
         task.cancel()
         assert received == []

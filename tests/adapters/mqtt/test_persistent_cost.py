@@ -4,10 +4,13 @@ N persistent sessions (3.1.1, Clean Session 0) each subscribe to their own `dev/
 telemetry messages go to `dev/t/telemetry`, which none of them matches. Counted, per telemetry
 message, for those N sessions: the messages the store handed to their readers (`tail`/`read`/`pop`
 by the session's group), the reader wake-ups that brought only messages not theirs, the filter
-matches that said no, and the trace deliveries recorded for them. Today each count is N per
-message (each session reads and filters the whole `dev` store topic); the target is 0.
+matches that said no, and the trace deliveries recorded for them. With a queue per session
+(session_routing.py, the default in one process) each count is 0; without (`session_queues=False`,
+what CLUSTER mode and `--workers` proxies still do) each is N per message: each session reads and
+filters the whole `dev` store topic.
 
-Run as a script for the figures at several sizes (default 100 and 3,000 sessions):
+Run as a script for the figures at several sizes (default 100 and 3,000 sessions; `--topics`: the
+sessions read their store topics, as before queues):
 
     .venv/bin/python -m tests.adapters.mqtt.test_persistent_cost 100 3000
     .venv/bin/python -m tests.adapters.mqtt.test_persistent_cost --cpu 100 1000 3000  # CPU, acks/s
@@ -25,8 +28,6 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-
-import pytest
 
 from adapters.mqtt import fanout
 from adapters.mqtt.codec import (
@@ -132,11 +133,14 @@ async def _receive_command(raw: Raw) -> bytes:
             return pkt.payload
 
 
-async def measure(data_dir: str, sessions: int, telemetry: int = TELEMETRY, traced: bool = True) -> Cost:
+async def measure(
+    data_dir: str, sessions: int, telemetry: int = TELEMETRY, traced: bool = True, queues: bool = True
+) -> Cost:
     """Connect `sessions` persistent sessions on `dev/<i>/cmd`, publish `telemetry` messages to
-    `dev/t/telemetry` and one command to each session, and count what the telemetry cost them."""
+    `dev/t/telemetry` and one command to each session, and count what the telemetry cost them
+    (`queues`: a queue per session, else each reads the store topic)."""
     core = await Core.open(data_dir, default_queues=1, auto_create_topics=True, traced=traced)
-    env = await serve(core)
+    env = await serve(core, session_queues=queues)
     old_matches = getattr(fanout, "topic_matches", None)
     cost = Cost(sessions, telemetry)
     raws: list[Raw] = []
@@ -171,13 +175,14 @@ async def measure(data_dir: str, sessions: int, telemetry: int = TELEMETRY, trac
 
 
 async def cpu_per_message(
-    data_dir: str, sessions: int, messages: int = 300, window: int = 20
+    data_dir: str, sessions: int, messages: int = 300, window: int = 20, queues: bool = True
 ) -> dict[str, float]:
     """Publish `messages` QoS 1 telemetry messages (`window` unacked at a time) past `sessions`
     persistent sessions and take the process CPU (clients included: they are idle but for the
-    publisher) until every session's reader has passed them: CPU per message and acks per second."""
+    publisher) until every session's reader has passed them (with queues: none reads them):
+    CPU per message and acks per second."""
     core = await Core.open(data_dir, default_queues=1, auto_create_topics=True, traced=True)
-    env = await serve(core)
+    env = await serve(core, session_queues=queues)
     cost = Cost(sessions, messages)
     _instrument(env, cost)
     raws: list[Raw] = []
@@ -200,7 +205,7 @@ async def cpu_per_message(
             acked += 1
         t_acked = time.perf_counter() - t0
         deadline = time.perf_counter() + 120
-        while cost.reads < sessions * messages and time.perf_counter() < deadline:
+        while not queues and cost.reads < sessions * messages and time.perf_counter() < deadline:
             await asyncio.sleep(0.05)
         cpu = time.process_time() - c0
         await pub.close()
@@ -211,30 +216,28 @@ async def cpu_per_message(
     return {"cpu_us": cpu / messages * 1e6, "acks_per_s": messages / t_acked}
 
 
-@pytest.mark.xfail(strict=True, reason="issue 48 item 1: each persistent session reads its whole store topic")
 async def test_a_message_costs_nothing_for_the_persistent_sessions_it_is_not_for(tmp_path):
     cost = await measure(str(tmp_path / "data"), SESSIONS)
     assert cost.per_message() == {"reads": 0, "wakeups": 0, "filter_no": 0, "traced": 0}
 
 
-async def test_the_measure_sees_todays_cost_grow_with_the_sessions(tmp_path):
-    """The instrument itself: today every session's reader is handed, filters and traces each
-    telemetry message (so the target test above fails for the right reason)."""
-    cost = await measure(str(tmp_path / "data"), 20, telemetry=5)
+async def test_the_measure_sees_the_cost_of_sessions_that_read_their_store_topics(tmp_path):
+    """The instrument itself, on the path without queues: every session's reader is handed,
+    filters and traces each telemetry message (so the test above would fail if queues did not
+    take that away)."""
+    cost = await measure(str(tmp_path / "data"), 20, telemetry=5, queues=False)
     per = cost.per_message()
-    if per["reads"] == 0:
-        pytest.skip("persistent sessions no longer read what is not theirs (issue 48 item 1 done)")
     assert per == {"reads": 20, "wakeups": per["wakeups"], "filter_no": 20, "traced": 20}
     assert 1 <= per["wakeups"] <= 20
 
 
-async def _main(sizes: list[int]) -> None:
+async def _main(sizes: list[int], queues: bool) -> None:
     with open("/proc/loadavg") as f:
         print(f"load {f.read().strip()}")
     print("sessions  per telemetry message: reads  wake-ups  filter-no  traced   seconds")
     for n in sizes:
         with tempfile.TemporaryDirectory() as d:
-            c = await measure(os.path.join(d, "data"), n)
+            c = await measure(os.path.join(d, "data"), n, queues=queues)
         pm = c.per_message()
         print(
             f"{n:>8}  {pm['reads']:>28.1f}  {pm['wakeups']:>8.1f}  {pm['filter_no']:>9.1f}"
@@ -242,11 +245,11 @@ async def _main(sizes: list[int]) -> None:
         )
 
 
-async def _cpu(sizes: list[int]) -> None:
+async def _cpu(sizes: list[int], queues: bool) -> None:
     print("sessions  CPU per message (us)  acks/s   (300 QoS 1 telemetry messages, 20 unacked at a time)")
     for n in sizes:
         with tempfile.TemporaryDirectory() as d:
-            r = await cpu_per_message(os.path.join(d, "data"), n)
+            r = await cpu_per_message(os.path.join(d, "data"), n, queues=queues)
         with open("/proc/loadavg") as f:
             load = f.read().split()[0]
         print(f"{n:>8}  {r['cpu_us']:>20.0f}  {r['acks_per_s']:>6.0f}   load {load}")
@@ -254,7 +257,9 @@ async def _cpu(sizes: list[int]) -> None:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
+    use_queues = "--topics" not in args
+    args = [a for a in args if a != "--topics"]
     if args and args[0] == "--cpu":
-        asyncio.run(_cpu([int(a) for a in args[1:]] or [100, 1000, 3000]))
+        asyncio.run(_cpu([int(a) for a in args[1:]] or [100, 1000, 3000], use_queues))
     else:
-        asyncio.run(_main([int(a) for a in args] or [100, 3000]))
+        asyncio.run(_main([int(a) for a in args] or [100, 3000], use_queues))

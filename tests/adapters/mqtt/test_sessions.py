@@ -471,10 +471,14 @@ async def test_a_session_moves_between_proxies_sharing_the_stores(env):
 
 
 async def _persistent_raw(env, cid: str, filt: str, qos: int):
+    """A raw persistent session subscribed to `filt`, its group and its queue (the store topic it
+    reads: session_routing.py)."""
     raw, _ = await Raw.connect(env, cid, 4, clean_start=False)
     raw.send(encode_subscribe(Subscribe(1, [Subscription(filt, qos)]), 4))
     assert isinstance(await raw.recv(), Suback)
-    return raw, env.adapter.broker.registry.states[cid].group
+    st = env.adapter.broker.registry.states[cid]
+    assert st.queue is not None and st.queue_made
+    return raw, st.group, st.queue
 
 
 def _committed(env, group: str, topic: str) -> int:
@@ -493,27 +497,27 @@ async def test_a_qos1_persistent_session_reads_by_offset_and_commits_what_the_cl
     """No pop state while a message waits for its PUBACK (nothing in flight in the store); the
     group's committed offset moves past a message once the client acked it."""
     cid = uid("byoff")
-    raw, group = await _persistent_raw(env, cid, "offs/#", 1)
-    q0 = _committed(env, group, "offs")
+    raw, group, queue = await _persistent_raw(env, cid, "offs/#", 1)
+    q0 = _committed(env, group, queue)
     await publish_all(env, "offs/a", [b"one"])
     p = await raw.recv()
     assert isinstance(p, Publish) and p.payload == b"one"
-    assert env.store.inflight_count(group, "offs") == 0  # a pop would hold it in flight
-    assert _committed(env, group, "offs") == q0  # not acked: not committed
+    assert env.store.inflight_count(group, queue) == 0  # a pop would hold it in flight
+    assert _committed(env, group, queue) == q0  # not acked: not committed
     raw.send(bytes((0x40, 2)) + p.packet_id.to_bytes(2, "big"))
-    await _until(lambda: _committed(env, group, "offs") == q0 + 1)
+    await _until(lambda: _committed(env, group, queue) == q0 + 1)
     await raw.close()
 
 
 async def test_a_qos2_subscription_keeps_pop_and_ack(env):
     cid = uid("q2pop")
-    raw, group = await _persistent_raw(env, cid, "popq/#", 2)
+    raw, group, queue = await _persistent_raw(env, cid, "popq/#", 2)
     await publish_all(env, "popq/a", [b"one"], qos=2)
     p = await raw.recv()
     assert isinstance(p, Publish) and p.qos == 2
-    assert env.store.inflight_count(group, "popq") == 1  # popped, acked at PUBREC
+    assert env.store.inflight_count(group, queue) == 1  # popped, acked at PUBREC
     raw.send(encode_pubrec(p.packet_id, 0, 4))
-    await _until(lambda: env.store.inflight_count(group, "popq") == 0)
+    await _until(lambda: env.store.inflight_count(group, queue) == 0)
     await raw.close()
 
 
@@ -522,13 +526,13 @@ async def test_offset_delivery_resumes_at_the_first_message_not_acked(env):
     client did not ack, in order, and none acked before the first of them (the final commit stops
     there; an acked one after it may come again: at least once); acking them commits everything."""
     cid = uid("resume")
-    raw, group = await _persistent_raw(env, cid, "res/#", 1)
+    raw, group, queue = await _persistent_raw(env, cid, "res/#", 1)
     await publish_all(env, "res/a", [b"0", b"1", b"2", b"3"])
     got = [await raw.recv() for _ in range(4)]
     assert [p.payload for p in got] == [b"0", b"1", b"2", b"3"]
     for p in (got[0], got[2]):  # 1 and 3 not acked
         raw.send(bytes((0x40, 2)) + p.packet_id.to_bytes(2, "big"))
-    await _until(lambda: _committed(env, group, "res") == 1)
+    await _until(lambda: _committed(env, group, queue) == 1)
     raw.send(encode_disconnect(0, 4))
     await raw.close()
     await _until(lambda: cid not in env.adapter.broker.registry.sessions)
@@ -540,13 +544,13 @@ async def test_offset_delivery_resumes_at_the_first_message_not_acked(env):
     assert [p.payload for p in again] in ([b"1", b"2", b"3"], [b"1", b"3"])
     for p in again:
         raw.send(bytes((0x40, 2)) + p.packet_id.to_bytes(2, "big"))
-    await _until(lambda: _committed(env, group, "res") == 4)
+    await _until(lambda: _committed(env, group, queue) == 4)
     await raw.close()
 
 
 async def test_adding_a_qos2_subscription_moves_the_session_to_pop_without_losing_messages(env):
     cid = uid("switch")
-    raw, group = await _persistent_raw(env, cid, "sw/a", 1)
+    raw, group, queue = await _persistent_raw(env, cid, "sw/a", 1)
     await publish_all(env, "sw/a", [b"before"])
     p = await raw.recv()
     raw.send(bytes((0x40, 2)) + p.packet_id.to_bytes(2, "big"))
@@ -555,7 +559,7 @@ async def test_adding_a_qos2_subscription_moves_the_session_to_pop_without_losin
     await publish_all(env, "sw/a", [b"after"])
     p = await raw.recv()
     assert isinstance(p, Publish) and p.payload == b"after"
-    assert env.store.inflight_count(group, "sw") == 1  # popped now
+    assert env.store.inflight_count(group, queue) == 1  # popped now
     raw.send(bytes((0x40, 2)) + p.packet_id.to_bytes(2, "big"))
-    await _until(lambda: env.store.inflight_count(group, "sw") == 0)
+    await _until(lambda: env.store.inflight_count(group, queue) == 0)
     await raw.close()
