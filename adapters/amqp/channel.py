@@ -23,6 +23,7 @@ from .declaring import Declaring
 from .mapping import expires_at, now_ms, present, store_name
 from .publish import Publisher
 from .reply_to import REPLY_TO, DirectReplyTo
+from .streams import check_consume, refuse_get
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -222,7 +223,20 @@ class Channel:
                     class_id=60,
                     method_id=20,
                 )
-            cons = Consumer(self, tag, q, m.no_ack, m.exclusive, self.prefetch)
+            cursor = None
+            if q.stream:  # each consumer reads the stream from its x-stream-offset (streams.py)
+                check_consume(q, m.no_ack, self.prefetch)
+                cursor = q.feed.cursor(self.conn.pop_ctx, m.arguments)  # type: ignore[union-attr]
+                await cursor.begin()
+                if q.deleted or self.state != OPEN:
+                    q.feed.forget(cursor)  # type: ignore[union-attr]
+                    raise AMQPError(
+                        ReplyCode.NOT_FOUND,
+                        f"no queue '{q.name}' in vhost '{q.vhost}'",
+                        class_id=60,
+                        method_id=20,
+                    )
+            cons = Consumer(self, tag, q, m.no_ack, m.exclusive, self.prefetch, cursor)
             self.consumers[tag] = cons
             q.consumers.append(cons)
             self.lifetimes.consumer_added(q)
@@ -280,6 +294,8 @@ class Channel:
             ctx = self.conn.pop_ctx
             await self._may_read(m.queue, 70)
             q = await self.declaring.queue(m.queue, 60, 70)
+            if q.stream:
+                refuse_get(q)
             p = q.feed or b.processor
             if not b.secured:
                 await b.authorize(self.conn, Action.SUBSCRIBE, Resource("topic", q.topic), 60, 70)

@@ -14,10 +14,12 @@ from messaging_processor import Action, Delivery, DeliveryLoop, Outcome, Process
 
 from .codec import encode_deliver
 from .mapping import P_EXPIRES, present
+from .streams import with_offset
 
 if TYPE_CHECKING:
     from .channel import Channel
     from .queues import Queue
+    from .streams import StreamCursor
 
 log = logging.getLogger("adapters.amqp")
 
@@ -53,13 +55,21 @@ class Consumer:
         "prefetch",
         "loop",
         "cancelled",
+        "cursor",
         "_loop",
         "_settle",
         "_read",
     )
 
     def __init__(
-        self, channel: Channel, tag: str, queue: Queue, no_ack: bool, exclusive: bool, prefetch: int
+        self,
+        channel: Channel,
+        tag: str,
+        queue: Queue,
+        no_ack: bool,
+        exclusive: bool,
+        prefetch: int,
+        cursor: StreamCursor | None = None,
     ) -> None:
         self.channel = channel
         self.tag = tag
@@ -70,6 +80,7 @@ class Consumer:
         self.prefetch = prefetch
         self.loop: DeliveryLoop | None = None
         self.cancelled = False
+        self.cursor = cursor  # a stream consumer's own reading of the queue's topic (streams.py)
         self._loop = asyncio.get_running_loop()
         self._settle = channel.work.settle
         self._read = Resource("topic", queue.topic)  # re-checked per delivery with security on
@@ -89,7 +100,8 @@ class Consumer:
         q = self.queue
         mi = self.max_inflight()
         self.loop = DeliveryLoop(
-            q.feed or b.processor,  # (an exclusive queue's deliveries are kept in memory: LocalFeed)
+            # (an exclusive queue's deliveries are kept in memory: LocalFeed; a stream's: its cursor)
+            self.cursor or q.feed or b.processor,
             ch.conn.pop_ctx,
             q.group,
             q.topic,
@@ -114,6 +126,8 @@ class Consumer:
         self.cancelled = True
         if self.loop is not None:
             await self.loop.stop(drain_timeout=2.0)
+        if self.cursor is not None and self.queue.feed is not None:
+            self.queue.feed.forget(self.cursor)  # type: ignore[union-attr]  (a stream's StreamFeeds)
 
     async def handle(self, d: Delivery) -> Outcome:
         ch = self.channel
@@ -123,7 +137,7 @@ class Consumer:
         b = ch.broker
         m = d.message
         exp = m.properties.get(P_EXPIRES)  # (mapping.expires_at inlined: the hot path)
-        if exp and int(exp) <= time_ns() // 1_000_000:
+        if exp and int(exp) <= time_ns() // 1_000_000 and self.cursor is None:
             await ch.work.dead_letter(q, m, "expired")
             return Outcome.ACK
         if q.delivery_limit is not None and d.delivery_attempt - 1 > q.delivery_limit:
@@ -151,6 +165,8 @@ class Consumer:
             return Outcome.REQUEUE
         tag = ch.delivery_tag = ch.delivery_tag + 1
         ex, rk, raw = present(m)
+        if self.cursor is not None:
+            raw = with_offset(raw, self.cursor.stream_offset(m))
         conn.messages_out += 1
         conn.write(
             encode_deliver(

@@ -15,6 +15,7 @@ from .queue_store import QueueStore
 from .queues import Queue
 from .registry import Registry
 from .routing import VHost
+from .streams import attach, check_declare, declares_stream
 
 if TYPE_CHECKING:
     from .session import Connection
@@ -49,9 +50,9 @@ class Declaring:
 
     async def queue(self, name: str, cls: int, mid: int) -> Queue:
         """The queue a method names (404, 405 as `Registry.find_queue`)."""
-        return await self.registry.find_queue(
-            self.conn, self.vhost, self.queue_name(name, cls, mid), cls, mid
-        )
+        q = await self.registry.find_queue(self.conn, self.vhost, self.queue_name(name, cls, mid), cls, mid)
+        qs = self.queue_store
+        return attach(q, qs.processor, qs.ctx) if q.stream else q
 
     async def may_bind(self, dest: str, topic: str, source: str, cls: int, mid: int) -> None:
         """(Un)binding needs `admin` on the destination (queue `topic` or exchange) and `subscribe`
@@ -112,9 +113,13 @@ class Declaring:
     # ------------------------------------------------------------------ queue class
     async def queue_declare(self, m: c.QueueDeclare) -> None:
         name = m.queue if (m.queue or not m.passive) else self.queue_name("", 50, 10)
+        if not m.passive and declares_stream(m.arguments):
+            check_declare(self.vhost.name, name, m.arguments, m.exclusive, m.durable, m.auto_delete)
         q = await self.registry.declare_queue(
             self.conn, self.vhost, name, m.passive, m.durable, m.exclusive, m.auto_delete, m.arguments
         )
+        if q.stream:
+            attach(q, self.queue_store.processor, self.queue_store.ctx)
         self.last_queue = q.name
         if q.exclusive and self.conn.ended:  # its connection ended meanwhile
             self.registry.drop_later(q)

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
     from .consumer import Consumer
     from .routing import Binding
+    from .streams import StreamFeeds
 
 QUEUE_TYPES = ("classic", "quorum", "stream")
 OVERFLOWS = ("drop-head", "reject-publish", "reject-publish-dlx")
@@ -64,6 +65,7 @@ class Queue:
         "remote",
         "stored",
         "feed",
+        "stream",
     )
 
     def __init__(
@@ -112,7 +114,8 @@ class Queue:
         self.stored: bytes | None = None  # its record in the store (records.py)
         # an exclusive queue's deliveries, kept in memory over offset reads (LocalFeed); None: the
         # queue's consumers pop and ack in the store
-        self.feed: LocalFeed | None = None
+        self.feed: LocalFeed | StreamFeeds | None = None
+        self.stream = a.get("x-queue-type") == "stream"  # read by offset per consumer (streams.py)
 
     @property
     def group(self) -> str:
