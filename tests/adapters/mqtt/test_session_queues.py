@@ -5,9 +5,18 @@ the routing survives a restart."""
 
 from __future__ import annotations
 
+import asyncio
+import random
 import uuid
 
-from adapters.mqtt.codec import Publish, Subscribe, Subscription, encode_puback, encode_subscribe
+from adapters.mqtt.codec import (
+    Publish,
+    Subscribe,
+    Subscription,
+    encode_disconnect,
+    encode_puback,
+    encode_subscribe,
+)
 from adapters.mqtt.codec.packets import Suback
 from messaging_processor import ClientContext, Message, MessageType
 from messaging_processor.dispatch import DISPATCHED_FROM
@@ -123,5 +132,55 @@ async def test_routing_survives_a_restart(tmp_path):
         (p,) = await publishes(raw, 1)
         assert p.payload == b"after-restart"
         await raw.close()
+    finally:
+        await close_env(env)
+
+
+FLEET = 10_000  # persistent sessions of the fleet test (issue 48: "test them at 10,000 sessions")
+
+
+async def test_ten_thousand_offline_sessions_cost_only_what_they_receive(tmp_path):
+    """10,000 persistent sessions on their own `dev/<i>/cmd`, all offline (one process could not
+    hold 10,000 client and 10,000 server sockets): telemetry none of them matches lands in no
+    queue; commands to 1,000 of them land in exactly those queues and arrive on reconnect."""
+    env = await open_env(str(tmp_path / "data"))
+    try:
+        sem = asyncio.Semaphore(64)
+
+        async def enrol(i: int) -> None:
+            async with sem:
+                raw, _ = await Raw.connect(env, f"dev-{i}", 4, clean_start=False)
+                raw.send(encode_subscribe(Subscribe(1, [Subscription(f"dev/{i}/cmd", 1)]), 4))
+                assert isinstance(await raw.recv(), Suback)
+                raw.send(encode_disconnect(0, 4))
+                assert await raw.recv() is None
+
+        await asyncio.gather(*(enrol(i) for i in range(FLEET)))
+        routes = env.adapter.broker.routes
+        assert routes is not None and len(routes) == FLEET
+        queues = {cid: st.queue for cid, st in env.adapter.broker.registry.states.items()}
+        await wait_until(
+            lambda: all(st.attached is None for st in env.adapter.broker.registry.states.values())
+        )
+        targets = random.Random(48).sample(range(FLEET), 1000)
+        async with env.client(V5) as pub:
+            for k in range(200):
+                await pub.publish(f"dev/{k}/telemetry", b"t", qos=1)
+            for i in targets:
+                await pub.publish(f"dev/{i}/cmd", b"c%d" % i, qos=1)
+        counts = {cid: await queued(env, q) for cid, q in queues.items()}
+        want = {f"dev-{i}" for i in targets}
+        assert {c for c, n in counts.items() if n} == want and set(counts.values()) == {0, 1}
+
+        async def resume(i: int) -> bytes:
+            async with sem:
+                raw, ack = await Raw.connect(env, f"dev-{i}", 4, clean_start=False)
+                assert ack.session_present
+                (p,) = await publishes(raw, 1)
+                assert p.topic == f"dev/{i}/cmd"
+                await raw.close()
+                return p.payload
+
+        assert await asyncio.gather(*(resume(i) for i in targets)) == [b"c%d" % i for i in targets]
     finally:
         await close_env(env)
