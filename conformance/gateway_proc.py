@@ -33,9 +33,10 @@ from conformance.admin import AdminClient
 from conformance.runner import REPO, Target
 from conformance.streamlines import FileLines, StreamLines
 
-# GATEWAY_* variables a spawned gateway keeps: storage sizing (tests/conftest.py) and the choice of
-# the pure-Python hot path (`GATEWAY_PURE_PYTHON=1 make test` tests it in every process), not settings
-PASSED_THROUGH = frozenset({"GATEWAY_SEGMENT_SIZE_MIB", "GATEWAY_PURE_PYTHON"})
+# GATEWAY_* variables a spawned gateway keeps: storage sizing and no MQTT over WebSocket on its fixed
+# ports (tests/conftest.py), and the choice of the pure-Python hot path (`GATEWAY_PURE_PYTHON=1 make
+# test` tests it in every process), not settings
+PASSED_THROUGH = frozenset({"GATEWAY_SEGMENT_SIZE_MIB", "GATEWAY_MQTT_WS", "GATEWAY_PURE_PYTHON"})
 
 
 def gateway_command() -> list[str]:

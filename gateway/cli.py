@@ -84,6 +84,13 @@ _START_FLAGS: dict[str, dict[str, Any]] = {
         "action": argparse.BooleanOptionalAction,
         "help": "MQTT over TLS: the client certificate's CN is the user (no password)",
     },
+    "mqtt_ws": {
+        "action": argparse.BooleanOptionalAction,
+        "help": "MQTT over WebSocket on --mqtt-ws-port, and --mqtt-wss-port with --tls-cert (default on)",
+    },
+    "mqtt_ws_port": {"type": int, "metavar": "N", "help": "MQTT over WebSocket port (default 8083)"},
+    "mqtt_wss_port": {"type": int, "metavar": "N", "help": "MQTT over secure WebSocket port (default 8084)"},
+    "mqtt_ws_path": {"metavar": "PATH", "help": "MQTT over WebSocket request path (default /mqtt)"},
     "amqp_mqtt_exchange": {
         "metavar": "NAME",
         "help": "AMQP exchange of vhost / that MQTT topics map to (default amq.topic; '' = none)",

@@ -35,6 +35,8 @@ PORT_FIELDS = (
     "mqtt_tls_port",
     "amqp_tls_port",
     "https_port",
+    "mqtt_ws_port",
+    "mqtt_wss_port",
 )
 MIB = 1024 * 1024
 MAX_BODY_LIMIT = 100 * MIB  # a record must fit one 128 MiB commit log segment
@@ -94,6 +96,12 @@ class Settings:
     tls_client_ca: str | None = None  # PEM CA(s): every TLS listener asks for and verifies client certs
     tls_require_client_cert: bool = False  # refuse TLS clients without a verified certificate
     mqtt_cert_identity: bool = False  # MQTT over TLS: a client certificate's CN is the user
+    # MQTT over WebSocket (docs/mqtt.md "MQTT over WebSocket"): ws on mqtt_ws_port, wss (with
+    # tls_cert) on mqtt_wss_port, path mqtt_ws_path; the default ports are skipped (logged) when taken
+    mqtt_ws: bool = True
+    mqtt_ws_port: int = 8083
+    mqtt_wss_port: int = 8084
+    mqtt_ws_path: str = "/mqtt"
     amqp_mqtt_exchange: str = "amq.topic"  # AMQP exchange (vhost "/") shared with MQTT; "" = none
     amqp_max_body_size: int = 16 * MIB  # AMQP's own body limit (RabbitMQ 4's default max_message_size)
     mqtt_max_keep_alive: int = 0  # 0: clients choose; else the most a client may ask (5.0: Server Keep Alive)
@@ -206,6 +214,8 @@ class Settings:
         for name in (*PORT_FIELDS, "store_port"):
             _check_int(name, getattr(self, name), 0, 65535)
         _check_int("mqtt_max_keep_alive", self.mqtt_max_keep_alive, 0, 65535)
+        if not isinstance(self.mqtt_ws_path, str) or not self.mqtt_ws_path.startswith("/"):
+            raise ConfigError(f"mqtt_ws_path must start with '/', got {self.mqtt_ws_path!r}")
         parse_disk_free_limit(self.disk_free_limit)
         parse_duration_ms("tombstone_retention", self.tombstone_retention)
         parse_tier_after(self.tier_after)
@@ -292,6 +302,7 @@ class Settings:
             "tls_required",
             "tls_require_client_cert",
             "mqtt_cert_identity",
+            "mqtt_ws",
             "metrics_per_object",
         ):
             if not isinstance(getattr(self, name), bool):

@@ -416,6 +416,19 @@ class Gateway:
             )
         if name == "mqtt":
             from adapters.mqtt import MqttAdapter, MqttCaps
+            from adapters.mqtt.websocket import MqttWebSockets
+
+            websockets = None
+            if s.mqtt_ws:
+                websockets = MqttWebSockets(
+                    s.host,
+                    s.mqtt_ws_port,
+                    path=s.mqtt_ws_path,
+                    ssl=self._tls_context(),
+                    tls_port=s.mqtt_wss_port,
+                    optional=(s.mqtt_ws_port, s.mqtt_wss_port) == (8083, 8084),
+                    reuse_port=self.worker is not None,
+                )
 
             mqtt = MqttAdapter(
                 self.processor,
@@ -441,6 +454,7 @@ class Gateway:
                 reuse_port=self.worker is not None,
                 claims=self.claims.namespace("mqtt") if self.claims is not None else None,
                 session_queues=s.mode != "cluster" and self.worker is None,
+                websockets=websockets,
             )
             if self.claims is not None:
                 self.claims.evictors["mqtt"] = mqtt.evict

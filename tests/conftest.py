@@ -21,6 +21,9 @@ import pytest
 
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 os.environ.setdefault("GATEWAY_SEGMENT_SIZE_MIB", "16")
+# Spawned gateways start no MQTT over WebSocket listeners (8083/8084 are fixed ports) unless a test
+# asks for them (tests/adapters/mqtt/test_websocket_gateway.py).
+os.environ.setdefault("GATEWAY_MQTT_WS", "false")
 
 # Test files (paths from the repo root) that run alone after the parallel run, and why.
 SERIAL = {

@@ -7,6 +7,7 @@ import asyncio
 import itertools
 import logging
 import ssl as ssl_mod
+from typing import TYPE_CHECKING
 
 from messaging_processor import MessagingProcessor
 from messaging_processor.registry import ConsumerRow
@@ -22,6 +23,9 @@ from .mapping import store_topic_of_level
 from .registry import ClientIdClaims
 from .session import Session
 from .shared import share_group_name
+
+if TYPE_CHECKING:
+    from .websocket import MqttWebSockets
 
 log = logging.getLogger("adapters.mqtt")
 REFUSED_WAIT_S = 5.0  # a refused connection is closed after this if its CONNECT does not come
@@ -132,12 +136,14 @@ class MqttAdapter:
         reuse_port: bool = False,
         claims: ClientIdClaims | None = None,
         session_queues: bool = True,
+        websockets: MqttWebSockets | None = None,
     ) -> None:
         """`cert_identity`: a verified client certificate's CN is the user (its CONNECT's user name and
         password are then ignored). `limiter`: connection and publish-rate limits (docs/limits.md).
         `max_outbound_bytes`: a connection whose write buffer is above it gets no more deliveries until
         it drains (0: not bounded). `session_queues`: a queue per persistent session (Broker; off for
-        a proxy that shares its sessions with others: CLUSTER mode, --workers)."""
+        a proxy that shares its sessions with others: CLUSTER mode, --workers).
+        `websockets`: the MQTT over WebSocket listeners (websocket.py), started and stopped with this one."""
         self.processor = processor
         self.max_outbound_bytes = max_outbound_bytes
         self.limiter = limiter
@@ -159,6 +165,7 @@ class MqttAdapter:
         self.net = TcpListeners(
             host, port, ssl=ssl, tls_port=tls_port, tls_name="mqtts", reuse_port=reuse_port
         )
+        self.websockets = websockets
 
     async def evict(self, client_id: str) -> None:
         """Another worker took `client_id` over (registry.py `evict`)."""
@@ -168,6 +175,12 @@ class MqttAdapter:
         await self.broker.start()
         self.processor.clients.add_consumer_report(self.consumers_info)
         await self.net.start(lambda: MqttProtocol(self))
+        if self.websockets is not None:
+            try:
+                await self.websockets.start(self)
+            except BaseException:
+                self.net.close()
+                raise
 
     @property
     def listening(self) -> bool:
@@ -179,8 +192,9 @@ class MqttAdapter:
 
     @property
     def extra_listeners(self) -> dict[str, str]:
-        """Listeners besides `address` (the TLS one when a certificate is configured)."""
-        return self.net.extra_listeners
+        """Listeners besides `address` (the TLS one when a certificate is configured, WebSocket)."""
+        ws = self.websockets.extra_listeners if self.websockets is not None else {}
+        return {**self.net.extra_listeners, **ws}
 
     @property
     def bound_port(self) -> int:
@@ -236,6 +250,8 @@ class MqttAdapter:
         (5.0 clients get DISCONNECT 0x8B Server shutting down)."""
         self.processor.clients.remove_consumer_report(self.consumers_info)
         self.net.close()
+        if self.websockets is not None:
+            self.websockets.close()
         tasks = [t for c in self.connections if c.session is not None for t in list(c.session._tasks)]
         if tasks and grace > 0:
             await asyncio.wait(tasks, timeout=grace)
@@ -244,3 +260,5 @@ class MqttAdapter:
             if c.transport is not None:
                 c.transport.abort()
         await self.net.wait_closed()
+        if self.websockets is not None:
+            await self.websockets.wait_closed()

@@ -291,6 +291,10 @@ NON_DEFAULT = {
     "jwt_audience": "gateway",
     "jwt_issuer": "https://idp.example",
     "jwt_leeway_s": 5.0,
+    "mqtt_ws": False,
+    "mqtt_ws_port": 18083,
+    "mqtt_wss_port": 18084,
+    "mqtt_ws_path": "/ws/mqtt",
 }
 # Settings only `gateway store` takes as flags (`--name`, `--port`); the others are flags of `start`.
 STORE_ONLY = {
