@@ -453,7 +453,8 @@ class Gateway:
                 max_outbound_bytes=s.max_outbound_bytes_per_connection,
                 reuse_port=self.worker is not None,
                 claims=self.claims.namespace("mqtt") if self.claims is not None else None,
-                session_queues=s.mode != "cluster" and self.worker is None,
+                session_queues=s.mode != "cluster",
+                shared_sessions=self.worker is not None,
                 websockets=websockets,
             )
             if self.claims is not None:

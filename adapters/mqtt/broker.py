@@ -8,6 +8,8 @@
     publisher      Publisher (publish.py): storing PUBLISHes and wills
     routes         SessionRoutes (session_routing.py): which persistent sessions' queues a send
                    also goes to (the processor's dispatcher; None without session queues)
+    feed           SessionFeed (session_feed.py): the index changes shared with other proxies
+                   (`--workers`; None in one process)
 
 A Session (session.py) calls these parts directly; the broker only builds them, starts and stops
 them, and holds the proxy's fan-out name and identity.
@@ -26,6 +28,7 @@ from .publish import Publisher
 from .registry import SessionRegistry
 from .retained import Retained
 from .session import Session
+from .session_feed import SessionFeed
 from .session_routing import SessionRoutes
 from .shared import Shares
 from .subscriptions import Subscriptions
@@ -47,9 +50,12 @@ class Broker:
         max_keep_alive: int = 0,
         caps: MqttCaps = DEFAULT_CAPS,
         session_queues: bool = True,
+        shared_sessions: bool = False,
     ) -> None:
-        """`session_queues`: persistent sessions get a queue each (LOCAL mode in one process; a
-        proxy of CLUSTER mode or `--workers` does not see the others' sessions: session_routing.py)."""
+        """`session_queues`: persistent sessions get a queue each (not in CLUSTER mode, whose
+        stores take one topic per send: session_routing.py). `shared_sessions`: other proxies
+        serve the same sessions (`--workers`): the index changes go through the feed
+        (session_feed.py)."""
         self.processor = processor
         self.max_packet_size = max_packet_size
         self.max_keep_alive = max_keep_alive  # 0: accept what the client asks for
@@ -61,6 +67,11 @@ class Broker:
         self.publisher = Publisher(processor, self.fanout, self.retained, caps)
         self.shares = Shares(processor, ctx)
         self.routes = SessionRoutes() if session_queues else None
+        self.feed = (
+            SessionFeed(processor, ctx, self.routes) if self.routes is not None and shared_sessions else None
+        )
+        if self.routes is not None and self.feed is not None:
+            self.routes.feed = self.feed.publish
         self.subscriptions = Subscriptions(processor, self.fanout, self.retained, self.shares, self.routes)
         self.registry = SessionRegistry(
             processor, self.subscriptions, self.publisher.publish, caps, self.routes
@@ -81,6 +92,8 @@ class Broker:
         if self.routes is not None:
             self.processor.add_dispatcher(self.routes.dispatch)
         await self.registry.start()
+        if self.feed is not None:  # (after the restore: the feed's newer changes win)
+            await self.feed.start()
         await self.retained.start()
 
     async def close(self) -> None:
@@ -90,6 +103,8 @@ class Broker:
         await self.fanout.close()
         await self.retained.close()
         await self.registry.close()
+        if self.feed is not None:
+            await self.feed.close()
         if self.routes is not None:
             self.processor.remove_dispatcher(self.routes.dispatch)
 

@@ -149,8 +149,7 @@ class SessionRegistry:
         return value
 
     def _forget(self, st: SessionState) -> None:
-        if self.routes is not None and self.states.get(st.client_id) is st:
-            self.routes.drop(st.client_id)
+        # (the index keeps the session: it lives on with the proxy that has it, session_feed.py)
         for h in (st.expiry_timer, st.will_timer):
             if h is not None:
                 h.cancel()
@@ -347,9 +346,10 @@ class SessionRegistry:
             return
         st.discarding = asyncio.get_running_loop().create_future()
         st.discarded = True
-        if self.routes is not None and st.queue is not None:
-            self.routes.drop(st.client_id)  # (first: nothing more is stored for it)
         try:
+            if self.routes is not None:
+                with contextlib.suppress(Exception):
+                    await self.routes.changed(st, ended=True)  # (first: nothing more is stored for it)
             for h in (st.expiry_timer, st.will_timer):
                 if h is not None:
                     h.cancel()

@@ -136,13 +136,14 @@ class MqttAdapter:
         reuse_port: bool = False,
         claims: ClientIdClaims | None = None,
         session_queues: bool = True,
+        shared_sessions: bool = False,
         websockets: MqttWebSockets | None = None,
     ) -> None:
         """`cert_identity`: a verified client certificate's CN is the user (its CONNECT's user name and
         password are then ignored). `limiter`: connection and publish-rate limits (docs/limits.md).
         `max_outbound_bytes`: a connection whose write buffer is above it gets no more deliveries until
-        it drains (0: not bounded). `session_queues`: a queue per persistent session (Broker; off for
-        a proxy that shares its sessions with others: CLUSTER mode, --workers).
+        it drains (0: not bounded). `session_queues`: a queue per persistent session (Broker; off in
+        CLUSTER mode); `shared_sessions`: other processes serve the same sessions (--workers).
         `websockets`: the MQTT over WebSocket listeners (websocket.py), started and stopped with this one."""
         self.processor = processor
         self.max_outbound_bytes = max_outbound_bytes
@@ -157,6 +158,7 @@ class MqttAdapter:
             max_keep_alive=max_keep_alive,
             caps=caps,
             session_queues=session_queues,
+            shared_sessions=shared_sessions,
         )
         self.broker.fanout.max_outbound_bytes = max_outbound_bytes
         self.broker.registry.claims = claims  # `reuse_port` workers: client-id takeover across them

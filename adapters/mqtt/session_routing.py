@@ -21,7 +21,7 @@ built yet), so there sessions get no queue and read their store topics as before
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING
 
 from messaging_processor import Message
@@ -59,6 +59,9 @@ class SessionIndex:
     def __len__(self) -> int:
         """Sessions indexed (those with at least one non-shared subscription)."""
         return len(self._filters)
+
+    def __contains__(self, client_id: str) -> bool:
+        return client_id in self._filters
 
     def update(self, client_id: str, subs: Iterable[Sub]) -> None:
         """Make `subs` the session's subscriptions in the index (shared ones are left out)."""
@@ -99,26 +102,48 @@ class SessionIndex:
 class SessionRoutes:
     """The index of the sessions that have a queue, and the dispatcher that names their queues."""
 
-    __slots__ = ("index", "queues")
+    __slots__ = ("index", "queues", "feed")
 
     def __init__(self) -> None:
         self.index = SessionIndex()
         self.queues: dict[str, str] = {}  # client id -> its queue (sessions with one)
+        # tells the other proxies of a change (session_feed.py; --workers), or None (one process)
+        self.feed: Callable[[SessionState, bool], Awaitable[None]] | None = None
 
     def __len__(self) -> int:
         return len(self.queues)
 
     def update(self, st: SessionState) -> None:
         """The session's subscriptions changed (or it was restored): index them."""
+        if st.queue is not None:
+            self.set(st.client_id, st.queue, st.subs.values())
+
+    def set(self, client_id: str, queue: str, subs: Iterable[Sub]) -> None:
+        """Index a session's queue and subscriptions (none: it ended)."""
+        self.queues[client_id] = queue
+        self.index.update(client_id, subs)
+        if client_id not in self.index:  # (no non-shared filter: nothing goes to it)
+            self.queues.pop(client_id, None)
+
+    async def changed(self, st: SessionState, ended: bool = False) -> None:
+        """A session's filters changed or it `ended`: index that here and tell the other proxies."""
         if st.queue is None:
             return
-        self.queues[st.client_id] = st.queue
-        self.index.update(st.client_id, st.subs.values())
+        if ended:
+            self.drop(st.client_id)
+        else:
+            self.update(st)
+        if self.feed is not None:
+            await self.feed(st, ended)
 
     def drop(self, client_id: str) -> None:
         """The session ended: nothing more goes to its queue."""
         self.queues.pop(client_id, None)
         self.index.drop(client_id)
+
+    def dispatch_paths(self, path: str) -> list[str]:
+        """The queues a message on MQTT `path` goes to (what `dispatch` names; for tests, tools)."""
+        return [self.queues[c] for c in self.index.sessions_for(path) if c in self.queues]
 
     def dispatch(self, msg: Message) -> list[str]:
         """The queues a message about to be stored also goes to (the processor's dispatcher)."""

@@ -148,8 +148,8 @@ class Subscriptions:
         if changed:
             s.nl_count = sum(1 for x in holder.values() if x.nl)
             if st is not None:
-                if self.routes is not None:
-                    self.routes.update(st)  # (before the SUBACK: what is sent from now on is queued)
+                if self.routes is not None:  # (before the SUBACK: what is sent from now on is queued)
+                    await self.routes.changed(st)
                 await save(self.processor, st)
                 await fanout.sync(st)
         suback = encode_suback(pkt.packet_id, codes, v)
@@ -184,7 +184,7 @@ class Subscriptions:
         if sub.wild and sub.share is None:
             st.wild -= 1
         if self.routes is not None:
-            self.routes.update(st)
+            await self.routes.changed(st)
         await save(self.processor, st)
         await self.fanout.sync(st)
         return True
