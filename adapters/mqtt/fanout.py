@@ -13,7 +13,7 @@ loop, see publish.py); topics found after the first scan are read from their sta
 Persistent sessions (persistence.py) do not use the shared loops: each has its own consumer group
 and, while connected, one loop on its own queue (the store topic every send that matches its
 filters also stores the message in: session_routing.py), or, for a session without a queue
-(CLUSTER mode, `--workers`), one loop per store topic its subscriptions cover (`sync`). Without a QoS 2
+(CLUSTER mode), one loop per store topic its subscriptions cover (`sync`). Without a QoS 2
 subscription it reads by offset (OffsetDeliveryLoop): the group's progress, the first message the
 client has not acked, is committed periodically and when the connection ends, so a message not
 acked comes again on the next connection, after a crash too (at least once). With one, a

@@ -12,13 +12,14 @@ with a Session Expiry Interval above 0. Its durable parts live in the processor'
     kv "mqtt.qos2" / <len>:<client id>:o<packet id>   outbound QoS 2 PUBREC seen, PUBCOMP not yet
 
 Messages for the session: a session has its own consumer group (a new name per session
-incarnation) and, in LOCAL mode, its own queue, the store topic `%SQ%<group>` ("q" in the record):
+incarnation) and, in LOCAL mode (one process or `--workers`), its own queue, the store topic
+`%SQ%<group>` ("q" in the record):
 every send that matches one of its filters also stores the message there (the processor's
 multi-dispatch, session_routing.py), so a message costs nothing for sessions it is not for and a
 resume reads only its own queue. Whatever arrives while it is offline waits there, past the
-group's committed offset. Without a queue (CLUSTER mode and `--workers`, whose proxies do not yet
-share the index; and records saved before queues existed) the session reads every store topic its
-subscriptions cover, filtering them (fanout.py).
+group's committed offset. Without a queue (CLUSTER mode, whose stores take one topic per write;
+and records saved before queues existed) the session reads every store topic its subscriptions
+cover, filtering them (fanout.py).
 
 Session records are written through one `RecordWriter` per processor: the records (and deletes)
 asked for while a write is in flight go together in the next `kv_put_many` (one transaction, one

@@ -14,9 +14,10 @@ own messages (`mqtt.client_id`, mapping.py).
 topic, `%SQ%<group>`), and its `dispatch` is the MQTT adapter's dispatcher on the processor
 (messaging_processor/dispatch.py), so every send, of every protocol, also stores a message in the
 queues of the sessions it matches, in the same write. A session reads only its queue (fanout.py).
-In LOCAL mode (one process) the registry sees every persistent session and keeps the index whole;
-proxies of CLUSTER mode and `--workers` would each need every other's changes (a change feed not
-built yet), so there sessions get no queue and read their store topics as before.
+In one process the registry sees every persistent session and keeps the index whole; under
+`--workers` each worker also applies the others' changes from the feed (session_feed.py). CLUSTER
+mode's stores take one topic per write, so there sessions get no queue and read their store topics
+as before.
 """
 
 from __future__ import annotations
