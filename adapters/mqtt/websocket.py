@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from .server import MqttAdapter
 
 log = logging.getLogger("adapters.mqtt.websocket")
+# the websockets library logs every connection opened or refused at INFO: kept to warnings
+_wire_log = logging.getLogger("adapters.mqtt.websocket.wire")
+_wire_log.setLevel(logging.WARNING)
 SUBPROTOCOLS = [Subprotocol("mqtt"), Subprotocol("mqttv3.1")]
 HANDSHAKE_TIMEOUT_S = 10.0  # a connection without a complete opening handshake by then is closed
 CLOSE_TIMEOUT_S = 2.0  # after our close frame, the TCP connection is closed by then at the latest
@@ -76,7 +79,7 @@ class MqttWsProtocol(asyncio.Protocol):
         self.adapter = adapter
         self.raw: asyncio.Transport | None = None
         # max_size None: the MQTT decoder bounds packets (--max-body-size), not the frame layer
-        self.ws = ServerProtocol(subprotocols=SUBPROTOCOLS, max_size=None)
+        self.ws = ServerProtocol(subprotocols=SUBPROTOCOLS, max_size=None, logger=_wire_log)
         self.mqtt: MqttProtocol | None = None
         self.closing = False
         self._timer: asyncio.TimerHandle | None = None

@@ -110,9 +110,17 @@ class Conn:
             if self.version == 5
             else {"protocol": mqtt.MQTTv311, "clean_session": True}
         )
+        # params "transport": "websockets" (and "ws_path"): MQTT over WebSocket to the same scenarios
+        transport = ctx.params.get("transport", "tcp")
         self.c = mqtt.Client(
-            CallbackAPIVersion.VERSION2, client_id=self.client_id, reconnect_on_failure=False, **kwargs
+            CallbackAPIVersion.VERSION2,
+            client_id=self.client_id,
+            reconnect_on_failure=False,
+            transport=transport,
+            **kwargs,
         )
+        if transport == "websockets":
+            self.c.ws_set_options(path=ctx.params.get("ws_path", "/mqtt"))
         if will:
             self.c.will_set(*will)
         self.inbox = Inbox(name)
@@ -193,6 +201,7 @@ class Conn:
         """Abnormal end: the TCP connection is shut down without a DISCONNECT packet."""
         sock = self.c.socket()
         check(sock is not None, f"{self.name}: no socket to kill")
+        sock = getattr(sock, "_socket", sock)  # over WebSocket: the TCP socket under paho's wrapper
         sock.shutdown(socket.SHUT_RDWR)
         self.disconnected.wait(self.ctx.wait_s())
         self.c.loop_stop()
