@@ -210,6 +210,19 @@ class MqttAdapter:
             if c.session is not None and c.session.client_id
         ]
 
+    def connections_by_transport(self) -> dict[str, int]:
+        """Open connections by transport (tcp, tls, ws, wss), for /metrics."""
+        out: dict[str, int] = {}
+        for c in list(self.connections):
+            t = c.transport
+            if t is None:
+                continue
+            kind = getattr(t, "kind", None) or (
+                "tls" if t.get_extra_info("sslcontext") is not None else "tcp"
+            )
+            out[kind] = out.get(kind, 0) + 1
+        return out
+
     def consumers_info(self) -> list[ConsumerRow]:
         """Every subscription of a connected client, for the registry's consumer list (the console's
         group and topic pages): filter, QoS and, for `$share/<name>/...`, the share's group."""

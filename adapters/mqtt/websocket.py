@@ -39,10 +39,13 @@ class WsTransport:
     """What `MqttProtocol` and its session use of a transport, over one WebSocket: `write` sends a
     binary frame, `close` the closing handshake; the rest is the TCP transport's."""
 
-    __slots__ = ("conn",)
+    __slots__ = ("conn", "kind")
 
-    def __init__(self, conn: MqttWsProtocol) -> None:
+    def __init__(self, conn: MqttWsProtocol, kind: str) -> None:
         self.conn = conn
+        self.kind = (
+            kind  # "ws" or "wss": the transport label of /metrics (MqttAdapter.connections_by_transport)
+        )
 
     def write(self, data: bytes) -> None:
         self.conn.send_binary(data)
@@ -125,7 +128,8 @@ class MqttWsProtocol(asyncio.Protocol):
             return
         self._flush()  # the 101 response before the first MQTT byte
         self.mqtt = MqttProtocol(self.adapter)
-        self.mqtt.connection_made(WsTransport(self))  # type: ignore[arg-type]
+        kind = "wss" if self.raw.get_extra_info("sslcontext") is not None else "ws"  # type: ignore[union-attr]
+        self.mqtt.connection_made(WsTransport(self, kind))  # type: ignore[arg-type]
 
     def send_binary(self, data: bytes) -> None:
         if self.closing:

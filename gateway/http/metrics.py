@@ -151,6 +151,16 @@ def render(
     for a in listeners:
         w.sample("gateway_listener_up", 1 if a.listening else 0, ("protocol",), (a.name,))
 
+    w.family(
+        "gateway_connections_by_transport",
+        "gauge",
+        "Open connections by transport (MQTT: tcp, tls, ws, wss).",
+    )
+    for a in listeners:
+        by_transport = getattr(a, "connections_by_transport", None)
+        for transport, n in sorted(by_transport().items()) if by_transport is not None else ():
+            w.sample("gateway_connections_by_transport", n, ("protocol", "transport"), (a.name, transport))
+
     if limiter is not None:
         _render_limits(w, limiter)
 

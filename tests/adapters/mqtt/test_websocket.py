@@ -219,3 +219,20 @@ async def test_a_taken_port_is_skipped_only_when_optional(caplog):
         assert f"mqtt_ws not started: cannot listen on 127.0.0.1:{port}" in caplog.text
         with pytest.raises(OSError):
             await MqttWebSockets("127.0.0.1", port).start(None)  # type: ignore[arg-type]
+
+
+async def test_metrics_count_connections_by_transport(wenv):
+    from gateway.http.metrics import render
+
+    ws, wss = Paho(V3, wenv.ws_port), Paho(V5, wenv.wss_port, cert=wenv.cert)
+    await ws.start()
+    await wss.start()
+    try:
+        async with wenv.client(V5):
+            assert wenv.adapter.connections_by_transport() == {"tcp": 1, "ws": 1, "wss": 1}
+            text = render(wenv.processor, [wenv.adapter])
+        for transport in ("tcp", "ws", "wss"):
+            assert f'gateway_connections_by_transport{{protocol="mqtt",transport="{transport}"}} 1' in text
+    finally:
+        ws.stop()
+        wss.stop()
