@@ -21,8 +21,8 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from adapters.mqtt import websocket
 from adapters.mqtt.codec import Connack, Connect, Decoder, Pingresp, encode_connect
 from adapters.mqtt.websocket import MqttWebSockets
-from tests.adapters.mqtt.support import V3, V5, close_env, make_cert, next_message, open_env
-from tests.support import T
+from tests.adapters.mqtt.support import STORE, V3, V5, close_env, make_cert, next_message, open_env, serve
+from tests.support import Core, T
 
 PAHO = {V3: paho.MQTTv311, V5: paho.MQTTv5}
 
@@ -236,3 +236,51 @@ async def test_metrics_count_connections_by_transport(wenv):
     finally:
         ws.stop()
         wss.stop()
+
+
+async def test_stop_with_an_open_websocket_session(tmp_path):
+    """Stopping the adapter with a 5.0 client connected over ws: DISCONNECT 0x8B reaches it."""
+    e = await open_env(str(tmp_path / "data"), websockets=MqttWebSockets("127.0.0.1", 0))
+    port = int(e.adapter.extra_listeners["mqtt_ws"].rsplit(":", 1)[1])
+    p = Paho(V5, port)
+    gone: queue.Queue = queue.Queue()
+    await p.start()
+    p.c.on_disconnect = lambda _c, _u, _f, rc, _p: gone.put(rc)
+    try:
+        await close_env(e)
+        rc = await p.next(gone)
+        assert rc.value == 0x8B, rc
+    finally:
+        p.c.loop_stop()
+
+
+async def test_auth_and_acl_over_websocket(tmp_path):
+    """With authentication on: a wrong password is refused (0x86), a user gets SUBACK 0x87 outside
+    its ACL and its messages inside it, over ws as over TCP."""
+    core = await Core.open(str(tmp_path / "data"), auth=True, **STORE)
+    e = await serve(core, websockets=MqttWebSockets("127.0.0.1", 0))
+    port = int(e.adapter.extra_listeners["mqtt_ws"].rsplit(":", 1)[1])
+    try:
+        await core.security.add_user("dev1", password="pw-1", role="user")
+        await core.security.directory.add_rule(
+            "role:user", "topic", "devices/%u/#", ("publish", "subscribe"), False
+        )
+        bad = Paho(V5, port)
+        bad.c.username_pw_set("dev1", "wrong")
+        with pytest.raises(AssertionError, match="Bad user name or password"):
+            await bad.start()
+        bad.c.loop_stop()
+        p = Paho(V5, port)
+        p.c.username_pw_set("dev1", "pw-1")
+        await p.start()
+        try:
+            p.c.subscribe("devices/other/#", 1)
+            _, rcs = await p.next(p.acks)
+            assert [int(r.value) for r in rcs] == [0x87]
+            await p.subscribe("devices/dev1/#")
+            await p.publish("devices/dev1/t", b"mine")
+            assert await p.next(p.messages) == ("devices/dev1/t", b"mine")
+        finally:
+            p.stop()
+    finally:
+        await close_env(e)
