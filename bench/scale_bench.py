@@ -40,7 +40,8 @@ Phases (`--phases`, all by default), in this order, on one server each group:
 - `persistent` (a fresh server): `--sessions` (1,000) connected devices with persistent sessions,
   each subscribed to `dev/<i>/cmd` (`persistent_session_rss_kib`), while
   `--persistent-publishers` (100) other devices publish telemetry at `--persistent-rate` (500)
-  msg/s: `persistent_cpu_us_per_msg`, `_acks_per_s`, `_p99_ms`, as in `telemetry`.
+  msg/s: `persistent_cpu_us_per_msg`, `_acks_per_s`, `_p99_ms`, as in `telemetry`, and the
+  server's memory after it (`persistent_rss_mib_after`, `persistent_rss_anon_mib_after`).
 - `amqp_queues` (the gateway; RabbitMQ too when installed, under "rabbitmq"): bench/scale_amqp.py.
 
 Every phase also reports `<phase>_other_util` (CPUs used by everything but the server and this

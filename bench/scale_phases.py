@@ -391,8 +391,11 @@ class Run:
         self.helpers += pubs
         log(f"  persistent: {s} sessions set up in {setup_s:.2f} s")
         out = await self.telemetry("persistent", pubs, a.persistent_rate)
+        rss2, anon2 = proc_mem(self.server.pid)
         out.update(
             {
+                "persistent_rss_mib_after": _r(rss2 / KIB / KIB, 1),  # the server's, after the telemetry
+                "persistent_rss_anon_mib_after": _r(anon2 / KIB / KIB, 1),
                 "persistent_sessions": s,
                 "persistent_session_rss_kib": _r((rss1 - rss0) / s / KIB),
                 "persistent_session_rss_anon_kib": _r((anon1 - anon0) / s / KIB),
