@@ -34,12 +34,11 @@ DISPATCHED_FROM = "__DISPATCHED_FROM"  # a copy's original topic (internal: no a
 class Dispatchers:
     """The registered dispatchers and the copies they ask for."""
 
-    __slots__ = ("_fns", "_ids", "copies_made")
+    __slots__ = ("_fns", "_ids")
 
     def __init__(self) -> None:
         self._fns: list[Dispatcher] = []
         self._ids = MessageIdFactory()
-        self.copies_made = 0
 
     def __bool__(self) -> bool:
         return bool(self._fns)
@@ -64,15 +63,12 @@ class Dispatchers:
                 if not m.message_id:
                     m.message_id = self._ids.next()
                 out.extend(_copy(m, t) for t in names)
-        self.copies_made += len(out)
         return out
 
     def copies_of_committed(self, m: Message, real_topic: str) -> list[Message]:
         """The copies of a committed transaction message (`m` as stored, in `real_topic`)."""
         m = dataclasses.replace(m, topic=real_topic, msg_type=MessageType.NORMAL)
-        names = self._names(m)
-        self.copies_made += len(names)
-        return [_copy(m, t) for t in names]
+        return [_copy(m, t) for t in self._names(m)]
 
     def _names(self, m: Message) -> list[str]:
         names: list[str] = []

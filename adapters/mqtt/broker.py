@@ -70,8 +70,8 @@ class Broker:
         self.feed = (
             SessionFeed(processor, ctx, self.routes) if self.routes is not None and shared_sessions else None
         )
-        if self.routes is not None and self.feed is not None:
-            self.routes.feed = self.feed.publish
+        if self.feed is not None:
+            self.routes.feed = self.feed.publish  # type: ignore[union-attr]
         self.subscriptions = Subscriptions(processor, self.fanout, self.retained, self.shares, self.routes)
         self.registry = SessionRegistry(
             processor, self.subscriptions, self.publisher.publish, caps, self.routes

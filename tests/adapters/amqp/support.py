@@ -58,6 +58,25 @@ async def open_env(
     return Env(core, await core.add(AmqpAdapter(core.processor, "127.0.0.1", port, **adapter_kw)))
 
 
+async def open_env_with_mqtt_and_grpc(data_dir: str) -> Env:
+    """`open_env` plus an MqttAdapter (`env.mqtt_port`) and a GrpcAdapter (`env.stub`, a
+    MessagingService stub) on the same processor, for messages that cross protocols."""
+    import grpc
+
+    from adapters.grpc import GrpcAdapter
+    from adapters.grpc.generated import service_pb2_grpc
+    from adapters.mqtt import MqttAdapter
+
+    e = await open_env(data_dir)
+    mqtt = await e.core.add(MqttAdapter(e.processor, "127.0.0.1", 0, topic_scan_interval=0.1))
+    e.mqtt_port = mqtt.bound_port  # type: ignore[attr-defined]
+    g = await e.core.add(GrpcAdapter(e.processor, host="127.0.0.1", port=0))
+    channel = grpc.aio.insecure_channel(g.address)
+    e.core.on_close(channel.close)
+    e.stub = service_pb2_grpc.MessagingServiceStub(channel)  # type: ignore[attr-defined]
+    return e
+
+
 async def close_env(env: Env) -> None:
     await env.core.close()
 

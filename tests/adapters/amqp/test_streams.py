@@ -10,15 +10,11 @@ import datetime
 
 import aio_pika
 import aiomqtt
-import grpc
 import pytest
 from aio_pika.exceptions import ChannelPreconditionFailed
 
-from adapters.grpc import GrpcAdapter
 from adapters.grpc.generated import definition_pb2 as d
-from adapters.grpc.generated import service_pb2_grpc
-from adapters.mqtt import MqttAdapter
-from tests.adapters.amqp.support import close_env, open_env
+from tests.adapters.amqp.support import close_env, open_env, open_env_with_mqtt_and_grpc
 from tests.adapters.grpc.support import msg, send
 from tests.support import T
 
@@ -27,13 +23,7 @@ STREAM = {"x-queue-type": "stream"}
 
 @pytest.fixture
 async def env(tmp_path):
-    e = await open_env(str(tmp_path / "data"))
-    mqtt = await e.core.add(MqttAdapter(e.processor, "127.0.0.1", 0, topic_scan_interval=0.1))
-    e.mqtt_port = mqtt.bound_port
-    g = await e.core.add(GrpcAdapter(e.processor, host="127.0.0.1", port=0))
-    channel = grpc.aio.insecure_channel(g.address)
-    e.core.on_close(channel.close)
-    e.stub = service_pb2_grpc.MessagingServiceStub(channel)
+    e = await open_env_with_mqtt_and_grpc(str(tmp_path / "data"))
     yield e
     await close_env(e)
 
