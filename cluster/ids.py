@@ -9,19 +9,17 @@
 - a replica of a replica group registers with the name server under its group's name with a
   broker id >= 1 derived from its own name (`replica_broker_id`); the primary registers as 0.
 
-`IdMap` translates between a node's local ids and these global ones."""
+`IdMap` translates between a node's local ids and these global ones, over the nodes a `NodeDirectory`
+lists (`membership.Membership` is one; it is handed in, this module does not import it)."""
 
 from __future__ import annotations
 
 import zlib
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from store import AppendResult, InvalidReceiptHandle, Message, TopicNotFound
 
 from .nodes import NodeClient, NodeUnavailable
-
-if TYPE_CHECKING:
-    from .membership import Membership
 
 CLO_SHIFT = 48
 CLO_MASK = (1 << CLO_SHIFT) - 1
@@ -40,10 +38,22 @@ def replica_broker_id(name: str) -> int:
     return 1 + zlib.crc32(name.encode()) % ((1 << 31) - 1)
 
 
+class NodeDirectory(Protocol):
+    """What `IdMap` reads of the store nodes: every node seen by name, by tag, and its rank."""
+
+    nodes: dict[str, NodeClient]
+    by_tag: dict[int, NodeClient]
+    ordinal: dict[str, int]
+
+    def readable(self) -> list[NodeClient]: ...
+
+    def node_count(self) -> int: ...
+
+
 class IdMap:
     """Local <-> global ids over the nodes of `members`, with each topic's stride cached."""
 
-    def __init__(self, members: Membership) -> None:
+    def __init__(self, members: NodeDirectory) -> None:
         self.members = members
         self._stride: dict[str, int] = {}  # topic -> queues per node
 
