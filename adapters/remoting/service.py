@@ -1,7 +1,8 @@
 """`RemotingService`: the request handlers' shared state and the dispatcher.
 
 Each request runs as `handler(service, request) -> RemotingCommand | None` (None: no reply, e.g.
-a oneway request); the dispatcher turns `HeaderError`, `RemotingError` and `ProcessorError` into
+a oneway request; the handlers see this service and the connection through the protocols of
+requests.py); the dispatcher turns `HeaderError`, `RemotingError` and `ProcessorError` into
 responses with their codes, unknown codes into REQUEST_CODE_NOT_SUPPORTED, and never answers a
 oneway request."""
 
@@ -10,8 +11,6 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from adapters.remoting import access
@@ -19,8 +18,9 @@ from adapters.remoting.batcher import SendBatcher
 from adapters.remoting.clients import ClientTable
 from adapters.remoting.errors import RemotingError, code_of
 from adapters.remoting.handlers import HANDLERS
-from adapters.remoting.handlers.pop import PopHandles
 from adapters.remoting.hold import PullHold
+from adapters.remoting.pop_handles import PopHandles
+from adapters.remoting.requests import Connection, Handler, Request
 from messaging_processor import (
     ClientContext,
     Identity,
@@ -29,42 +29,13 @@ from messaging_processor import (
     ProcessorError,
     RetryPolicy,
 )
-from remoting import Ext, HeaderError, RemotingCommand, RequestCode, ResponseCode, request_name
+from remoting import HeaderError, RemotingCommand, RequestCode, ResponseCode, request_name
 
 if TYPE_CHECKING:
     from adapters.remoting.limits import RemotingLimits
-    from adapters.remoting.server import ClientConnection
 
 log = logging.getLogger("adapters.remoting")
 _WILDCARD = ("", "0.0.0.0", "::", "[::]")
-
-
-@dataclass(slots=True)
-class Request:
-    conn: ClientConnection
-    cmd: RemotingCommand
-    ctx: ClientContext
-
-    @property
-    def ext(self) -> Ext:
-        return Ext(self.cmd.ext_fields)
-
-    def ok(
-        self, ext_fields: dict[str, str] | None = None, body: bytes = b"", remark: str | None = None
-    ) -> RemotingCommand:
-        return self.cmd.response(ResponseCode.SUCCESS, remark, ext_fields, body)
-
-    def reply(
-        self,
-        code: int,
-        remark: str | None = None,
-        ext_fields: dict[str, str] | None = None,
-        body: bytes = b"",
-    ) -> RemotingCommand:
-        return self.cmd.response(code, remark, ext_fields, body)
-
-
-Handler = Callable[["RemotingService", Request], Awaitable[RemotingCommand | None]]
 
 
 def _resolve_ipv4(host: str) -> str:
@@ -114,7 +85,7 @@ class RemotingService:
         h = self.advertise_host or ("127.0.0.1" if self.host in _WILDCARD else self.host)
         self.store_host = (_resolve_ipv4(h.strip("[]")), port)
 
-    def broker_address(self, conn: ClientConnection | None = None) -> str:
+    def broker_address(self, conn: Connection | None = None) -> str:
         """host:port clients are told to use: --advertise-host, else the bound host, else (bound to a
         wildcard) the local address the client reached."""
         host = self.advertise_host
@@ -145,7 +116,7 @@ class RemotingService:
         self._queue_counts.pop(topic, None)
 
     # ------------------------------------------------------------------ dispatch
-    async def _secured(self, conn: ClientConnection, cmd: RemotingCommand) -> Request | RemotingCommand:
+    async def _secured(self, conn: Connection, cmd: RemotingCommand) -> Request | RemotingCommand:
         """Security on: the request with its verified context, or the NO_PERMISSION answer (a bad
         signature or key: "authentication failed" whatever was wrong; a denied resource: which)."""
         proc = self.processor
@@ -170,7 +141,7 @@ class RemotingService:
             )
         return Request(conn, cmd, ctx)
 
-    async def dispatch(self, conn: ClientConnection, cmd: RemotingCommand) -> RemotingCommand | None:
+    async def dispatch(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
         if self.processor.security is None:
             req = Request(conn, cmd, conn.context(cmd))
         else:

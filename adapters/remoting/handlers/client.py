@@ -11,7 +11,7 @@ from adapters.remoting.errors import RemotingError
 from remoting import RemotingCommand, RequestCode, ResponseCode, dumps_bytes, loads
 
 if TYPE_CHECKING:
-    from adapters.remoting.service import RemotingService, Request
+    from adapters.remoting.requests import Request, Service
 
 log = logging.getLogger("adapters.remoting")
 
@@ -28,7 +28,7 @@ def _body_json(req: Request) -> dict[str, Any]:
     return data
 
 
-async def heart_beat(svc: RemotingService, req: Request) -> RemotingCommand:
+async def heart_beat(svc: Service, req: Request) -> RemotingCommand:
     data = _body_json(req)
     client_id = str(data.get("clientID") or "")
     if client_id:
@@ -37,7 +37,7 @@ async def heart_beat(svc: RemotingService, req: Request) -> RemotingCommand:
     return req.ok()
 
 
-async def unregister_client(svc: RemotingService, req: Request) -> RemotingCommand:
+async def unregister_client(svc: Service, req: Request) -> RemotingCommand:
     e = req.ext
     svc.clients.unregister(
         e.str("clientID", req.conn.client_id), e.str("producerGroup", ""), e.str("consumerGroup", "")
@@ -45,7 +45,7 @@ async def unregister_client(svc: RemotingService, req: Request) -> RemotingComma
     return req.ok()
 
 
-async def consumer_list(svc: RemotingService, req: Request) -> RemotingCommand:
+async def consumer_list(svc: Service, req: Request) -> RemotingCommand:
     group = req.ext.str("consumerGroup")
     ids = svc.clients.consumer_ids(group)
     if not ids:
@@ -53,7 +53,7 @@ async def consumer_list(svc: RemotingService, req: Request) -> RemotingCommand:
     return req.ok(body=dumps_bytes({"consumerIdList": ids}))
 
 
-async def check_client_config(svc: RemotingService, req: Request) -> RemotingCommand:
+async def check_client_config(svc: Service, req: Request) -> RemotingCommand:
     sub = _body_json(req).get("subscriptionData") or {}
     etype = str(sub.get("expressionType") or "TAG").upper()
     if etype not in ("TAG", ""):
@@ -73,7 +73,7 @@ def _queues(data: dict[str, Any]) -> list[tuple[str, str, int]]:
     return out
 
 
-async def lock_batch(svc: RemotingService, req: Request) -> RemotingCommand:
+async def lock_batch(svc: Service, req: Request) -> RemotingCommand:
     data = _body_json(req)
     group = str(data.get("consumerGroup") or "")
     client = str(data.get("clientId") or req.conn.client_id)
@@ -82,7 +82,7 @@ async def lock_batch(svc: RemotingService, req: Request) -> RemotingCommand:
     return req.ok(body=dumps_bytes(body))
 
 
-async def unlock_batch(svc: RemotingService, req: Request) -> RemotingCommand:
+async def unlock_batch(svc: Service, req: Request) -> RemotingCommand:
     data = _body_json(req)
     svc.clients.unlock(
         str(data.get("consumerGroup") or ""), str(data.get("clientId") or req.conn.client_id), _queues(data)

@@ -6,7 +6,7 @@ Each popped message carries POP_CK in RocketMQ's extraInfo layout
 field with the processor's receipt handle (base64url), so that an ACK finds the handle even after
 a proxy restart. Java clients rebuild extraInfo themselves after CHANGE_MESSAGE_INVISIBLETIME (8
 fields, no handle): the latest handle of each popped (group, topic, queue, offset) is therefore
-also remembered here until it is acked or its invisible time has long passed."""
+also remembered (`pop_handles.PopHandles`) until it is acked or its invisible time has long passed."""
 
 from __future__ import annotations
 
@@ -20,40 +20,13 @@ from adapters.remoting.clients import tag_filter
 from adapters.remoting.errors import RemotingError
 from adapters.remoting.mapping import to_wire
 from adapters.remoting.message_codec import encode_message
+from adapters.remoting.pop_handles import HandleKey
 from remoting import RemotingCommand, RequestCode, ResponseCode
 
 if TYPE_CHECKING:
-    from adapters.remoting.service import RemotingService, Request
+    from adapters.remoting.requests import Request, Service
 
 R = ResponseCode
-HandleKey = tuple[str, str, int, int]  # group, topic, queue id, queue offset
-_KEEP_S = 60.0  # how long a handle is remembered past its invisible time
-
-
-class PopHandles:
-    """(group, topic, queue, offset) -> latest receipt handle of messages popped here."""
-
-    def __init__(self) -> None:
-        self._map: dict[HandleKey, tuple[str, float]] = {}
-        self._next_sweep = 0.0
-
-    def put(self, key: HandleKey, handle: str, invisible_ms: int) -> None:
-        now = time.monotonic()
-        self._map[key] = (handle, now + invisible_ms / 1000 + _KEEP_S)
-        if now > self._next_sweep:
-            self._next_sweep = now + 10.0
-            for k in [k for k, (_h, exp) in self._map.items() if exp < now]:
-                del self._map[k]
-
-    def get(self, key: HandleKey) -> str | None:
-        hit = self._map.get(key)
-        return hit[0] if hit else None
-
-    def pop(self, key: HandleKey) -> None:
-        self._map.pop(key, None)
-
-    def __len__(self) -> int:
-        return len(self._map)
 
 
 def _b64(handle: str) -> str:
@@ -71,7 +44,7 @@ def extra_info(offset: int, pop_time: int, invisible: int, broker: str, qid: int
     return f"{offset} {pop_time} {invisible} 0 0 {broker} {qid} {offset} {_b64(handle)}"
 
 
-async def pop_message(svc: RemotingService, req: Request) -> RemotingCommand:
+async def pop_message(svc: Service, req: Request) -> RemotingCommand:
     e = req.ext
     group, topic = e.str("consumerGroup"), e.str("topic")
     invisible = e.int("invisibleTime", 60_000)
@@ -104,7 +77,7 @@ async def pop_message(svc: RemotingService, req: Request) -> RemotingCommand:
     return req.ok(ext, b"".join(parts))
 
 
-def _handle(svc: RemotingService, req: Request) -> tuple[HandleKey, str]:
+def _handle(svc: Service, req: Request) -> tuple[HandleKey, str]:
     e = req.ext
     info = e.str("extraInfo").split(" ")
     qid = e.int("queueId", int(info[6]) if len(info) > 6 and info[6].lstrip("-").isdigit() else -1)
@@ -117,14 +90,14 @@ def _handle(svc: RemotingService, req: Request) -> tuple[HandleKey, str]:
     return key, handle
 
 
-async def ack_message(svc: RemotingService, req: Request) -> RemotingCommand:
+async def ack_message(svc: Service, req: Request) -> RemotingCommand:
     key, handle = _handle(svc, req)
     await svc.processor.ack(req.ctx, handle)
     svc.pop_handles.pop(key)
     return req.ok()
 
 
-async def change_invisible_time(svc: RemotingService, req: Request) -> RemotingCommand:
+async def change_invisible_time(svc: Service, req: Request) -> RemotingCommand:
     key, handle = _handle(svc, req)
     invisible = req.ext.int("invisibleTime")
     new = await svc.processor.change_invisible_time(req.ctx, handle, invisible)

@@ -23,13 +23,13 @@ from remoting import RemotingCommand, RequestCode, ResponseCode
 from remoting.codes import PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND
 
 if TYPE_CHECKING:
-    from adapters.remoting.service import RemotingService, Request
+    from adapters.remoting.requests import Request, Service
 
 SCAN_WINDOW = 4096  # queue entries one pull may skip over when a tag filter matches nothing
 R = ResponseCode
 
 
-def _filter(svc: RemotingService, req: Request, group: str, topic: str, sys_flag: int) -> Filter:
+def _filter(svc: Service, req: Request, group: str, topic: str, sys_flag: int) -> Filter:
     e = req.ext
     if sys_flag & PULL_SUBSCRIPTION and "subscription" in e:
         f = tag_filter(e.str("subscription"), e.str("expressionType", "TAG"))
@@ -41,7 +41,7 @@ def _filter(svc: RemotingService, req: Request, group: str, topic: str, sys_flag
     return f
 
 
-async def pull_message(svc: RemotingService, req: Request) -> RemotingCommand:
+async def pull_message(svc: Service, req: Request) -> RemotingCommand:
     e = req.ext
     p = svc.processor
     group, topic = e.str("consumerGroup"), e.str("topic")
@@ -101,7 +101,7 @@ def _result(req: Request, code: int, nxt: int, lo: int, hi: int, body: bytes = b
     return req.reply(code, None, ext, body)
 
 
-async def query_consumer_offset(svc: RemotingService, req: Request) -> RemotingCommand:
+async def query_consumer_offset(svc: Service, req: Request) -> RemotingCommand:
     """The group's committed offset. Never committed: 0 while the queue still starts at offset 0 (a
     Java broker answers so while message 0 is in memory), else QUERY_NOT_FOUND and the client's
     consumeFromWhere decides."""
@@ -123,7 +123,7 @@ async def query_consumer_offset(svc: RemotingService, req: Request) -> RemotingC
     return req.ok({"offset": str(off)})
 
 
-async def update_consumer_offset(svc: RemotingService, req: Request) -> RemotingCommand:
+async def update_consumer_offset(svc: Service, req: Request) -> RemotingCommand:
     """Commit a group's offset (every message below it is consumed). Negative offsets (what a
     client sends for a queue it has no offset for) are ignored."""
     e = req.ext
@@ -135,7 +135,7 @@ async def update_consumer_offset(svc: RemotingService, req: Request) -> Remoting
     return req.ok()
 
 
-async def _offsets(svc: RemotingService, req: Request) -> tuple[int, int]:
+async def _offsets(svc: Service, req: Request) -> tuple[int, int]:
     """(min, max) of a queue; (0, 0) for an unknown topic or queue, as the Java broker answers."""
     e = req.ext
     try:
@@ -146,15 +146,15 @@ async def _offsets(svc: RemotingService, req: Request) -> tuple[int, int]:
         raise
 
 
-async def get_max_offset(svc: RemotingService, req: Request) -> RemotingCommand:
+async def get_max_offset(svc: Service, req: Request) -> RemotingCommand:
     return req.ok({"offset": str((await _offsets(svc, req))[1])})
 
 
-async def get_min_offset(svc: RemotingService, req: Request) -> RemotingCommand:
+async def get_min_offset(svc: Service, req: Request) -> RemotingCommand:
     return req.ok({"offset": str((await _offsets(svc, req))[0])})
 
 
-async def search_offset(svc: RemotingService, req: Request) -> RemotingCommand:
+async def search_offset(svc: Service, req: Request) -> RemotingCommand:
     e = req.ext
     try:
         off = await svc.processor.search_offset(e.str("topic"), e.int("queueId"), e.int("timestamp"))
@@ -165,7 +165,7 @@ async def search_offset(svc: RemotingService, req: Request) -> RemotingCommand:
     return req.ok({"offset": str(off)})
 
 
-async def earliest_store_time(svc: RemotingService, req: Request) -> RemotingCommand:
+async def earliest_store_time(svc: Service, req: Request) -> RemotingCommand:
     e = req.ext
     topic, qid = e.str("topic"), e.int("queueId")
     lo, hi = await _offsets(svc, req)
@@ -177,7 +177,7 @@ async def earliest_store_time(svc: RemotingService, req: Request) -> RemotingCom
     return req.ok({"timestamp": str(ts)})
 
 
-async def view_message(svc: RemotingService, req: Request) -> RemotingCommand:
+async def view_message(svc: Service, req: Request) -> RemotingCommand:
     """The message at a commit log offset (what a Java admin's viewMessage(offsetMsgId) asks)."""
     try:
         msg = await svc.processor.get_message_at(req.ext.int("offset"))

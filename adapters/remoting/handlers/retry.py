@@ -26,12 +26,12 @@ from messaging_processor import ErrorKind, Message, MessageType, ProcessorError,
 from remoting import DLQ_PREFIX, RETRY_PREFIX, Ext, RemotingCommand, RequestCode, ResponseCode
 
 if TYPE_CHECKING:
-    from adapters.remoting.service import RemotingService, Request
+    from adapters.remoting.requests import Request, Service
 
 _POLICY_TTL_S = 10.0
 
 
-async def _group_policy(svc: RemotingService, group: str) -> tuple[int, RetryPolicy]:
+async def _group_policy(svc: Service, group: str) -> tuple[int, RetryPolicy]:
     """(max attempts, retry back-off) of a consumer group, cached briefly."""
     hit = svc.group_policies.get(group)
     now = time.monotonic()
@@ -55,7 +55,7 @@ def _reconsume_times(msg: Message) -> int:
         return 0
 
 
-async def _find(svc: RemotingService, offset: int | None, origin_msg_id: str) -> Message:
+async def _find(svc: Service, offset: int | None, origin_msg_id: str) -> Message:
     if offset is not None and offset >= 0:
         try:
             return await svc.processor.get_message_at(offset)
@@ -73,7 +73,7 @@ async def _find(svc: RemotingService, offset: int | None, origin_msg_id: str) ->
 
 
 async def redeliver(
-    svc: RemotingService,
+    svc: Service,
     req: Request,
     group: str,
     msg: Message,
@@ -124,7 +124,7 @@ async def redeliver(
     return r
 
 
-async def send_back(svc: RemotingService, req: Request) -> RemotingCommand:
+async def send_back(svc: Service, req: Request) -> RemotingCommand:
     e = req.ext
     group = e.str("group")
     msg = await _find(svc, e.opt_int("offset"), e.str("originMsgId", ""))
@@ -141,7 +141,7 @@ async def send_back(svc: RemotingService, req: Request) -> RemotingCommand:
 
 
 async def send_to_retry_topic(
-    svc: RemotingService, req: Request, h: Ext, topic: str, body: bytes, sys_flag: int
+    svc: Service, req: Request, h: Ext, topic: str, body: bytes, sys_flag: int
 ) -> RemotingCommand | None:
     """A producer sends to `%RETRY%<group>` itself (a consumer whose send-back failed)."""
     group = topic[len(RETRY_PREFIX) :]

@@ -20,7 +20,7 @@ from remoting import (
 from remoting import routes as rd
 
 if TYPE_CHECKING:
-    from adapters.remoting.service import RemotingService, Request
+    from adapters.remoting.requests import Request, Service
 
 
 def _no_route(topic: str) -> RemotingError:
@@ -29,11 +29,11 @@ def _no_route(topic: str) -> RemotingError:
     )
 
 
-def _broker(svc: RemotingService, req: Request) -> rd.BrokerData:
+def _broker(svc: Service, req: Request) -> rd.BrokerData:
     return rd.BrokerData(svc.broker_name, svc.cluster_name, {0: svc.broker_address(req.conn)})
 
 
-async def get_route(svc: RemotingService, req: Request) -> RemotingCommand:
+async def get_route(svc: Service, req: Request) -> RemotingCommand:
     topic = req.ext.str("topic")
     if topic == DEFAULT_TOPIC:
         # The producers' auto-create template: answered only when this gateway auto-creates topics.
@@ -53,17 +53,17 @@ async def get_route(svc: RemotingService, req: Request) -> RemotingCommand:
     return req.ok(body=rd.encode(data, wants_standard_json(req.cmd.version, req.cmd.ext_fields)))
 
 
-async def get_cluster_info(svc: RemotingService, req: Request) -> RemotingCommand:
+async def get_cluster_info(svc: Service, req: Request) -> RemotingCommand:
     data = rd.cluster_info([_broker(svc, req)])
     return req.ok(body=rd.encode(data, wants_standard_json(req.cmd.version, req.cmd.ext_fields)))
 
 
-async def get_topic_list(svc: RemotingService, req: Request) -> RemotingCommand:
+async def get_topic_list(svc: Service, req: Request) -> RemotingCommand:
     topics = sorted(t.name for t in await svc.processor.list_topics())
     return req.ok(body=dumps_bytes({"topicList": topics}))
 
 
-async def get_kv_config(svc: RemotingService, req: Request) -> RemotingCommand:
+async def get_kv_config(svc: Service, req: Request) -> RemotingCommand:
     ns, key = req.ext.str("namespace", ""), req.ext.str("key", "")
     return req.reply(ResponseCode.QUERY_NOT_FOUND, f"No config item, Namespace: {ns} Key: {key}")
 

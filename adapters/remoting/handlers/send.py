@@ -29,7 +29,7 @@ from remoting.codes import (
 )
 
 if TYPE_CHECKING:
-    from adapters.remoting.service import RemotingService, Request
+    from adapters.remoting.requests import Request, Service
 
 
 def _inflate(body: bytes, sys_flag: int, limit: int) -> bytes:
@@ -49,7 +49,7 @@ def _inflate(body: bytes, sys_flag: int, limit: int) -> bytes:
     return out
 
 
-async def send_message(svc: RemotingService, req: Request) -> RemotingCommand | None:
+async def send_message(svc: Service, req: Request) -> RemotingCommand | None:
     cmd = req.cmd
     h = send_header(cmd.ext_fields)
     topic = h.str("topic")
@@ -108,7 +108,7 @@ async def send_message(svc: RemotingService, req: Request) -> RemotingCommand | 
     return req.ok(ext)
 
 
-def _within_rate(svc: RemotingService, req: Request, msgs: int, nbytes: int) -> None:
+def _within_rate(svc: Service, req: Request, msgs: int, nbytes: int) -> None:
     """Charge a send to its connection's and user's publish rates; RemotingError(SYSTEM_BUSY) when
     over them (adapters/remoting/limits.py). Free when publish rates are off."""
     limits = svc.limits
@@ -121,7 +121,7 @@ def _within_rate(svc: RemotingService, req: Request, msgs: int, nbytes: int) -> 
         raise RemotingError(*busy)
 
 
-async def _send_one(svc: RemotingService, req: Request, msg: Message) -> SendReceipt:
+async def _send_one(svc: Service, req: Request, msg: Message) -> SendReceipt:
     try:
         r = await svc.batcher.send(req.ctx, msg)
     except ProcessorError as e:
@@ -132,7 +132,7 @@ async def _send_one(svc: RemotingService, req: Request, msg: Message) -> SendRec
     return r
 
 
-async def _send(svc: RemotingService, req: Request, msgs: list[Message]) -> list[SendReceipt]:
+async def _send(svc: Service, req: Request, msgs: list[Message]) -> list[SendReceipt]:
     try:
         receipts = await svc.processor.send(req.ctx, msgs)
     except ProcessorError as e:
@@ -144,7 +144,7 @@ async def _send(svc: RemotingService, req: Request, msgs: list[Message]) -> list
     return receipts
 
 
-async def end_transaction(svc: RemotingService, req: Request) -> RemotingCommand | None:
+async def end_transaction(svc: Service, req: Request) -> RemotingCommand | None:
     """Commit (0x8) or roll back (0xC) a half message; NOT_TYPE (0, "unknown") leaves it for the check."""
     e = req.ext
     kind = e.int("commitOrRollback")
