@@ -5,6 +5,7 @@ OPTIONS answers the webhook abuse-protection handshake (`WebHook-Allowed-Origin`
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Request, Response
@@ -12,12 +13,19 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from messaging_processor import ClientContext
+
 from . import codec
+from .event import Event
 from .models import CloudEventJSON, Problem, inline_schema
 from .problems import ALLOW, method_not_allowed, problem, scope_context
 
 if TYPE_CHECKING:
-    from .service import CloudEvents
+    from messaging_processor import MessagingProcessor
+
+    from .limits import IngestLimits
+
+StoreEvents = Callable[[ClientContext, str, Sequence[Event]], Awaitable[None]]
 
 ENVELOPE = 64 * 1024  # what a request may carry beyond its data: attributes, JSON framing
 
@@ -107,10 +115,17 @@ class IngestEndpoint:
     path (which does the same through `handle`), so the hot path skips FastAPI's per-request
     machinery (dependency solving, a Request object, response classes): the request's headers are
     read straight from the ASGI scope and the 202 is two prebuilt messages. Errors are the same:
-    codec errors answer problem+json here, a ProcessorError propagates to the app's handler."""
+    codec errors answer problem+json here, a ProcessorError propagates to the app's handler.
 
-    def __init__(self, service: CloudEvents) -> None:
-        self.service = service
+    `store(ctx, topic, events)` stores a request's events (the service's, with its idempotency);
+    `limits` is the publish-rate limit, None when off."""
+
+    def __init__(
+        self, processor: MessagingProcessor, store: StoreEvents, limits: IngestLimits | None
+    ) -> None:
+        self.processor = processor
+        self.store = store
+        self.limits = limits
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers: list[tuple[str, str]] = []
@@ -120,7 +135,7 @@ class IngestEndpoint:
                 content_length = v
             elif k == b"content-type" or k.startswith(b"ce-"):
                 headers.append((k.decode("latin-1"), v.decode("latin-1")))
-        processor = self.service.processor
+        processor = self.processor
         limit = request_limit(processor.limits.max_body_size)
         try:
             body = await read_body(receive, content_length, limit)
@@ -137,7 +152,7 @@ class IngestEndpoint:
         self, scope: Scope, headers: list[tuple[str, str]], body: bytes | None
     ) -> Response | None:
         """None once the events are stored (answer 202), else the error response."""
-        processor = self.service.processor
+        processor = self.processor
         if body is None:
             limit = request_limit(processor.limits.max_body_size)
             return problem(413, "body_too_large", f"request body over {limit} bytes")
@@ -145,12 +160,12 @@ class IngestEndpoint:
             events = codec.decode(headers, body, max_events=processor.limits.max_batch)
         except codec.CodecError as e:
             return problem(e.status, e.kind, str(e), e.problems)
-        limits = self.service.limits
+        limits = self.limits
         if limits is not None and (wait := limits.retry_after(scope, len(events), len(body))):
             return problem(
                 429, "too_many_requests", "publish rate over its limit", headers={"Retry-After": str(wait)}
             )
-        await self.service.store(scope_context(scope), scope["path_params"]["topic"], events)
+        await self.store(scope_context(scope), scope["path_params"]["topic"], events)
         return None
 
 
@@ -166,7 +181,7 @@ def put_first(app: Starlette, endpoint: IngestEndpoint) -> None:
     app.router.routes.insert(0, raw_route(endpoint))
 
 
-def router(service: CloudEvents, endpoint: IngestEndpoint) -> APIRouter:
+def router(endpoint: IngestEndpoint) -> APIRouter:
     r = APIRouter(tags=["cloudevents"])
     # The raw ASGI route serves every POST; the FastAPI route below documents it (OpenAPI) and
     # would serve it the same way should the raw one ever be removed.
@@ -186,7 +201,7 @@ def router(service: CloudEvents, endpoint: IngestEndpoint) -> APIRouter:
             for k, v in request.headers.raw
             if k == b"content-type" or k.startswith(b"ce-")
         ]
-        limit = request_limit(service.processor.limits.max_body_size)
+        limit = request_limit(endpoint.processor.limits.max_body_size)
         try:
             body = await read_body(request.receive, request.headers.get("content-length"), limit)
         except _Disconnected:

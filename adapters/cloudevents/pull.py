@@ -29,7 +29,7 @@ from .models import (
 from .problems import context
 
 if TYPE_CHECKING:
-    from .service import CloudEvents
+    from messaging_processor import MessagingProcessor
 
 BASE = "/topics/{topic}/subscriptions/{group}"
 HANDLE_ATTR = "receipthandle"
@@ -55,9 +55,8 @@ def _failure(handle: str, e: Exception) -> HandleFailure:
     return HandleFailure(receipt_handle=handle, kind="internal", detail=str(e))
 
 
-def router(service: CloudEvents) -> APIRouter:
+def router(p: MessagingProcessor) -> APIRouter:
     r = APIRouter(tags=["cloudevents pull"])
-    p = service.processor
 
     @r.post(BASE + "/pop", response_class=Response, responses=_POP_RESPONSES, summary="Pop events")
     async def pop(topic: str, group: str, request: Request, body: PopRequest | None = None) -> Response:

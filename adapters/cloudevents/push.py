@@ -27,8 +27,9 @@ import email.utils
 import logging
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from messaging_processor import (
     ClientContext,
@@ -38,6 +39,7 @@ from messaging_processor import (
     Filter,
     Identity,
     Message,
+    MessagingProcessor,
     Outcome,
     ProcessorError,
 )
@@ -48,10 +50,7 @@ from .event import Event, canonical
 from .filters import compile_filters
 from .mapping import attributes_of, from_message
 from .models import MAX_INVISIBLE_MS, SubscriptionRecord, SubscriptionStatus, duration_ms
-from .webhook import WebhookError, WebhookTimeout
-
-if TYPE_CHECKING:
-    from .service import CloudEvents
+from .webhook import WebhookClient, WebhookError, WebhookTimeout
 
 log = logging.getLogger("adapters.cloudevents.push")
 
@@ -121,10 +120,25 @@ def backoff_ms(policy: str, delay_ms: int, retry_number: int) -> int:
     return min(ms, MAX_INVISIBLE_MS)
 
 
+class PushDeps(Protocol):
+    """What a push subscription uses of its service (`service.CloudEvents` is one)."""
+
+    processor: MessagingProcessor
+
+    @property
+    def client(self) -> WebhookClient:
+        """The keep-alive webhook client every subscription shares."""
+        ...
+
+    async def store(self, ctx: ClientContext, topic: str, events: Sequence[Event]) -> None:
+        """Store events (a subscriber's replies) as the ingest does."""
+        ...
+
+
 class Dispatcher:
     """Runs one push subscription until `stop()`."""
 
-    def __init__(self, service: CloudEvents, sub: SubscriptionRecord) -> None:
+    def __init__(self, service: PushDeps, sub: SubscriptionRecord) -> None:
         self.service = service
         self.sub = sub
         d = sub.delivery

@@ -38,7 +38,7 @@ class CloudEvents:
         )
         self.dedup = Deduplicator(processor, dedup_window_s) if dedup_window_s > 0 else None
         self.subscriptions = subscriptions.SubscriptionManager(self)
-        self.ingest = ingest.IngestEndpoint(self)
+        self.ingest = ingest.IngestEndpoint(processor, self.store, self.limits)
         self._client: WebhookClient | None = None
 
     @property
@@ -51,7 +51,11 @@ class CloudEvents:
         return self._client
 
     def routers(self) -> list[APIRouter]:
-        return [ingest.router(self, self.ingest), pull.router(self), subscriptions.router(self)]
+        return [
+            ingest.router(self.ingest),
+            pull.router(self.processor),
+            subscriptions.router(self.subscriptions),
+        ]
 
     def serve(self, http: Adapter) -> ServedAdapter:
         """Attach to the HTTP listener. When it serves a Starlette app (the gateway's HttpAdapter),

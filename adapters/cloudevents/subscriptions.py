@@ -20,7 +20,7 @@ from .problems import context
 from .push import MAX_ATTEMPTS, Dispatcher
 
 if TYPE_CHECKING:
-    from .service import CloudEvents
+    from .push import PushDeps
 
 log = logging.getLogger("adapters.cloudevents")
 NS = "ce.subscriptions"
@@ -28,7 +28,10 @@ GROUP_PREFIX = "ce-sub-"
 
 
 class SubscriptionManager:
-    def __init__(self, service: CloudEvents) -> None:
+    """The push subscriptions: stored in the key-value table, each run by a `Dispatcher` over
+    `service` (the processor, the shared webhook client, the store of replies)."""
+
+    def __init__(self, service: PushDeps) -> None:
         self.service = service
         self.dispatchers: dict[str, Dispatcher] = {}
 
@@ -116,9 +119,8 @@ async def _group_exists(p: object, group: str) -> bool:
     return True
 
 
-def router(service: CloudEvents) -> APIRouter:
+def router(m: SubscriptionManager) -> APIRouter:
     r = APIRouter(prefix="/subscriptions", tags=["cloudevents push"])
-    m = service.subscriptions
     errors = {
         400: {"description": "invalid subscription (problem+json)"},
         404: {"description": "unknown topic or subscription (problem+json)"},
