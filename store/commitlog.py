@@ -20,13 +20,18 @@ import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from . import codec
 from .message import Message
 
-if TYPE_CHECKING:
-    from .tiering import TieredLog
+
+class TierReader(Protocol):
+    """What the commit log reads of its segments in object storage (`tiering.TieredLog` is it)."""
+
+    def has(self, offset: int) -> bool: ...
+    def read(self, offset: int, size: int) -> bytes: ...
+
 
 # Offsets from here address records a compacted topic's compaction kept (store/compaction.py); `read`
 # hands them to `compacted_read`.
@@ -75,7 +80,7 @@ class CommitLog:
         self._prealloc_thread: threading.Thread | None = None
         self._last_read: Segment | None = None  # the segment of the latest read (most reads hit it)
         # tiering.py: the segments below the local ones that are in object storage (None: tiering off)
-        self.tier: TieredLog | None = None
+        self.tier: TierReader | None = None
         self._tier_bases: list[int] = []
         for name in sorted(os.listdir(directory)):
             if name.isdigit() and len(name) == 20:
@@ -168,7 +173,7 @@ class CommitLog:
         with self._lock:
             return self._segments[0].base if self._segments else self.write_pos
 
-    def attach_tier(self, tier: TieredLog, bases: list[int]) -> None:
+    def attach_tier(self, tier: TierReader, bases: list[int]) -> None:
         """Reads below the local segments go to `tier` (object storage), which holds `bases`."""
         self.tier = tier
         self.set_tiered(bases)

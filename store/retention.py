@@ -6,7 +6,7 @@ segments (tiering.py) are decided alike: their manifest entries go, their object
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .catalog import Catalog
 from .commitlog import CommitLog
@@ -17,8 +17,16 @@ from .message import now_ms
 if TYPE_CHECKING:
     import asyncio
 
-    from .checkpoint import Checkpointer
     from .scheduling import DelayedMessages, Transactions
+
+
+class Checkpoints(Protocol):
+    """What retention asks of the checkpointer (`checkpoint.Checkpointer` is it): entries into
+    their files, under its lock, before files are rewritten."""
+
+    lock: asyncio.Lock
+
+    async def checkpoint_locked(self) -> None: ...
 
 
 class SegmentStats:
@@ -74,7 +82,7 @@ class Retention:
         segments: SegmentStats,
         delays: DelayedMessages,
         transactions: Transactions,
-        checkpoints: Checkpointer,
+        checkpoints: Checkpoints,
         run_io: Callable[..., asyncio.Future],
     ) -> None:
         self.config = config
