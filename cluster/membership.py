@@ -9,8 +9,12 @@ broker id 0) with its replicas' addresses (broker ids >= 1) beside: while no pri
 or reachable, `readable()` still lists it and reads go to a replica (nodes.py).
 
 A listing without any node of the cluster is not believed for `namesrv_grace_s` (most likely a
-restarted name server not refilled yet). `StaticNodes` stands in for the name server where the nodes
-are fixed (`gateway start --workers`: one local store process)."""
+restarted name server not refilled yet), nor one without a node that is still connected while
+the name server has been up for less than that (refilled by only some heartbeats so far: it says
+its uptime at HELLO). While no name server answers, the last listing stays in use: sends and pops
+go on over the open connections (`health()` says so). `StaticNodes`
+stands in for the name server where the nodes are fixed (`gateway start --workers`: one local
+store process)."""
 
 from __future__ import annotations
 
@@ -83,6 +87,8 @@ class Membership:
         self.by_tag: dict[int, NodeClient] = {}
         self.stats: dict[str, object] = {}  # counters summed over live nodes at the last refresh
         self._absent_since: float | None = None
+        self._kept: set[str] = set()  # connected nodes a young name server does not list yet
+        self.namesrv_down_since: float | None = None  # no name server answered since then
         self._degraded: set[str] = set()  # groups listed without a primary (logged once)
         self._refresher: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -115,8 +121,18 @@ class Membership:
             try:
                 info = await self.ns.cluster_info()
             except Exception as e:  # noqa: BLE001 - keep the current view until it answers
-                log.warning("cannot refresh store routes: %s", e)
+                if self.namesrv_down_since is None:
+                    self.namesrv_down_since = time.monotonic()
+                    names = ", ".join(n.name for n in self.live()) or "none"
+                    log.warning(
+                        "no name server answers (%s): serving with the last routes (store nodes %s)", e, names
+                    )
                 return
+            if self.namesrv_down_since is not None:
+                log.info(
+                    "a name server answers again after %.1f s", time.monotonic() - self.namesrv_down_since
+                )
+                self.namesrv_down_since = None
             clusters = info.get("clusterAddrTable") or {}
             if self.cluster in clusters:
                 self._absent_since = None
@@ -163,7 +179,9 @@ class Membership:
                     log.info("store node %s (%s) is live", name, addr)
                     self.spawn(self._sync_node(node))
             for name, node in self.nodes.items():
-                if name not in listed and node.listed:
+                if name in listed:
+                    self._kept.discard(name)
+                elif node.listed and not self._keep_unlisted(node):
                     node.listed = False
                     self._degraded.discard(name)
                     log.warning(
@@ -171,6 +189,46 @@ class Membership:
                     )
                     await node.close_all()
             self.spawn(self._refresh_stats())
+
+    def _keep_unlisted(self, node: NodeClient) -> bool:
+        """Whether a node the name server no longer lists stays in use: yes while it is still
+        connected and the name server that answered has been up for less than `namesrv_grace_s`
+        (restarted, it lists each node again at the node's next heartbeat); else it is dropped."""
+        age = self.ns.listing_age_s() if isinstance(self.ns, NameServerClient) else None
+        if not node.alive or age is None or age >= self.namesrv_grace_s:
+            self._kept.discard(node.name)
+            return False
+        if node.name not in self._kept:
+            self._kept.add(node.name)
+            log.warning(
+                "store node %s is not listed by the name server (up for %.1f s) but still connected: kept",
+                node.name,
+                age,
+            )
+        return True
+
+    def health(self) -> dict[str, Any]:
+        """What this proxy's view of the cluster lacks: `problems` is empty when a name server
+        answers and every node seen is live."""
+        problems = []
+        if self.namesrv_down_since is not None:
+            problems.append(
+                f"no name server has answered for {time.monotonic() - self.namesrv_down_since:.0f} s:"
+                " serving with the last routes"
+            )
+        if self._absent_since is not None:
+            problems.append("the name server lists no store node of the cluster yet: keeping the last ones")
+        live = [n.name for n in self.live()]
+        if not live:
+            problems.append("no store node is live")
+        if self._kept:
+            problems.append(f"store nodes kept while not listed: {', '.join(sorted(self._kept))}")
+        return {
+            "namesrv": "ok" if self.namesrv_down_since is None else "unreachable",
+            "store_nodes_live": live,
+            "store_nodes_known": sorted(self.nodes),
+            "problems": problems,
+        }
 
     def _add(self, name: str, addr: str) -> NodeClient:
         node = NodeClient(name, addr, node_tag(name), self.on_txn_check, auth=self.auth, tls=self.tls)

@@ -48,7 +48,8 @@ async def open_cluster_store(config: ProxyConfig) -> ClusterStoreClient:
         config.namesrv,
         config.cluster_name,
         refresh_s=config.route_refresh_s,
-        namesrv_grace_s=config.lease_period_s,
+        # a restarted name server lists every live node within one of their lease periods
+        namesrv_grace_s=2 * config.lease_period_s,
         auth=config.auth,
         tls=config.tls,
     )

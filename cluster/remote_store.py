@@ -95,6 +95,10 @@ class ClusterStoreClient:
     def live(self) -> list[NodeClient]:
         return self.members.live()
 
+    def health(self) -> dict[str, Any]:
+        """The cluster as this proxy sees it (Membership.health): `problems` empty when all is well."""
+        return self.members.health()
+
     # ------------------------------------------------------------------ consume
     async def pop(
         self,

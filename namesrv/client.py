@@ -8,7 +8,10 @@ queries go to the first that answers.
     task = ns.keep_registered(lambda: ns.register_broker(...), period_s=30)   # lease renewals
     brokers, queues = await ns.route("orders")
 
-With `auth` (the cluster secret, remoting/cluster_auth.py) every connection authenticates first."""
+Each connection starts with HELLO (namesrv/version.py): `info[addr]` is what that name server
+offers (version 0, the base features, when it predates HELLO), and `listing_age_s()` how long the
+name server that answered the last query has been running, as far as this client can tell. With
+`auth` (the cluster secret, remoting/cluster_auth.py) every connection authenticates first."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import contextlib
 import json
 import logging
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -27,6 +31,7 @@ from remoting.cluster_auth import ClusterAuth
 
 from .body import body_crc32, encode_register_body
 from .routeinfo import TopicQueues
+from .version import HELLO, PeerInfo, hello_fields, parse_hello
 
 log = logging.getLogger("namesrv.client")
 
@@ -54,6 +59,9 @@ class NameServerClient:
         self.tls = tls  # a client context: the name servers are spoken to over TLS
         self._conns: dict[str, RemotingClient] = {}
         self._lock = asyncio.Lock()
+        self.info: dict[str, PeerInfo] = {}  # what each name server said at HELLO
+        self._since: dict[str, float] = {}  # when each one started, by this clock, as far as known
+        self.answered: str | None = None  # the name server that answered the last query
 
     async def _conn(self, addr: str) -> RemotingClient:
         c = self._conns.get(addr)
@@ -61,8 +69,24 @@ class NameServerClient:
             return c
         host, port = parse_host_port(addr, 9876)
         c = await RemotingClient.connect(host, port, timeout=self.timeout, auth=self.auth, ssl=self.tls)
+        try:
+            info = parse_hello(await c.invoke(HELLO, hello_fields(), timeout=self.timeout))
+        except BaseException:
+            await c.close()
+            raise
+        now = time.monotonic()
+        # a name server without `uptime`: taken as started when this connection opened (a restart
+        # closes every connection, so it is never later than that)
+        self._since[addr] = now - info.uptime_s if info.uptime_s is not None else now
+        self.info[addr] = info
         self._conns[addr] = c
         return c
+
+    def listing_age_s(self) -> float | None:
+        """How long the name server that answered the last query has been up (a lower bound for
+        one that does not say); None before any answer."""
+        since = self._since.get(self.answered) if self.answered else None
+        return None if since is None else time.monotonic() - since
 
     async def _invoke_one(self, addr: str, code: int, ext: dict[str, Any], body: bytes) -> RemotingCommand:
         c = await self._conn(addr)
@@ -88,7 +112,9 @@ class NameServerClient:
         last: BaseException | None = None
         for a in self.addrs:
             try:
-                return await self._invoke_one(a, code, ext, body)
+                r = await self._invoke_one(a, code, ext, body)
+                self.answered = a
+                return r
             except (OSError, TimeoutError, RemotingClientError) as e:
                 last = e
                 self._conns.pop(a, None)

@@ -3,7 +3,8 @@
 Requests: REGISTER_BROKER, UNREGISTER_BROKER, QUERY_DATA_VERSION and BROKER_HEARTBEAT (lease
 renewals), GET_ROUTEINFO_BY_TOPIC, GET_BROKER_CLUSTER_INFO, GET_ALL_TOPIC_LIST_FROM_NAMESERVER,
 GET_KV_CONFIG (always QUERY_NOT_FOUND: no KV config), and the gateway's REGISTER_PROXY (7001),
-UNREGISTER_PROXY (7002), GET_PROXY_LIST (7003). Anything else: REQUEST_CODE_NOT_SUPPORTED.
+UNREGISTER_PROXY (7002), GET_PROXY_LIST (7003), HELLO (7004: the protocol's version, features and
+this server's uptime, namesrv/version.py). Anything else: REQUEST_CODE_NOT_SUPPORTED.
 
 With a cluster secret (`auth`) every connection proves it before any of these is served
 (remoting/cluster_auth.py): a process without it can neither register nor list routes."""
@@ -35,6 +36,7 @@ from runtime.tasks import cancel_and_wait
 from .body import BodyError, body_crc32, decode_register_body
 from .config import NamesrvSettings
 from .routeinfo import RouteInfo
+from .version import HELLO, hello_fields
 
 log = logging.getLogger("namesrv")
 QUERY_DATA_VERSION = 322
@@ -58,6 +60,7 @@ class NameServer:
         self.settings = settings or NamesrvSettings()
         self.tls = tls  # a server context: the port serves TLS only
         self.clock = clock
+        self.started = clock()
         self.routes = RouteInfo(self.settings.lease_expiry_s)
         self.frames = FrameServer(self, name="name server", log=log, auth=auth)
         self._server: asyncio.Server | None = None
@@ -75,6 +78,7 @@ class NameServer:
             RequestCode.REGISTER_PROXY: _register_proxy,
             RequestCode.UNREGISTER_PROXY: _unregister_proxy,
             RequestCode.GET_PROXY_LIST: _proxy_list,
+            HELLO: _hello,
         }
 
     @property
@@ -246,6 +250,12 @@ async def _register_proxy(ns: NameServer, conn: FrameConnection, cmd: RemotingCo
         now=ns.clock(),
     )
     return cmd.response(R.SUCCESS, None, _lease_ext(ns, timeout))
+
+
+async def _hello(ns: NameServer, conn: FrameConnection, cmd: RemotingCommand) -> RemotingCommand:
+    """HELLO (7004): this name server's protocol version, features and uptime."""
+    uptime_ms = int((ns.clock() - ns.started) * 1000)
+    return cmd.response(R.SUCCESS, None, {**hello_fields(), "uptimeMillis": str(uptime_ms)})
 
 
 async def _unregister_proxy(ns: NameServer, conn: FrameConnection, cmd: RemotingCommand) -> RemotingCommand:

@@ -33,11 +33,37 @@ class Cluster:
     stores: dict[str, tuple[Proc, str]] = field(default_factory=dict)  # name -> (process, address)
     proxies: list[tuple[Proc, dict[str, str]]] = field(default_factory=list)  # (process, listeners)
 
+    namesrvs: list[tuple[Proc, str]] = field(default_factory=list)  # (process, address)
+
     def start_namesrv(self) -> str:
         p = Proc(["namesrv", "--port", "0", *LEASE, "--scan-interval-s", "0.2"], "namesrv")
         self.procs.append(p)
         self.namesrv = _ready(p)["namesrv"]
+        self.namesrvs.append((p, self.namesrv))
         return self.namesrv
+
+    def start_namesrvs(self, n: int) -> str:
+        """`n` name servers; `namesrv` becomes their list ("a;b"), as every process is given it."""
+        addrs = [self.start_namesrv() for _ in range(n)]
+        self.namesrv = ";".join(addrs)
+        return self.namesrv
+
+    def kill_namesrvs(self) -> None:
+        """`kill -9` of every name server."""
+        for p, _ in self.namesrvs:
+            p.kill()
+
+    def restart_namesrvs(self) -> None:
+        """Every name server started again, empty, on its own port."""
+        procs = []
+        for i, (_, addr) in enumerate(self.namesrvs):
+            port = addr.rsplit(":", 1)[1]
+            p = Proc(["namesrv", "--port", port, *LEASE, "--scan-interval-s", "0.2"], f"namesrv{i}")
+            self.procs.append(p)
+            procs.append((p, addr))
+        for p, _ in procs:
+            _ready(p)
+        self.namesrvs = procs
 
     def start_stores(self, *names: str, extra: tuple[str, ...] = ()) -> list[str]:
         """Start store nodes (concurrently); their addresses."""

@@ -10,9 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
-import os
 import signal
-import sys
 import threading
 import time
 from collections import Counter
@@ -27,6 +25,7 @@ from adapters.grpc.generated import service_pb2_grpc
 from store import Store, StoreConfig
 from tests.adapters.grpc import support as g
 from tests.cluster.etcd_support import EtcdProcess, etcd_missing
+from tests.cluster.load import Official
 from tests.cluster.support import Cluster
 from tests.cluster.test_replica_group import NODES, Publishers, _in_sync, _set_is, start_member, until
 
@@ -36,52 +35,6 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("rocketmq") is None, reason="no rocketmq-python-client"),
     pytest.mark.timeout(120),
 ]
-OFFICIAL = Path(__file__).with_name("official_publisher.py")
-
-
-class Official:
-    """The official client's publisher process: bodies acknowledged and refused."""
-
-    def __init__(self) -> None:
-        self.acked: list[bytes] = []
-        self.failed: list[str] = []
-        self.proc: asyncio.subprocess.Process | None = None
-        self._reader: asyncio.Task | None = None
-
-    async def start(self, endpoint: str) -> None:
-        env = dict(os.environ, HOME=os.environ.get("TMPDIR", "/tmp"))  # the client logs under ~/logs
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(OFFICIAL),
-            endpoint,
-            "fleet",
-            "o",
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL,
-            env=env,
-        )
-        self._reader = asyncio.create_task(self._read())
-
-    async def _read(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        async for line in self.proc.stdout:
-            word, _, rest = line.decode().strip().partition(" ")
-            if word == "ok":
-                self.acked.append(rest.encode())
-            elif word == "failed":
-                self.failed.append(rest)
-
-    async def stop(self) -> None:
-        assert self.proc is not None and self.proc.stdin is not None
-        self.proc.stdin.close()
-        try:
-            await asyncio.wait_for(self.proc.wait(), 20)
-        finally:
-            if self.proc.returncode is None:
-                self.proc.kill()
-        assert self._reader is not None
-        await self._reader
 
 
 def paho5(pubs: Publishers, stop: threading.Event, failures: list[str]) -> None:
