@@ -133,11 +133,13 @@ bench: install install-bench-system install-system
 	$(VENV)/bin/python bench/analytics_bench.py
 	$(VENV)/bin/python bench/cluster_bench.py
 
-# ruff (style) and import-linter (the layer contracts of pyproject.toml, docs/architecture.md).
+# ruff (style), import-linter (the layer contracts of pyproject.toml, docs/architecture.md) and the
+# module-level import cycles inside the packages (a ratchet over its allow-list).
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/python tests/architecture/import_cycles.py
 
 clean:
 	rm -rf $(VENV) $(UV_HOME) $(CONF_VENV) $(CONF_NODE_DIR)/node_modules $(REM_VENV) $(REM_NODE_DIR)/node_modules .pytest_cache .ruff_cache .hypothesis build dist *.egg-info
