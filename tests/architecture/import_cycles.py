@@ -26,11 +26,13 @@ from __future__ import annotations
 import argparse
 import ast
 import sys
+import tomllib
 from collections import deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+# The packages checked: import-linter's root_packages in ROOT's pyproject.toml, else these.
 PACKAGES = ("gateway", "adapters", "cluster", "messaging_processor", "store", "namesrv", "remoting",
             "runtime", "analytics", "conformance")  # fmt: skip
 
@@ -55,6 +57,15 @@ ALLOWED: tuple[frozenset[str], ...] = (
     ),
     _cycle("adapters.mqtt", "server websocket"),
 )
+
+
+def root_packages(root: Path) -> list[str]:
+    """import-linter's root_packages of root/pyproject.toml ([tool.importlinter]), else PACKAGES."""
+    try:
+        config = tomllib.loads((root / "pyproject.toml").read_text())
+        return list(config["tool"]["importlinter"]["root_packages"])
+    except (OSError, KeyError):
+        return list(PACKAGES)
 
 
 def module_files(root: Path, packages: Iterable[str]) -> dict[str, Path]:
@@ -231,7 +242,7 @@ def check(graph: dict[str, set[str]], allowed: Iterable[frozenset[str]]) -> list
 def main(argv: list[str] | None = None) -> int:
     """Check ROOT's packages against ALLOWED (or against none); print the differences; exit 1 on any."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("packages", nargs="*", default=list(PACKAGES))
+    ap.add_argument("packages", nargs="*", help="default: root_packages of ROOT/pyproject.toml")
     ap.add_argument("--root", type=Path, default=REPO)
     ap.add_argument("--no-allow-list", action="store_true", help="report every cycle as a failure")
     ap.add_argument(
@@ -240,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         help="leave out `if TYPE_CHECKING:` imports (and the allow-list, which is for all imports)",
     )
     args = ap.parse_args(argv)
-    graph = import_graph(args.root, args.packages, typing=not args.runtime_only)
+    graph = import_graph(args.root, args.packages or root_packages(args.root), typing=not args.runtime_only)
     allowed = () if args.no_allow_list or args.runtime_only else ALLOWED
     problems = check(graph, allowed)
     for problem in problems:
