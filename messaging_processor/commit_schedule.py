@@ -16,10 +16,12 @@ log = logging.getLogger("messaging_processor.commit_schedule")
 
 
 class CommitSchedule:
+    __slots__ = ("_commit", "interval_s", "name", "dirty", "stopped", "_timer", "_running")
+
     def __init__(self, commit: Callable[[], Awaitable[None]], interval_s: float, name: str) -> None:
         self._commit = commit
         self.interval_s = interval_s
-        self.name = name  # for the log
+        self.name = name  # for the log (the group: an existing string, no copy per reader)
         self.dirty = False  # changes not committed yet
         self.stopped = False
         self._timer: asyncio.TimerHandle | None = None

@@ -15,6 +15,7 @@ import enum
 import logging
 from collections.abc import Awaitable, Callable
 
+from runtime.events import LazyEvent
 from runtime.tasks import cancel_and_wait
 from store import ALL, Filter
 
@@ -56,9 +57,9 @@ class InflightBound:
         self.count = 0
         self.held = 0  # body bytes out (counted with max_bytes only)
         self.mean_size = 0  # of the bodies read (idem)
-        self.room = asyncio.Event()
+        self.room = LazyEvent()  # (no deque of waiters per idle reader)
         self.room.set()
-        self.idle = asyncio.Event()
+        self.idle = LazyEvent()
         self.idle.set()
 
     @property

@@ -66,7 +66,7 @@ class LocalFeed:
         self._begin_lock = asyncio.Lock()
         self._begun = False
         self._requeue = asyncio.Event()  # set when a message is requeued (ends a waiting pop)
-        self._commits = CommitSchedule(self.commit, commit_interval_s, f"{group}/{topic}")
+        self._commits = CommitSchedule(self.commit, commit_interval_s, group)
 
     # ------------------------------------------------------------------ reading
     async def _begin(self) -> None:
@@ -149,7 +149,7 @@ class LocalFeed:
             qp = queues.get(qid)
             if qp is None:  # a queue id added since the start
                 qp = queues[qid] = QueueProgress(-1)
-            qp.outstanding.append(off)
+            qp.add(off)
             handle = self._handle()
             held[handle] = _Held(m, 1)
             out.append(Delivery(m, handle, until, 1))

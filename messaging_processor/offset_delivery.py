@@ -40,22 +40,39 @@ Handler = Callable[[Message], "bool | asyncio.Future[bool]"]
 
 
 class QueueProgress:
-    """The offsets of one queue handed to the callback and not yet done, in order."""
+    """The offsets of one queue handed to the callback and not yet done, in order (both held only
+    while something is out: an idle reader keeps no deque or set)."""
 
     __slots__ = ("outstanding", "done", "committed")
 
     def __init__(self, committed: int) -> None:
-        self.outstanding: collections.deque[int] = collections.deque()
-        self.done: set[int] = set()
+        self.outstanding: collections.deque[int] | None = None
+        self.done: set[int] | None = None
         self.committed = committed  # what the store holds (-1: nothing committed yet)
+
+    def add(self, offset: int) -> None:
+        """`offset` handed out (offsets in order)."""
+        out = self.outstanding
+        if out is None:
+            out = self.outstanding = collections.deque()
+        out.append(offset)
 
     def finish(self, offset: int) -> None:
         out = self.outstanding
-        if out and out[0] == offset:
+        if not out:
+            return
+        if out[0] == offset:
             out.popleft()
             done = self.done
-            while out and out[0] in done:
-                done.discard(out.popleft())
+            if done:
+                while out and out[0] in done:
+                    done.discard(out.popleft())
+                if not done:
+                    self.done = None
+            if not out:
+                self.outstanding = None
+        elif self.done is None:
+            self.done = {offset}
         else:
             self.done.add(offset)
 
@@ -69,6 +86,29 @@ class OffsetDeliveryLoop:
     False leaves a message out (done without the callback); `gate` and `max_inflight_bytes` bound
     what is read ahead as in DeliveryLoop. `on_error` is called once with the ProcessorError that
     ended the loop (topic deleted, forbidden)."""
+
+    __slots__ = (
+        "bound",
+        "processor",
+        "ctx",
+        "group",
+        "topic",
+        "handler",
+        "wants",
+        "long_poll_ms",
+        "on_error",
+        "gate",
+        "positions",
+        "queues",
+        "_task",
+        "_unwatch",
+        "_watches",
+        "_begun",
+        "_stopped",
+        "_pending",
+        "_commits",
+        "_stalled",
+    )  # (one per persistent-session device, parked while idle)
 
     def __init__(
         self,
@@ -98,9 +138,13 @@ class OffsetDeliveryLoop:
         self.gate = gate
         self.positions: dict[int, int] = {}  # queue id -> next offset to read (missing: its start)
         self.queues: dict[int, QueueProgress] = {}
-        self._task: asyncio.Task | None = None
-        self._pending: set[asyncio.Future[bool]] = set()  # the handler's answers still to come
-        self._commits = CommitSchedule(self.commit, commit_interval_s, f"{group}/{topic}")
+        self._task: asyncio.Task | None = None  # reading (None or done while parked)
+        self._unwatch: Callable[[], None] | None = None  # parked: ends the store's watch
+        self._watches = True  # caught up: park on a watch (False: the store offers none, long-poll)
+        self._begun = False
+        self._stopped = False
+        self._pending: set[asyncio.Future[bool]] | None = None  # the handler's answers still to come
+        self._commits = CommitSchedule(self.commit, commit_interval_s, group)
         self._stalled = False  # a message could not be delivered: read nothing more
 
     @property
@@ -109,23 +153,33 @@ class OffsetDeliveryLoop:
 
     @property
     def running(self) -> bool:
-        return self._task is not None and not self._task.done()
+        """Reading, or parked until the topic gets a record."""
+        return self._unwatch is not None or (self._task is not None and not self._task.done())
 
     def start(self) -> OffsetDeliveryLoop:
-        if self._task is None:
+        if self._task is None and not self._stopped:
             self._task = asyncio.get_running_loop().create_task(
                 self._run(), name=f"offset delivery {self.ctx.protocol} {self.group}/{self.topic}"
             )
         return self
 
+    def _wake(self) -> None:
+        """The parked loop's watch fired: read again."""
+        self._unwatch = None
+        if not self._stalled:
+            self._task = None
+            self.start()
+
     async def stop(self, drain_timeout: float = 5.0) -> None:
         """Stop reading; wait up to `drain_timeout` s for running callbacks, cancel the rest (their
         messages are not done), then commit what is done."""
+        self._stopped = True
+        self._unpark()
         await cancel_and_wait(self._task, errors=True)
         if self._pending:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.bound.idle.wait(), drain_timeout)
-            for f in list(self._pending):
+            for f in list(self._pending or ()):
                 f.cancel()  # (its callback runs on the next iteration: not done)
             await asyncio.sleep(0)
         await self._commits.stop()  # (may stop a commit between queues: the last one covers them)
@@ -145,15 +199,22 @@ class OffsetDeliveryLoop:
             if at >= 0:
                 self.positions[q.queue_id] = at
 
+    def _unpark(self) -> None:
+        unwatch, self._unwatch = self._unwatch, None
+        if unwatch is not None:
+            unwatch()
+
     async def _run(self) -> None:
+        """Read and hand out until caught up, then park: with a store that watches, the task ends
+        and the store's watch starts the next one when the topic gets a record (an idle reader holds
+        no task, no timer and no long poll); otherwise it long-polls."""
         backoff = 0.1
-        begun = False
         bound = self.bound
         while True:
             try:
-                if not begun:
+                if not self._begun:
                     await self._begin()
-                    begun = True
+                    self._begun = True
                 await bound.room.wait()
                 gate = self.gate
                 if gate is not None and not gate.is_set():
@@ -162,9 +223,19 @@ class OffsetDeliveryLoop:
                 room = bound.ask()
                 if not room:
                     continue
+                watches = self._watches
+                wait_ms = 0 if watches else self.long_poll_ms
                 msgs = await self.processor.tail(
-                    self.ctx, self.topic, self.positions, room, self.long_poll_ms, group=self.group
+                    self.ctx, self.topic, self.positions, room, wait_ms, group=self.group
                 )
+                if not msgs and watches:  # (no await since the read: nothing appended unseen)
+                    unwatch = self.processor.watch(self.topic, self._wake)
+                    if unwatch is not None:
+                        self._unwatch = unwatch
+                        self._task = None  # (an idle reader keeps no finished task either)
+                        return
+                    self._watches = False
+                    continue
                 backoff = 0.1
             except ProcessorError as e:
                 nxt = await after_read_error(e, f"read of {self.group}/{self.topic}", backoff, self.on_error)
@@ -192,7 +263,7 @@ class OffsetDeliveryLoop:
                 qp = queues[qid] = QueueProgress(-1)
             if wants is not None and not wants(m):
                 continue
-            qp.outstanding.append(off)
+            qp.add(off)
             self.bound.out(len(m.body))
             try:
                 r = handler(m)
@@ -202,6 +273,8 @@ class OffsetDeliveryLoop:
             if r is True or r is False:
                 self._settle(m, qp, r)
             else:
+                if self._pending is None:
+                    self._pending = set()
                 self._pending.add(r)
                 r.add_done_callback(partial(self._answered, m, qp))
         if msgs:
@@ -209,7 +282,11 @@ class OffsetDeliveryLoop:
         self.bound.update()
 
     def _answered(self, m: Message, qp: QueueProgress, f: asyncio.Future[bool]) -> None:
-        self._pending.discard(f)
+        pending = self._pending
+        if pending is not None:
+            pending.discard(f)
+            if not pending:
+                self._pending = None
         ok = False
         if not f.cancelled():
             e = f.exception()
@@ -225,6 +302,7 @@ class OffsetDeliveryLoop:
             self._commits.changed()
         elif not self._stalled:
             self._stalled = True  # nothing more is read; what follows comes again later
+            self._unpark()
             if self._task is not None and self._task is not asyncio.current_task():
                 self._task.cancel()
         self.bound.settled(len(m.body))

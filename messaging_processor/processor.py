@@ -812,6 +812,17 @@ class MessagingProcessor:
                 self.tracer.tailed(ctx, group, msgs)
         return msgs
 
+    def watch(self, topic: str, callback: Callable[[], object]) -> Callable[[], None] | None:
+        """After a `tail` of `topic` that found nothing (no await in between): call `callback` once
+        when the topic next gets a record, holding no task or timer meanwhile; returns the function
+        that ends the watch unfired. None when the store offers no watch (a network store: long-poll
+        instead). TopicNotFound mapped as by `tail`."""
+        watch = getattr(self.store, "watch", None)
+        if watch is None:
+            return None
+        with StoreCall(None, "", ""):
+            return watch(topic, callback)
+
     async def read_raw(
         self,
         ctx: ClientContext,

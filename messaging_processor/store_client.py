@@ -169,6 +169,10 @@ class LocalStoreClient:
     def set_transaction_checker(self, fn: Callable[[Message], Awaitable[None]] | None) -> None:
         self.store.transaction_checker = fn
 
+    def watch(self, topic: str, callback: Callable[[], object]) -> Callable[[], None]:
+        """LOCAL mode only (a network store client has none: its readers long-poll): Store.watch."""
+        return self.store.watch(topic, callback)
+
     def set_dead_letter_listener(self, fn: Callable[[str, Message, str], None] | None) -> None:
         """LOCAL mode only (a network store client has none): see Store.set_dead_letter_listener."""
         self.store.set_dead_letter_listener(fn)

@@ -57,6 +57,41 @@ def _give_up(fut: asyncio.Future) -> None:
         fut.set_result(None)
 
 
+class _Notice:
+    """What a watch (`LongPolling.watch`) holds in place of a waiter's future: the first wake-up
+    calls `callback` once, soon after (never inside the append path), and ends the watch."""
+
+    __slots__ = ("polls", "topic", "callback", "waiter", "fired")
+
+    def __init__(self, polls: LongPolling, topic: str, callback: Callable[[], object]) -> None:
+        self.polls = polls
+        self.topic = topic
+        self.callback: Callable[[], object] | None = callback
+        self.waiter: _Waiter | None = None
+        self.fired = False
+
+    def done(self) -> bool:
+        return self.fired or self.callback is None
+
+    def set_result(self, _: object) -> None:
+        if not self.done():  # (called while the waiters are iterated: leave the set alone)
+            self.fired = True
+            self.polls.loop.call_soon(self._fire)
+
+    def _fire(self) -> None:
+        cb = self.callback
+        if cb is not None:
+            self.cancel()
+            cb()
+
+    def cancel(self) -> None:
+        """End the watch without calling back (nothing once it has called back)."""
+        self.callback = None
+        w, self.waiter = self.waiter, None
+        if w is not None:
+            self.polls.forget(self.topic, w)
+
+
 class LongPolling:
     """Pops waiting for a topic. The append path wakes those whose filter may match a new record."""
 
@@ -72,7 +107,9 @@ class LongPolling:
         if timeout <= 0:
             return
         w = _Waiter(self.loop.create_future(), f)
-        ws = self.waiters.setdefault(topic, set())
+        ws = self.waiters.get(topic)
+        if ws is None:
+            ws = self.waiters[topic] = set()
         ws.add(w)
         # a timer that resolves the future as a wake-up does (asyncio.wait_for costs about 6 µs
         # more per call: its own future, task wrapper and callbacks, on every pop that waits)
@@ -81,7 +118,30 @@ class LongPolling:
             await w.fut
         finally:
             timer.cancel()
+            self.forget(topic, w)
+
+    def watch(self, topic: str, callback: Callable[[], object]) -> Callable[[], None]:
+        """Call `callback` once (soon after, from the loop) when `topic` is next woken: a record
+        appended, the store closing. Costs one small object and no task or timer while it waits, for
+        a reader that has caught up and must not hold a task per topic (many idle subscribers).
+        Returns the function that ends the watch unfired. A record appended before the call does
+        not fire it: watch right after a read that found nothing, with no await in between (the
+        append path wakes on this loop's thread)."""
+        n = _Notice(self, topic, callback)
+        n.waiter = w = _Waiter(n, ALL)  # type: ignore[arg-type]
+        ws = self.waiters.get(topic)
+        if ws is None:
+            ws = self.waiters[topic] = set()
+        ws.add(w)
+        return n.cancel
+
+    def forget(self, topic: str, w: _Waiter) -> None:
+        """Take `w` out of `topic`'s waiters; the topic's entry goes with its last waiter."""
+        ws = self.waiters.get(topic)
+        if ws is not None:
             ws.discard(w)
+            if not ws:
+                del self.waiters[topic]
 
     def wake_topics(self, touched: dict[str, set[int]]) -> None:
         """`wake` for each topic of a written batch, with the tag hashes it got."""

@@ -332,6 +332,7 @@ class Store:
 
     def delete_topic(self, name: str) -> None:
         self._catalog.delete_topic(name)
+        self._polls.wake(name, None)  # its readers learn it is gone (TopicNotFound on their next read)
 
     def topics(self) -> list[TopicConfig]:
         return self._catalog.topics()
@@ -551,6 +552,14 @@ class Store:
 
         Returns where the committed message landed, or None for a rollback."""
         return await self._transactions.end(transaction_id, commit)
+
+    def watch(self, topic: str, callback: Callable[[], object]) -> Callable[[], None]:
+        """Call `callback` once when `topic` next gets a record (or is deleted, or the store closes),
+        for an offset reader that has caught up: no task or timer while it waits (LongPolling.watch:
+        watch right after a `tail` that found nothing, with no await in between). Returns the
+        function that ends the watch unfired. TopicNotFound for an unknown topic."""
+        self._catalog.topic(topic, create=False)
+        return self._polls.watch(topic, callback)
 
     def set_dead_letter_listener(self, fn: Callable[[str, Message, str], None] | None) -> None:
         """`fn(group, message, reason)` for each message a pop moves to `%DLQ%<group>` after the

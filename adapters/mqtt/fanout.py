@@ -356,74 +356,44 @@ class Fanout:
         """The session's delivery of `topic`: read by offset (OffsetDeliveryLoop) unless one of its
         subscriptions is QoS 2, whose exactly-once needs each message acked in the store when the
         client has it (pop/ack, DeliveryLoop)."""
-        loop = asyncio.get_running_loop()
-
-        def wants(m: Message) -> bool:
-            if st.skip and skipped(st.skip, m):
-                return False  # beyond the offline queue cap (refuse-new)
-            return _best_persistent(st, m)[0] is not None
-
-        def deliver(m: Message) -> bool | asyncio.Future[bool]:
-            """Whether the client has `m` (or need not get it; False: its connection went away), or
-            the future of it (QoS 1 and 2: when the client acknowledges)."""
-            conn = st.attached
-            if conn is None or conn.state != CONNECTED:
-                return False
-            sub, ids = _best_persistent(st, m)
-            if sub is None:
-                return True
-            path = path_of(m)
-            p = self.processor
-            if not access.delivers(p, sub, conn.ctx.identity, path, access.acl_version(p)):
-                return True  # the connection's user may not read this path
-            sp = m.properties
-            now = int(time.time() * 1000)
-            if expired(sp, now):
-                return True
-            q = min(sub.qos, qos_of(m))
-            props = with_sub_ids(v5_properties(m, now), ids) if conn.version == MQTT_5 else None
-            retain = sub.rap and sp.get(P_RETAIN) == "1"
-            if q == 0:
-                conn.deliver(path, m.body, 0, retain, props)
-                return True
-            done = loop.create_future()
-            conn.deliver(path, m.body, q, retain, props, done)
-            return done
-
-        def ended(e: ProcessorError) -> None:
-            if st.feeds.get(topic) is lp:
-                del st.feeds[topic]
-
-        # both kinds: read as the proxy (the connection's rights are checked per message above);
+        d = SessionDelivery(self.processor, st, topic)
+        # both kinds: read as the proxy (the connection's rights are checked per message, deliver);
         # over the outbound bound the backlog waits in the store; bytes held until the client has them
         common: dict[str, Any] = {
             "long_poll_ms": 20_000,
-            "on_error": ended,
+            "on_error": d.ended,
             "gate": s.writable,
             "max_inflight_bytes": self.max_outbound_bytes,
         }
         lp: Feed
         if not _has_qos2(st):
             window = max(1, min(s.send_quota, OFFSET_WINDOW))
-            lp = OffsetDeliveryLoop(
-                self.processor, self.ctx, st.group, topic, deliver, wants=wants, max_inflight=window, **common
+            lp = d.loop = OffsetDeliveryLoop(
+                self.processor,
+                self.ctx,
+                st.group,
+                topic,
+                d.deliver,
+                wants=d.wants,
+                max_inflight=window,
+                **common,
             )
             return lp.start()
 
-        async def handler(d: Any) -> Outcome:
-            r = deliver(d.message)
+        async def handler(x: Any) -> Outcome:
+            r = d.deliver(x.message)
             if not isinstance(r, bool):
                 r = await r
             return Outcome.ACK if r else Outcome.REQUEUE
 
         window = max(1, min(s.send_quota, 64))
-        lp = DeliveryLoop(
+        lp = d.loop = DeliveryLoop(
             self.processor,
             self.ctx,
             st.group,
             topic,
             handler,
-            filter=Filter(predicate=wants),
+            filter=Filter(predicate=d.wants),
             max_inflight=window,
             **common,
         )
@@ -475,6 +445,58 @@ class Fanout:
             self._scanner.cancel()
         for t in list(self.loops):
             await self._stop_loop(t)
+
+
+class SessionDelivery:
+    """What a persistent session's delivery loop of one store topic calls (a small object rather
+    than three closures: one is held per attached device)."""
+
+    __slots__ = ("processor", "st", "topic", "loop")
+
+    def __init__(self, processor: MessagingProcessor, st: SessionState, topic: str) -> None:
+        self.processor = processor
+        self.st = st
+        self.topic = topic
+        self.loop: Feed | None = None
+
+    def wants(self, m: Message) -> bool:
+        st = self.st
+        if st.skip and skipped(st.skip, m):
+            return False  # beyond the offline queue cap (refuse-new)
+        return _best_persistent(st, m)[0] is not None
+
+    def deliver(self, m: Message) -> bool | asyncio.Future[bool]:
+        """Whether the client has `m` (or need not get it; False: its connection went away), or the
+        future of it (QoS 1 and 2: when the client acknowledges)."""
+        st = self.st
+        conn = st.attached
+        if conn is None or conn.state != CONNECTED:
+            return False
+        sub, ids = _best_persistent(st, m)
+        if sub is None:
+            return True
+        path = path_of(m)
+        p = self.processor
+        if not access.delivers(p, sub, conn.ctx.identity, path, access.acl_version(p)):
+            return True  # the connection's user may not read this path
+        sp = m.properties
+        now = int(time.time() * 1000)
+        if expired(sp, now):
+            return True
+        q = min(sub.qos, qos_of(m))
+        props = with_sub_ids(v5_properties(m, now), ids) if conn.version == MQTT_5 else None
+        retain = sub.rap and sp.get(P_RETAIN) == "1"
+        if q == 0:
+            conn.deliver(path, m.body, 0, retain, props)
+            return True
+        done = asyncio.get_running_loop().create_future()
+        conn.deliver(path, m.body, q, retain, props, done)
+        return done
+
+    def ended(self, e: ProcessorError) -> None:
+        feeds = self.st.feeds
+        if feeds.get(self.topic) is self.loop:
+            del feeds[self.topic]
 
 
 def _has_qos2(st: SessionState) -> bool:

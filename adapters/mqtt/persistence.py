@@ -63,6 +63,9 @@ def session_group(client_id: str) -> str:
     return f"mqtt.s.{clean}.{digest}.{uuid.uuid4().hex[:8]}"
 
 
+NO_IDS: frozenset[int] = frozenset()  # a QoS 2 id set until its first id
+
+
 def qos2_prefix(client_id: str) -> str:
     return f"{len(client_id)}:{client_id}:"
 
@@ -77,7 +80,31 @@ def split_qos2_key(key: str) -> tuple[str, str] | None:
 
 class SessionState:
     """One persistent session: subscriptions, QoS 2 packet ids, the connection it is attached to
-    (None while offline) and the delivery loops that run while it is attached."""
+    (None while offline) and the delivery loops that run while it is attached. Compact: one is held
+    per device, online or not (the QoS 2 id sets exist once used)."""
+
+    __slots__ = (
+        "client_id",
+        "group",
+        "version",
+        "expiry",
+        "disconnected_at",
+        "subs",
+        "awaiting_rel",
+        "pubrel",
+        "attached",
+        "feeds",
+        "wild",
+        "queue",
+        "queue_made",
+        "skip",
+        "expiry_timer",
+        "will_timer",
+        "pending_will",
+        "detaching",
+        "discarding",
+        "discarded",
+    )
 
     def __init__(self, client_id: str, group: str, version: int, expiry: int) -> None:
         self.client_id = client_id
@@ -86,8 +113,8 @@ class SessionState:
         self.expiry = expiry
         self.disconnected_at: float | None = None
         self.subs: dict[str, Sub] = {}  # by filter as subscribed ($share/... included)
-        self.awaiting_rel: set[int] = set()  # inbound QoS 2: stored, PUBREL not yet received
-        self.pubrel: set[int] = set()  # outbound QoS 2: PUBREC received, PUBCOMP not yet
+        self.awaiting_rel: set[int] | frozenset[int] = NO_IDS  # inbound QoS 2: stored, PUBREL not yet
+        self.pubrel: set[int] | frozenset[int] = NO_IDS  # outbound QoS 2: PUBREC received, PUBCOMP not yet
         self.attached: Session | None = None
         self.feeds: dict[str, DeliveryLoop] = {}  # store topic -> loop (while attached)
         self.wild = 0  # subscriptions whose first level is a wildcard (cover every store topic)
@@ -115,7 +142,26 @@ class SessionState:
         """Take back saved QoS 2 packet ids ("i<id>" inbound, "o<id>" outbound; bad ones skipped)."""
         for t in marks:
             with contextlib.suppress(ValueError, IndexError):
-                (self.awaiting_rel if t[0] == "i" else self.pubrel).add(int(t[1:]))
+                pid = int(t[1:])
+                if t[0] == "i":
+                    self.received_qos2(pid)
+                else:
+                    self.released_qos2(pid)
+
+    def received_qos2(self, pid: int) -> set[int]:
+        """Inbound QoS 2 `pid` stored, its PUBREL not yet received; the set of such ids."""
+        ids = self.awaiting_rel
+        if type(ids) is frozenset:
+            ids = self.awaiting_rel = set()
+        ids.add(pid)  # type: ignore[union-attr]
+        return ids  # type: ignore[return-value]
+
+    def released_qos2(self, pid: int) -> None:
+        """Outbound QoS 2 `pid`: PUBREC received, PUBCOMP not yet."""
+        ids = self.pubrel
+        if type(ids) is frozenset:
+            ids = self.pubrel = set()
+        ids.add(pid)  # type: ignore[union-attr]
 
     def record(self) -> bytes:
         subs = [[f, s.qos, int(s.nl), int(s.rap), s.rh, s.sub_id] for f, s in self.subs.items()]

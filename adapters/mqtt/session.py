@@ -343,9 +343,13 @@ class Session:
             if pid in ids:  # a retransmission: already stored
                 self._reply_now(encode_pubrec(pid, 0, self.version))
                 return
-            if type(ids) is frozenset:
-                ids = self.awaiting_rel = set()
-            ids.add(pid)  # type: ignore[union-attr]
+            st = self.pstate
+            if st is not None:  # (the same set as the persistent session's)
+                ids = self.awaiting_rel = st.received_qos2(pid)
+            else:
+                if type(ids) is frozenset:
+                    ids = self.awaiting_rel = set()
+                ids.add(pid)  # type: ignore[union-attr]
         msg = to_message(p.topic, p.payload, qos, p.retain, p.properties if self.version == MQTT_5 else None)
         if self.nl_count:
             msg.properties[P_CLIENT] = self.client_id
@@ -504,7 +508,7 @@ class Session:
             return
         st = self.pstate
         if e[2] and st is not None and pid in st.pubrel:  # PUBCOMP of a persistent session's QoS 2
-            st.pubrel.discard(pid)
+            st.pubrel.discard(pid)  # type: ignore[union-attr]
             self._spawn(qos2_mark(self.broker.processor, st, "o", pid, False))
         done = e[1]
         if done is not None and not done.done():
@@ -541,7 +545,7 @@ class Session:
             # The client owns the message now: the store may forget it, PUBREL must survive instead.
             st = self.pstate
             if st is not None:
-                st.pubrel.add(p.packet_id)
+                st.released_qos2(p.packet_id)
                 self._spawn(qos2_mark(self.broker.processor, st, "o", p.packet_id, True))
             done = e[1]
             if done is not None and not done.done():

@@ -201,3 +201,24 @@ async def test_stop_during_a_periodic_commit_still_commits_every_queue(proc) -> 
     await asyncio.wait_for(blocked.wait(), 10)
     await lp.stop()
     assert [store.committed_offset("g", "t2", q) for q in (0, 1)] == [1, 1]
+
+
+async def test_a_caught_up_loop_parks_without_a_task_and_wakes_on_a_send(proc) -> None:
+    """An idle reader (an idle persistent-session device) holds no task while caught up: the
+    store's watch starts reading again when the topic gets a record, and stop ends the watch."""
+    p, store = proc
+    await p.send(CTX, [Message("t", b"a")])
+    store.commit_offset("g", "t", 0, 0)
+    got: list[bytes] = []
+    lp = loop_of(p, lambda m: got.append(m.body) or True, long_poll_ms=60_000).start()
+    await until(lambda: got == [b"a"] and lp._task is None)
+    assert lp.running  # parked, not ended
+    assert not [t for t in asyncio.all_tasks() if "offset delivery" in t.get_name()]
+    await p.send(CTX, [Message("t", b"b")])
+    await until(lambda: got == [b"a", b"b"])  # long before the 60 s long poll would have ended
+    await until(lambda: lp._task is None)
+    await lp.stop()
+    assert not lp.running and "t" not in store._waiters
+    await p.send(CTX, [Message("t", b"c")])
+    await asyncio.sleep(0.05)
+    assert got == [b"a", b"b"] and store.committed_offset("g", "t", 0) == 2

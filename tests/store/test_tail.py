@@ -147,3 +147,39 @@ async def test_a_corrupt_record_is_logged_and_passed_over_by_both_reads(make_sto
     assert [codec.decode(rec, 0, clo).body for clo, rec in records] == [b"m0", b"m2"]
     logged = [r.getMessage() for r in caplog.records if "unreadable message" in r.getMessage()]
     assert len(logged) == 2 and all(str(bad.commitlog_offset) in line for line in logged)
+
+
+async def test_a_watch_fires_once_on_the_next_append_and_not_before(make_store):
+    """`Store.watch`: a reader that caught up waits with no task or timer; the next record (not an
+    earlier one) calls it back once; an ended watch never fires; a deleted topic fires it."""
+    s = await make_store()
+    s.create_topic("t", 2)
+    await s.append(Message("t", b"before"))
+    fired: list[str] = []
+    woke = asyncio.Event()
+
+    def cb(name: str):
+        def f() -> None:
+            fired.append(name)
+            woke.set()
+
+        return f
+
+    s.watch("t", cb("a"))
+    unwatch_b = s.watch("t", cb("b"))
+    await asyncio.sleep(0.05)
+    assert fired == []  # the record appended before the watch does not fire it
+    unwatch_b()
+    await s.append(Message("t", b"x"))
+    await asyncio.wait_for(woke.wait(), 5)
+    await s.append(Message("t", b"y"))
+    await asyncio.sleep(0.05)
+    assert fired == ["a"]  # once, and never the ended one
+    assert "t" not in s._waiters  # nothing is left behind per topic
+    woke.clear()
+    s.watch("t", cb("c"))
+    s.delete_topic("t")
+    await asyncio.wait_for(woke.wait(), 5)
+    assert fired == ["a", "c"]
+    with pytest.raises(TopicNotFound):
+        s.watch("t", cb("d"))
