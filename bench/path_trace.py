@@ -1,5 +1,5 @@
-"""Files and returns on the path of one message: an MQTT QoS 1 PUBLISH through the store (group
-commit, fdatasync) to its PUBACK, and the same message out as an AMQP basic.deliver.
+"""Package crossings, files and returns on the path of one message: an MQTT QoS 1 PUBLISH through the
+store (group commit, fdatasync) to its PUBACK, and the same message out as an AMQP basic.deliver.
 
 A LOCAL gateway (flush `sync`, uvloop, the default fsync method) runs in a child process with
 PYTHONPATH=ROOT, so any checkout can be measured (`--root /tmp/old`). After three warm-up messages
@@ -19,9 +19,15 @@ The steps are found by their entry points only: `MqttProtocol.data_received`, th
 `GroupCommitWriter._synced`, `Session._flush_writes`, `DeliveryLoop._run` (up to its bound's update),
 `DeliveryLoop._deliver`, `Connection._flush_writes`.
 
-Output: the rule, the numbered entries (file: functions), the file sequence with (rN) markers and
-`files = N, returns = M`; or with `--json` `{"files", "returns", "sequence" (the entries' files),
-"file_list" (the distinct files in order of the first visit, pass-throughs included)}`.
+Package crossings (`PACKAGE_RULE`): per step, the packages its code runs in (an adapter's protocol is
+its own package); a crossing is a step from one package into another, a re-entry a step back into a
+package the same step has left.
+
+Output: the rules, the numbered entries (file: functions), the file sequence with (rN) markers,
+`files = N, returns = M`, the packages per step and the crossings by pair, `crossings = C,
+re-entries = R`; or with `--json` `{"files", "returns", "sequence" (the entries' files), "file_list"
+(the distinct files in order of the first visit, pass-throughs included), "crossings", "reentries",
+"package_steps" ([step, [package, ...]]), "crossing_pairs" ({"a -> b": n})}`.
 
     .venv/bin/python bench/path_trace.py [--root DIR] [--json]
 """
@@ -67,6 +73,16 @@ RULE = (
     "than a bare `return <value>` (no call, no await); a frame that only hands a result up is shown "
     "in [brackets]: not an entry, but its file counts. files = distinct files the path passes "
     "through, pass-throughs included; returns = entries that return to a file."
+)
+
+PACKAGE_RULE = (
+    "A package is a top-level package of the project, each protocol adapter its own "
+    "(adapters.mqtt, adapters.amqp; adapters/*.py is adapters). Each step of the path (as above) is "
+    "the sequence of packages its visits run in (pass-throughs included), consecutive visits to one "
+    "package merged: a crossing is a step from one package into another (a call or a return: "
+    "A->B->A counts 2), a re-entry is a step into a package the same step has already left (A->B->A "
+    "counts 1). Steps start from the event loop, so the change of package from one step to the next "
+    "is not a crossing. crossings and re-entries are the sums over the steps."
 )
 
 # An event: (kind, file relative to ROOT, qualname, line, task name, frame id, detail). kind is
@@ -392,6 +408,7 @@ class Entry:
 class MessagePath:
     entries: list[Entry]  # in path order, pass-throughs included
     files: list[str]  # distinct files in order of the first visit, pass-throughs included
+    visits: list[tuple[str, str, str, bool]] = field(default_factory=list)  # (file, function, role, through)
 
     @property
     def returns(self) -> int:
@@ -399,6 +416,43 @@ class MessagePath:
 
     def sequence(self) -> list[str]:
         return [e.file for e in self.entries if not e.passthrough]
+
+    def package_steps(self) -> list[tuple[str, list[str]]]:
+        """Per step (role) of the path, the packages its code runs in, in order, consecutive visits
+        to one package merged (see PACKAGE_RULE)."""
+        steps: list[tuple[str, list[str]]] = []
+        for f, _q, role, _through in self.visits:
+            pkg = package_of(f)
+            if not steps or steps[-1][0] != role:
+                steps.append((role, [pkg]))
+            elif steps[-1][1][-1] != pkg:
+                steps[-1][1].append(pkg)
+        return steps
+
+    @property
+    def crossings(self) -> int:
+        return sum(len(seq) - 1 for _role, seq in self.package_steps())
+
+    @property
+    def reentries(self) -> int:
+        return sum(len(seq) - len(set(seq)) for _role, seq in self.package_steps())
+
+    def crossing_pairs(self) -> dict[str, int]:
+        """How often the path steps from one package into another ("a -> b"), by pair."""
+        pairs: dict[str, int] = {}
+        for _role, seq in self.package_steps():
+            for a, b in zip(seq, seq[1:], strict=False):
+                pairs[f"{a} -> {b}"] = pairs.get(f"{a} -> {b}", 0) + 1
+        return dict(sorted(pairs.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def package_of(rel: str) -> str:
+    """A file's package as PACKAGE_RULE counts it: the top-level package, and an adapter's protocol
+    (`adapters/mqtt/codec/decoder.py` -> `adapters.mqtt`; `adapters/limits.py` -> `adapters`)."""
+    parts = rel.split("/")
+    if parts[0] == "adapters" and len(parts) > 2:
+        return f"adapters.{parts[1]}"
+    return parts[0] if len(parts) > 1 else rel.removesuffix(".py")
 
 
 def _short(qualname: str) -> str:
@@ -465,7 +519,7 @@ def count(events: list[Event], root: Path) -> MessagePath:
         else:
             merged.append(e)
     files = list(dict.fromkeys(e.file for e in merged))
-    return MessagePath(merged, files)
+    return MessagePath(merged, files, visits)
 
 
 # ---------------------------------------------------------------------------- output
@@ -490,6 +544,13 @@ def report(p: MessagePath, root: Path) -> str:
     lines += ["", "File sequence:", " -> ".join(seq), "", "Files:"]
     lines += [f"  {f}" for f in p.files]
     lines += ["", f"files = {len(p.files)}, returns = {p.returns}"]
+    lines += ["", "Package crossings: " + PACKAGE_RULE, "", "Packages per step:"]
+    for role, seq in p.package_steps():
+        extra = len(seq) - len(set(seq))
+        lines.append(f"  {role:12s} {' -> '.join(seq)}   ({len(seq) - 1} crossings, {extra} re-entries)")
+    lines += ["", "Crossings by pair:"]
+    lines += [f"  {pair}: {n}" for pair, n in p.crossing_pairs().items()]
+    lines += ["", f"crossings = {p.crossings}, re-entries = {p.reentries}"]
     return "\n".join(lines)
 
 
@@ -506,7 +567,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     p = count(trace(root, args.timeout), root)
     if args.json:
-        doc = {"files": len(p.files), "returns": p.returns, "sequence": p.sequence(), "file_list": p.files}
+        doc = {
+            "files": len(p.files),
+            "returns": p.returns,
+            "sequence": p.sequence(),
+            "file_list": p.files,
+            "crossings": p.crossings,
+            "reentries": p.reentries,
+            "package_steps": [[role, seq] for role, seq in p.package_steps()],
+            "crossing_pairs": p.crossing_pairs(),
+        }
         print(json.dumps(doc))
     else:
         print(report(p, root))
