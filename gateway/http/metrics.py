@@ -322,6 +322,9 @@ async def metrics(request: Request) -> Response:
     os_limits = getattr(request.app.state, "os_limits", None)
     if os_limits is not None:
         text += render_process_limits(os_limits)
+    bridges = getattr(request.app.state, "bridges", lambda: None)()  # `[[bridge]]` links (bridge/)
+    if bridges is not None:
+        text += bridges.metrics()
     if options.per_object:
         text += await render_per_object(processor, options.max_objects)
     return Response(text, media_type=CONTENT_TYPE)
