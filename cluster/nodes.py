@@ -6,7 +6,10 @@ A "node" is a replica group when the name server lists replicas beside its prima
 >= 1): reads (`store_wire.READS`) then fall back to a replica, first listed first, while the
 primary cannot be reached or none is registered ("reads while degraded", docs/cluster.md).
 
-With the cluster secret (`auth`) every connection to a node authenticates first (docs/security.md)."""
+Each connection to a primary starts with HELLO (store_wire.py): `info` is the node's protocol
+version and features, and `call` refuses an operation the node does not offer (NodeTooOld) instead
+of sending it; a node that answers under another name than the one listed is not used. With the
+cluster secret (`auth`) every connection to a node authenticates first (docs/security.md)."""
 
 from __future__ import annotations
 
@@ -27,6 +30,10 @@ from . import store_wire as w
 
 class NodeUnavailable(StoreError):
     """A store node could not be reached (connection refused, closed or timed out)."""
+
+
+class NodeTooOld(StoreError):
+    """The store node's protocol version does not offer this operation (upgrade it)."""
 
 
 class NodeClient:
@@ -54,6 +61,11 @@ class NodeClient:
         self.auth = auth
         self.tls = tls  # a client context: the node is spoken to over TLS
         self._connecting: asyncio.Lock = asyncio.Lock()
+        self.info: w.NodeInfo = w.BASE  # what the node said at HELLO on its last connection
+
+    def supports(self, feature: str) -> bool:
+        """Whether the node (as of its last connection) offers `feature` (store_wire.FEATURES)."""
+        return self.info.supports(feature)
 
     @property
     def alive(self) -> bool:
@@ -72,9 +84,18 @@ class NodeClient:
             host, port = (
                 (self.addr, 0) if self.addr.startswith(UNIX_PREFIX) else parse_host_port(self.addr, 10911)
             )
-            self.conn = await RemotingClient.connect(
+            conn = await RemotingClient.connect(
                 host, port, self._on_request, timeout=timeout, auth=self.auth, ssl=self.tls
             )
+            try:
+                r = await conn.invoke(w.HELLO, w.hello_fields(), timeout=timeout)
+                info = w.parse_hello(r.code, r.remark, r.body)
+                if info.name is not None and self.name not in (info.name, info.group):
+                    raise OSError(f"{self.addr} is store node {info.name}, not {self.name}")
+            except BaseException:
+                await conn.close()
+                raise
+            self.info, self.conn = info, conn
 
     async def set_replicas(self, addrs: list[str]) -> None:
         """The replicas the name server lists now; connections to the others are closed."""
@@ -127,6 +148,8 @@ class NodeClient:
         try:
             if conn is None or conn.closed.is_set() or not self.addr:
                 raise NodeUnavailable(f"store node {self.name} is not connected")
+            if op not in self.info.features:
+                raise NodeTooOld(f"store node {self.name} (protocol version {self.info.version}) has no {op}")
             cmd = conn.command(w.OPS[op], {"a": w.dumps(args)} if args else None, body)
             if sent is not None:
                 sent(cmd.opaque)
@@ -159,7 +182,11 @@ class NodeClient:
     def _success(self, r: RemotingCommand) -> RemotingCommand:
         if r.code != ResponseCode.SUCCESS:
             if "error" in r.ext_fields:
-                raise w.make_error(r.ext_fields["error"], r.remark or "")
+                kind, remark = r.ext_fields["error"], r.remark or ""
+                old = kind == "StoreError" and not self.supports("not_replicated")
+                if old and w.OLD_NOT_REPLICATED in remark:
+                    kind = "NotReplicated"  # a version 0 node's words for it: never written again
+                raise w.make_error(kind, remark)
             raise StoreError(f"store node {self.name}: {r.remark} (code {r.code})")
         return r
 

@@ -131,6 +131,13 @@ class ClusterStoreClient:
             entry[2].append(local)
 
         async def one(node: Any, at: list[int], local: list[str]) -> None:
+            if not node.supports("ack_many"):  # a node older than ack_many: one ack per handle
+                acks = await asyncio.gather(
+                    *(node.call("ack", {"handle": h}) for h in local), return_exceptions=True
+                )
+                for i, r in zip(at, acks, strict=True):
+                    out[i] = r if isinstance(r, Exception) else None
+                return
             try:
                 errors = await node.value("ack_many", {"handles": local})
             except Exception as e:  # noqa: BLE001 - every handle of that node failed

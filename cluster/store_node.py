@@ -176,6 +176,9 @@ class StoreNode:
             return await self.replication.handle(cmd)
         if cmd.code == REPL_META and self.state_feed is not None:
             return await self.state_feed.handle(cmd)
+        if cmd.code == w.HELLO:  # the proxy's version and features; answered with ours
+            log.debug("proxy %s speaks store protocol version %s", conn.remote, cmd.ext_fields.get("version"))
+            return cmd.response(ResponseCode.SUCCESS, None, None, w.hello_reply(self.name, self.config.group))
         name = w.OP_NAMES.get(cmd.code)
         if name is None:
             return cmd.response(

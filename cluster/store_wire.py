@@ -1,9 +1,13 @@
 """The store node protocol of CLUSTER mode, both sides: the `StoreClient` operations carried in
 RocketMQ remoting frames (the `remoting` package) between proxies and store nodes.
 
-Requests use internal codes (`OPS`, 9100-9199). Arguments travel as a JSON object in extField
-`a` (named as the `StoreClient` method's parameters, shortened: `max`, `invisible_ms`, `tags`,
-...); the body carries messages (APPEND) or a key-value value (KV_PUT, KV_PUT_IF_ABSENT).
+Requests use internal codes (`OPS`, 9100-9199). A proxy opens each connection with HELLO: both
+sides' protocol version and features (the operations they serve and a few behaviours); a node
+from before HELLO (version 0) answers "request code not supported" and is used with
+BASE_FEATURES, so a newer proxy never sends an older node what it does not know. Arguments travel
+as a JSON object in extField `a` (named as the `StoreClient` method's parameters, shortened:
+`max`, `invisible_ms`, `tags`, ...); the body carries messages (APPEND) or a key-value value
+(KV_PUT, KV_PUT_IF_ABSENT).
 `SERVE` is the node side: how each operation's arguments become a call on the node's store and
 its result a reply. Replies: SUCCESS with a JSON body (`{"r": value}`) or encoded messages
 (`MESSAGE_REPLIES`); failures are SYSTEM_ERROR with extField `error` = the exception class name
@@ -26,12 +30,13 @@ from __future__ import annotations
 import base64
 import struct
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import orjson
 
 from messaging_processor import LocalStoreClient, StoreClient
+from remoting import ResponseCode
 from runtime.speedups import load as load_speedups
 from store import (
     AppendResult,
@@ -52,55 +57,65 @@ from store import (
 )
 from store import codec as record
 
-OPS: dict[str, int] = {
-    name: 9100 + i
-    for i, name in enumerate(
-        (
-            "append",
-            "pop",
-            "ack",
-            "change_invisible_time",
-            "nack",
-            "forward_to_dlq",
-            "end_transaction",
-            "get_topic",
-            "create_topic",
-            "delete_topic",
-            "list_topics",
-            "get_group",
-            "create_group",
-            "delete_group",
-            "list_groups",
-            "subscriptions",
-            "min_offset",
-            "max_offset",
-            "read",
-            "search_offset",
-            "commit_offset",
-            "committed_offset",
-            "backlog",
-            "inflight_count",
-            "get_by_id",
-            "get_message",
-            "kv_put",
-            "kv_put_many",
-            "kv_get",
-            "kv_delete",
-            "kv_scan",
-            "stats",
-            "ping",
-            "kv_put_if_absent",
-            "latest",
-            "latest_items",
-            "compact",
-            "resize_topic",
-            "get_by_key",
-            "ack_many",
-            "tail",
-        )
-    )
-}
+# The operations of version 0, the protocol before HELLO (codes 9100 + position): what a node of
+# that version serves. A new operation is appended to ADDED_OPS (its code follows on), listed in
+# FEATURES, and used by a proxy only on nodes whose HELLO offers it (`NodeClient.supports`).
+V0_OPS: tuple[str, ...] = (
+    "append",
+    "pop",
+    "ack",
+    "change_invisible_time",
+    "nack",
+    "forward_to_dlq",
+    "end_transaction",
+    "get_topic",
+    "create_topic",
+    "delete_topic",
+    "list_topics",
+    "get_group",
+    "create_group",
+    "delete_group",
+    "list_groups",
+    "subscriptions",
+    "min_offset",
+    "max_offset",
+    "read",
+    "search_offset",
+    "commit_offset",
+    "committed_offset",
+    "backlog",
+    "inflight_count",
+    "get_by_id",
+    "get_message",
+    "kv_put",
+    "kv_put_many",
+    "kv_get",
+    "kv_delete",
+    "kv_scan",
+    "stats",
+    "ping",
+    "kv_put_if_absent",
+    "latest",
+    "latest_items",
+    "compact",
+    "resize_topic",
+    "get_by_key",
+    "ack_many",
+    "tail",
+)
+ADDED_OPS: tuple[str, ...] = ()  # operations of later versions, in order (none yet)
+OPS: dict[str, int] = {name: 9100 + i for i, name in enumerate(V0_OPS + ADDED_OPS)}
 OP_NAMES = {code: name for name, code in OPS.items()}
+# HELLO, proxy -> node, once per connection: extFields `version` and `features` (comma separated)
+# of the proxy; the node answers with its own as a JSON body (`hello_reply`). A node of version 0
+# answers REQUEST_CODE_NOT_SUPPORTED: the proxy then uses BASE_FEATURES with it.
+HELLO = 9197
+VERSION = 1
+BASE_FEATURES = frozenset(V0_OPS)  # what a node of version 0 serves: its operations
+# version 1: HELLO itself; `not_replicated`: a write stored on the primary but not replicated in
+# time is the error NotReplicated (version 0 nodes send StoreError for it)
+FEATURES = frozenset(OPS) | {"hello", "not_replicated"}
+OLD_NOT_REPLICATED = "not replicated to the SyncStateSet within"  # a version 0 node's remark for it
 CANCEL = 9198  # oneway: extField `opaque` = a pending request of this connection to abandon
 TXN_CHECK = 9199  # store node -> proxy, oneway: body = one encoded message (a half message)
 # Operations whose reply body is encoded messages instead of JSON.
@@ -187,6 +202,44 @@ def reply_body(result: Any) -> bytes:
 
 def reply_value(body: bytes) -> Any:
     return loads(body)["r"]
+
+
+# ----------------------------------------------------------------------------- versions
+@dataclass(frozen=True)
+class NodeInfo:
+    """What a node said at HELLO (version 0: nothing, its base operations)."""
+
+    version: int
+    features: frozenset[str]
+    name: str | None = None  # the node's own name (a replica group member's, not the group's)
+    group: str | None = None
+
+    def supports(self, feature: str) -> bool:
+        return feature in self.features
+
+
+BASE = NodeInfo(0, BASE_FEATURES)
+
+
+def hello_fields() -> dict[str, str]:
+    """The proxy's HELLO: its version and features."""
+    return {"version": str(VERSION), "features": ",".join(sorted(FEATURES))}
+
+
+def hello_reply(name: str, group: str | None) -> bytes:
+    """The node's answer to HELLO."""
+    return _dump_bytes({"version": VERSION, "features": sorted(FEATURES), "name": name, "group": group})
+
+
+def parse_hello(code: int, remark: str | None, body: bytes) -> NodeInfo:
+    """A node's answer to HELLO; BASE for a node that does not know the request (version 0);
+    ConnectionRefusedError for a refusal (the cluster secret missing, say)."""
+    if code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED:  # a node from before HELLO
+        return BASE
+    if code != ResponseCode.SUCCESS:
+        raise ConnectionRefusedError(f"the store node refused HELLO: {remark} (code {code})")
+    d = loads(body)
+    return NodeInfo(int(d["version"]), frozenset(d["features"]), d.get("name"), d.get("group"))
 
 
 # ----------------------------------------------------------------------------- errors

@@ -42,6 +42,14 @@ class NameServerError(Exception):
         self.code = code
 
 
+class _Refused(Exception):
+    """A name server refused HELLO: its response stands for the request's."""
+
+    def __init__(self, response: RemotingCommand) -> None:
+        super().__init__(response.remark)
+        self.response = response
+
+
 class NameServerClient:
     def __init__(
         self,
@@ -70,7 +78,10 @@ class NameServerClient:
         host, port = parse_host_port(addr, 9876)
         c = await RemotingClient.connect(host, port, timeout=self.timeout, auth=self.auth, ssl=self.tls)
         try:
-            info = parse_hello(await c.invoke(HELLO, hello_fields(), timeout=self.timeout))
+            r = await c.invoke(HELLO, hello_fields(), timeout=self.timeout)
+            if r.code not in (ResponseCode.SUCCESS, ResponseCode.REQUEST_CODE_NOT_SUPPORTED):
+                raise _Refused(r)  # the secret missing, say: the answer to whatever was asked
+            info = parse_hello(r)
         except BaseException:
             await c.close()
             raise
@@ -89,7 +100,10 @@ class NameServerClient:
         return None if since is None else time.monotonic() - since
 
     async def _invoke_one(self, addr: str, code: int, ext: dict[str, Any], body: bytes) -> RemotingCommand:
-        c = await self._conn(addr)
+        try:
+            c = await self._conn(addr)
+        except _Refused as e:
+            return e.response
         return await c.invoke(code, ext, body, timeout=self.timeout)
 
     async def _invoke_all(self, code: int, ext: dict[str, Any], body: bytes = b"") -> list[RemotingCommand]:

@@ -65,12 +65,13 @@ class Cluster:
             _ready(p)
         self.namesrvs = procs
 
-    def start_stores(self, *names: str, extra: tuple[str, ...] = ()) -> list[str]:
-        """Start store nodes (concurrently); their addresses."""
+    def start_stores(self, *names: str, extra: tuple[str, ...] = (), **proc: Any) -> list[str]:
+        """Start store nodes (concurrently); their addresses. `proc`: GatewayProc keywords (`command`,
+        `cwd`, `env`: another checkout's store node, say)."""
         procs = []
         for name in names:
             args = ["store", "--data-dir", str(self.root / name), "--port", "0", "--name", name]
-            p = Proc([*args, "--namesrv", self.namesrv, *LEASE, "--flush", "async", *extra], name)
+            p = Proc([*args, "--namesrv", self.namesrv, *LEASE, "--flush", "async", *extra], name, **proc)
             self.procs.append(p)
             procs.append(p)
         out = []
@@ -87,20 +88,27 @@ class Cluster:
         *,
         extra: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        **proc: Any,
     ) -> list[dict[str, str]]:
-        """Start `n` proxies (concurrently) with `extra` flags and `env` variables; their listeners."""
-        procs = [self._spawn_proxy(protocols, extra, env, i) for i in range(n)]
+        """Start `n` proxies (concurrently) with `extra` flags and `env` variables; their listeners.
+        `proc`: other GatewayProc keywords (`command`, `cwd`)."""
+        procs = [self._spawn_proxy(protocols, extra, env, i, **proc) for i in range(n)]
         return [self._proxy_ready(p) for p in procs]
 
     def _spawn_proxy(
-        self, protocols: str, extra: tuple[str, ...] = (), env: dict[str, str] | None = None, i: int = 0
+        self,
+        protocols: str,
+        extra: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+        i: int = 0,
+        **proc: Any,
     ) -> Proc:
         args = ["start", "--mode", "cluster", "--namesrv", self.namesrv, "--protocols", protocols, *LEASE]
         args += ["--route-refresh-s", "0.3", "--auto-create-topics", "--drain-timeout-s", "1"]
         args += ["--data-dir", str(self.root / "proxy-data")]  # must stay unused: proxies hold no data
         for proto in protocols.split(","):
             args += [f"--{proto}-port", "0"]
-        p = Proc([*args, *extra], f"proxy{len(self.proxies) + i}", env=env)
+        p = Proc([*args, *extra], f"proxy{len(self.proxies) + i}", env=env, **proc)
         self.procs.append(p)
         return p
 
