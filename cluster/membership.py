@@ -127,6 +127,7 @@ class Membership:
                     log.warning(
                         "no name server answers (%s): serving with the last routes (store nodes %s)", e, names
                     )
+                await self._reconnect_known()
                 return
             if self.namesrv_down_since is not None:
                 log.info(
@@ -176,7 +177,13 @@ class Membership:
                         log.warning("store node %s at %s is listed but unreachable: %s", name, addr, e)
                         continue
                 if not was_alive:
-                    log.info("store node %s (%s) is live", name, addr)
+                    log.info(
+                        "store node %s (%s) is live, store protocol version %d%s",
+                        name,
+                        addr,
+                        node.info.version,
+                        "" if node.info.version else " (before HELLO: its base operations only)",
+                    )
                     self.spawn(self._sync_node(node))
             for name, node in self.nodes.items():
                 if name in listed:
@@ -189,6 +196,17 @@ class Membership:
                     )
                     await node.close_all()
             self.spawn(self._refresh_stats())
+
+    async def _reconnect_known(self) -> None:
+        """While no name server answers: connect again the listed nodes whose connection broke, at
+        their last address (a node restarted meanwhile; HELLO checks that it is the same node)."""
+        for node in list(self.nodes.values()):
+            if node.listed and node.addr and not node.alive:
+                try:
+                    await node.connect(self.connect_timeout_s)
+                except (OSError, TimeoutError):
+                    continue
+                log.info("store node %s (%s) is live again, at its last address", node.name, node.addr)
 
     def _keep_unlisted(self, node: NodeClient) -> bool:
         """Whether a node the name server no longer lists stays in use: yes while it is still

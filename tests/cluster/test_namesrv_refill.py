@@ -120,6 +120,28 @@ async def test_no_name_server_keeps_the_last_routes_and_health_says_so(env):
         await c.close()
 
 
+async def test_a_node_restarted_while_no_name_server_answers_is_connected_again(env):
+    c = await client(env, 5.0)
+    try:
+        await c.create_topic("t", 1, None, None)
+        await env.ns.stop()
+        await refreshes(c, 2)
+        b = env.nodes.pop("store-b")
+        port = int(b.address.rsplit(":", 1)[1])
+        await b.stop(0)
+        await b.store.close()
+        await until(lambda: [n.name for n in c.live()] == ["store-a"])  # its connection broke
+        store = await Store.open(StoreConfig(data_dir=str(env.root / "store-b"), flush="async"))
+        config = StoreNodeConfig(name="store-b", port=port, namesrv=env.ns.address, **LEASE)
+        env.nodes["store-b"] = node = StoreNode(config, store)
+        await node.start()
+        await until(lambda: [n.name for n in c.live()] == ["store-a", "store-b"])  # no name server
+        results = [await c.append(Message("t", b"x")) for _ in range(4)]
+        assert {r.queue_id for r in results} == {0, 1}
+    finally:
+        await c.close()
+
+
 async def test_a_restarted_name_server_that_lists_one_node_yet_does_not_drop_the_other(env):
     c = await client(env, 5.0)
     try:
