@@ -101,6 +101,15 @@ _START_FLAGS: dict[str, dict[str, Any]] = {
         "help": "largest AMQP message body (default 16 MiB, as RabbitMQ 4)",
     },
     "mqtt_max_keep_alive": {"type": int, "metavar": "S", "help": "longest MQTT keep-alive allowed (0 = any)"},
+    "sys_interval": {
+        "type": int,
+        "metavar": "S",
+        "help": "seconds between MQTT $SYS/broker/... updates (10; 0 = off)",
+    },
+    "client_events": {
+        "action": argparse.BooleanOptionalAction,
+        "help": "client connect/disconnect/subscribe/auth-failure events: $events/#, amq.rabbitmq.event",
+    },
     "tombstone_retention": {
         "metavar": "DURATION",
         "help": "compacted topics: keep a deleted key's tombstone this long (24h; 30m, 90s, 500ms)",

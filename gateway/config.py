@@ -105,6 +105,11 @@ class Settings:
     amqp_mqtt_exchange: str = "amq.topic"  # AMQP exchange (vhost "/") shared with MQTT; "" = none
     amqp_max_body_size: int = 16 * MIB  # AMQP's own body limit (RabbitMQ 4's default max_message_size)
     mqtt_max_keep_alive: int = 0  # 0: clients choose; else the most a client may ask (5.0: Server Keep Alive)
+    # system topics and client events (docs/system-topics.md): seconds between MQTT `$SYS/broker/...`
+    # updates (0 = none); client lifecycle events on `%EVENTS%` (MQTT `$events/...`, AMQP
+    # `amq.rabbitmq.event`, CloudEvents push subscriptions of `%EVENTS%`)
+    sys_interval: int = 10
+    client_events: bool = False
     # disk low-watermark (docs/limits.md "Disk"): publishes are refused while the data volume has less
     # free space than the largest of a comma list of sizes and percentages of the volume; "0" = off
     disk_free_limit: str = "1GiB,5%"
@@ -214,6 +219,7 @@ class Settings:
         for name in (*PORT_FIELDS, "store_port"):
             _check_int(name, getattr(self, name), 0, 65535)
         _check_int("mqtt_max_keep_alive", self.mqtt_max_keep_alive, 0, 65535)
+        _check_int("sys_interval", self.sys_interval, 0, 86400)
         if not isinstance(self.mqtt_ws_path, str) or not self.mqtt_ws_path.startswith("/"):
             raise ConfigError(f"mqtt_ws_path must start with '/', got {self.mqtt_ws_path!r}")
         parse_disk_free_limit(self.disk_free_limit)
@@ -304,6 +310,7 @@ class Settings:
             "mqtt_cert_identity",
             "mqtt_ws",
             "metrics_per_object",
+            "client_events",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")

@@ -197,6 +197,7 @@ class Gateway:
         self.tls: ServerTls | None = None  # --tls-cert: the certificate every TLS listener serves
         self.limiter = limiter_of(settings)  # connection and publish-rate limits of every listener
         self.os_limits: ProcessLimits | None = None  # descriptor and memory limits (start)
+        self.events = None  # --client-events: the emitter adapters call (docs/system-topics.md)
 
     def listeners(self) -> list[Adapter]:
         return list(self._enabled)
@@ -257,6 +258,11 @@ class Gateway:
             tracer=tracer,
         )
         await self.processor.start()
+        if s.client_events:
+            from messaging_processor.client_events import ClientEvents
+
+            self.events = ClientEvents(self.processor, s.proxy_name)
+            await self.events.start()
         if security is not None:
             from gateway.bootstrap import BootstrapError, ensure_admin
 
@@ -456,6 +462,9 @@ class Gateway:
                 session_queues=s.mode != "cluster",
                 shared_sessions=self.worker is not None,
                 websockets=websockets,
+                events=self.events,
+                # (under --workers the first worker publishes $SYS, with its own process's counters)
+                sys_interval=s.sys_interval if self.worker is None or self.worker.index == 1 else 0,
             )
             if self.claims is not None:
                 self.claims.evictors["mqtt"] = mqtt.evict
@@ -477,6 +486,7 @@ class Gateway:
                 max_queues_per_user=s.amqp_max_queues_per_user,
                 max_outbound_bytes=s.max_outbound_bytes_per_connection,
                 reuse_port=self.worker is not None,
+                events=self.events,
             )
         if name == "remoting":
             from adapters.remoting import RemotingAdapter
@@ -510,6 +520,9 @@ class Gateway:
             for a, r in zip(reversed(adapters), results, strict=True):
                 if isinstance(r, BaseException):
                     log.warning("%s listener failed to stop cleanly: %r", a.name, r)
+        if self.events is not None:  # (after the listeners: their last disconnects are written)
+            events, self.events = self.events, None
+            await events.close()
         if self.processor is not None:
             await self.processor.close()
             self.processor = None

@@ -12,6 +12,10 @@ MQTT-plugin convention both ways (docs/amqp.md, "Exchanges shared with MQTT and 
   messages some binding matches, and appends their copies into the bound queues' topics in one
   send, acking after it. Messages that entered over AMQP (`mapping.is_amqp`) were routed when they
   were published and are never routed again, so nothing reaches a queue twice.
+- client events (`--client-events`, messaging_processor/client_events.py): the internal topic
+  exchange `amq.rabbitmq.event` of vhost "/", as RabbitMQ's event exchange plugin: the events of
+  store topic `%EVENTS%` reach the queues bound to it by routing key = the event's tag
+  (`connection.created`, `consumer.deleted`, ...), through the same routing loops.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from messaging_processor import ClientContext, ErrorKind, Filter, Message, MessagingProcessor, ProcessorError
+from messaging_processor.client_events import EVENTS_TOPIC
 from messaging_processor.properties import P_USER_PROPERTIES, path_hash, user_property_pairs
 
 from .codec import BasicProperties, encode_properties
@@ -42,6 +47,7 @@ P_MQTT_CONTENT_TYPE = "mqtt.content_type"
 P_MQTT_CORRELATION = "mqtt.correlation_data"
 P_MQTT_EXPIRY_AT = "mqtt.expiry_at"  # absolute epoch ms (MQTT 5 Message Expiry Interval)
 GROUP_PREFIX = "amqp|x|"
+EVENT_EXCHANGE = "amq.rabbitmq.event"  # RabbitMQ's event exchange: client events by routing key
 MAX_STORE_TOPIC = 127
 _OK = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 _HEADER_TYPES = (str, int, float, bool)
@@ -160,7 +166,9 @@ class ExchangeBridge:
         *,
         refresh_s: float = 1.0,
         long_poll_ms: int = 1_000,
+        events: bool = False,
     ) -> None:
+        """`events`: declare the event exchange `amq.rabbitmq.event` over `%EVENTS%`."""
         self.processor = processor
         self.ctx = ctx
         self.work = work
@@ -172,6 +180,13 @@ class ExchangeBridge:
         if exchange and exchange not in self.vh.exchanges:  # before durable bindings are loaded
             self.vh.exchanges[exchange] = Exchange("/", exchange, "topic", durable=True)
         self.vh.topic_exchange = self.topic_exchange  # durable bindings to store topics load too
+        self.events_ex: Exchange | None = None
+        if events:  # (internal: clients bind to it, never publish to it, as RabbitMQ's)
+            ex = self.vh.exchanges.get(EVENT_EXCHANGE)
+            if ex is None:
+                ex = self.vh.exchanges[EVENT_EXCHANGE] = Exchange("/", EVENT_EXCHANGE, "topic", internal=True)
+            ex.watch = self._bindings_changed
+            self.events_ex = ex
         self.loops: dict[str, asyncio.Task] = {}  # store topic -> its routing loop
         self.missing: set[str] = set()  # wanted topics that did not exist yet: start at their start
         self.changed = asyncio.Event()
@@ -283,6 +298,11 @@ class ExchangeBridge:
         through its topic's exchange (the queues the first did not take)."""
         vh = self.vh
         out: list[tuple[Exchange, str, Any]] = []
+        if m.topic == EVENTS_TOPIC:
+            ev = self.events_ex
+            if ev is not None and ev.bindings and (dest := vh.route(ev, m.tag, b"")):
+                out.append((ev, m.tag, dest))
+            return out
         ex = self.ex
         taken: Any = ()
         if ex is not None and ex.bindings:
@@ -313,6 +333,8 @@ class ExchangeBridge:
         """The store topics some binding can match: of the MQTT exchange by a pattern's first word
         (every topic for a leading `*` / `#`), of a store topic's exchange that topic."""
         topics = {n for n, e in self.vh.exchanges.items() if e.stores and e.bindings}
+        if self.events_ex is not None and self.events_ex.bindings:
+            topics.add(EVENTS_TOPIC)
         ex = self.ex
         if ex is None or not ex.bindings:
             return topics

@@ -27,6 +27,7 @@ from messaging_processor import (
     ProcessorError,
     Resource,
 )
+from messaging_processor.client_events import ClientEvents
 
 from .blocking import Blocking
 from .bridge import ExchangeBridge
@@ -57,8 +58,11 @@ class Broker:
         mqtt_exchange: str = "amq.topic",
         max_queues_per_vhost: int = 0,
         max_queues_per_user: int = 0,
+        events: ClientEvents | None = None,
     ) -> None:
+        """`events`: client events (events.py and the event exchange of bridge.py; None: none)."""
         self.processor = processor
+        self.events = events
         self.max_queues_per_vhost = max_queues_per_vhost  # 0: no cap (RabbitMQ's default)
         self.invisible_time_ms = invisible_time_ms
         self.consumer_timeout_ms = consumer_timeout_ms
@@ -97,6 +101,7 @@ class Broker:
             self.registry.vhost,
             self.work,
             mqtt_exchange,
+            events=events is not None,
             # appends of passed-over paths wake no routing loop: its offset trails by at most this
             long_poll_ms=min(long_poll_ms, 1_000),
         )

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from messaging_processor import Action, ProcessorError, Resource
 
 from . import codec as c
+from . import events
 from .codec import AMQPError, ReplyCode, encode_method
 from .consumer import ACK, CLOSED, CLOSING, OPEN, REJECT, REQUEUE, Consumer, Unacked
 from .declaring import Declaring
@@ -240,6 +241,8 @@ class Channel:
             self.consumers[tag] = cons
             q.consumers.append(cons)
             self.lifetimes.consumer_added(q)
+            if b.events is not None:
+                events.consumer_created(self.conn, cons)
             if not m.nowait:
                 self.reply(c.BasicConsumeOk(tag))
             if not q.single_active or q.consumers[0] is cons:
@@ -270,6 +273,8 @@ class Channel:
         if q.single_active and active and q.consumers:
             q.consumers[0].start()
         self.lifetimes.consumer_removed(q)
+        if self.broker.events is not None:
+            events.consumer_deleted(self.conn, cons)
 
     def _cancel(self, m: c.BasicCancel) -> None:
         self.replies.cancel(m.consumer_tag)

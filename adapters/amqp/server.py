@@ -9,6 +9,7 @@ import logging
 import ssl as ssl_mod
 
 from messaging_processor import MessagingProcessor
+from messaging_processor.client_events import ClientEvents
 from messaging_processor.registry import ConsumerRow
 from runtime.tls import peer_common_name
 
@@ -106,9 +107,11 @@ class AmqpAdapter:
         max_queues_per_user: int = 0,
         max_outbound_bytes: int = 0,
         reuse_port: bool = False,
+        events: ClientEvents | None = None,
     ) -> None:
         """`limiter`: connection and publish-rate limits (docs/limits.md). `max_outbound_bytes`: a
-        connection's write buffer above it stops its consumers' pops (0: not bounded)."""
+        connection's write buffer above it stops its consumers' pops (0: not bounded). `events`:
+        client events and the event exchange `amq.rabbitmq.event` (events.py; None: none)."""
         self.processor = processor
         self.limiter = limiter
         self.max_outbound_bytes = max_outbound_bytes
@@ -124,6 +127,7 @@ class AmqpAdapter:
             mqtt_exchange=mqtt_exchange,
             max_queues_per_vhost=max_queues_per_vhost,
             max_queues_per_user=max_queues_per_user,
+            events=events,
         )
         self.connections: set[AmqpProtocol] = set()
         self.conn_ids = itertools.count(1)

@@ -35,6 +35,7 @@ from runtime.deadlines import wheel_of
 from runtime.events import LazyEvent
 
 from . import codec as c
+from . import events
 from .channel import CLOSED as CH_CLOSED
 from .channel import CLOSING as CH_CLOSING
 from .channel import Channel
@@ -164,6 +165,8 @@ class Connection:
         self._tick_slot: int | None = None  # the heartbeat tick's slot in the loop's deadline wheel
         self.limits: ConnectionLimits | None = None  # connection and publish-rate limits (limits.py)
         self.throttle: ReadThrottle | None = None  # set at login when publish rates are limited
+        self.announced = False  # client events: connection.created was emitted (events.py)
+        self.close_reason: tuple[str, int | None, str | None] | None = None  # ... and why it ends
 
     @property
     def ended(self) -> bool:
@@ -345,6 +348,7 @@ class Connection:
         st = self.state
         if t is c.ConnectionClose:
             log.debug("amqp %s: client closes: %s %s", self.remote, m.reply_code, m.reply_text)
+            self.close_reason = self.close_reason or ("normal", m.reply_code, m.reply_text)
             self.write(encode_method(0, c.ConnectionCloseOk()))
             self.close()
         elif t is c.ConnectionCloseOk:
@@ -413,6 +417,8 @@ class Connection:
         )
         p = self.broker.processor
         if cred is None and p.security is None:
+            if self.broker.events is not None:
+                events.auth_failed(self, mech, None)
             self._refuse(ReplyCode.ACCESS_REFUSED, refused)
             return
         if external:
@@ -441,6 +447,8 @@ class Connection:
                 self.pop_ctx = self.ctx
         except ProcessorError:
             log.info("amqp %s: login refused (mechanism %s)", self.remote, mech)
+            if self.broker.events is not None:
+                events.auth_failed(self, mech, identity.username)
             self._refuse(ReplyCode.ACCESS_REFUSED, refused)
             return
         if self.state != START:
@@ -492,6 +500,8 @@ class Connection:
             self._timer.cancel()
         self._timer = None
         self.write(encode_method(0, c.ConnectionOpenOk()))
+        if self.broker.events is not None:
+            events.connected(self)
         self.broker.blocking.join(self)  # connection.blocked now if the store refuses writes
         self._arm_timer()
         self._resume_backlog()
@@ -534,6 +544,7 @@ class Connection:
         if hb:
             if now - self.last_rx > 2 * hb:
                 log.info("amqp %s: missed heartbeats from client, timeout: %ds", self.remote, hb)
+                self.close_reason = ("heartbeat_timeout", None, None)
                 self.close()
                 return
             if now - self.last_tx >= hb / 2 and not self._wbuf:
@@ -565,6 +576,8 @@ class Connection:
                 ch.fail(e)
                 return
         log.info("amqp %s: %r; closing the connection", self.remote, e)
+        if self.close_reason is None:
+            self.close_reason = ("error", int(e.code), e.text)
         self.write(e.response())
         if e.fatal or self.state < OPEN:
             self.close()
@@ -579,6 +592,7 @@ class Connection:
 
     def close_by_admin(self) -> None:
         """An administrator closes the connection: connection.close 320 CONNECTION_FORCED."""
+        self.close_reason = ("kicked", int(ReplyCode.CONNECTION_FORCED), "closed by an administrator")
         self.fail(AMQPError(ReplyCode.CONNECTION_FORCED, "closed by an administrator"))
 
     def close(self) -> None:
@@ -598,6 +612,8 @@ class Connection:
             self._timer.cancel()
             self._timer = None
         self._release()
+        if self.announced:
+            events.closed(self)
         self.closed_event.set()
 
     def _release(self) -> None:

@@ -10,6 +10,8 @@
                    also goes to (the processor's dispatcher; None without session queues)
     feed           SessionFeed (session_feed.py): the index changes shared with other proxies
                    (`--workers`; None in one process)
+    events         MqttEvents (events.py): client events (`--client-events`; None without)
+    sys            SysTopics (sys_topics.py): `$SYS/broker/...` (`--sys-interval`; None when 0)
 
 A Session (session.py) calls these parts directly; the broker only builds them, starts and stops
 them, and holds the proxy's fan-out name and identity.
@@ -20,8 +22,11 @@ from __future__ import annotations
 import uuid
 
 from messaging_processor import ClientContext, Identity, MessagingProcessor
+from messaging_processor.client_events import ClientEvents
 
+from ..limits import Limiter
 from .caps import DEFAULT_CAPS, MqttCaps
+from .events import MqttEvents, with_events
 from .fanout import Fanout
 from .persistence import SessionState
 from .publish import Publisher
@@ -32,6 +37,7 @@ from .session_feed import SessionFeed
 from .session_routing import SessionRoutes
 from .shared import Shares
 from .subscriptions import Subscriptions
+from .sys_topics import SysRetained, SysTopics
 
 # Every delivery loop (clean sessions' fan-out, persistent sessions, shared subscriptions) pops as
 # the proxy itself, which also positions share and persistent-session groups (an authorizer must
@@ -51,18 +57,23 @@ class Broker:
         caps: MqttCaps = DEFAULT_CAPS,
         session_queues: bool = True,
         shared_sessions: bool = False,
+        events: ClientEvents | None = None,
+        sys_interval: float = 0,
+        limiter: Limiter | None = None,
     ) -> None:
         """`session_queues`: persistent sessions get a queue each (not in CLUSTER mode, whose
         stores take one topic per send: session_routing.py). `shared_sessions`: other proxies
         serve the same sessions (`--workers`): the index changes go through the feed
-        (session_feed.py)."""
+        (session_feed.py). `events`: the client events emitter (None: no events);
+        `sys_interval`: seconds between `$SYS` updates (0: none)."""
         self.processor = processor
         self.max_packet_size = max_packet_size
         self.max_keep_alive = max_keep_alive  # 0: accept what the client asks for
         self.caps = caps
         self.group = f"%MQTT_FANOUT_{uuid.uuid4().hex}"  # names the fan-out in traces only
         ctx = ClientContext("mqtt", client_id=self.group, identity=PROXY_IDENTITY)
-        self.retained = Retained(processor, caps.max_retained_messages, caps.max_retained_bytes)
+        retained = SysRetained if sys_interval > 0 else Retained
+        self.retained = retained(processor, caps.max_retained_messages, caps.max_retained_bytes)
         self.fanout = Fanout(processor, ctx, self.group, topic_scan_interval)
         self.publisher = Publisher(processor, self.fanout, self.retained, caps)
         self.shares = Shares(processor, ctx)
@@ -72,7 +83,20 @@ class Broker:
         )
         if self.feed is not None:
             self.routes.feed = self.feed.publish  # type: ignore[union-attr]
-        self.subscriptions = Subscriptions(processor, self.fanout, self.retained, self.shares, self.routes)
+        if events is not None:
+            self.events: MqttEvents | None = MqttEvents(events)
+            subscriptions = with_events(Subscriptions, events)
+            self.subscriptions = subscriptions(
+                processor, self.fanout, self.retained, self.shares, self.routes
+            )
+        else:
+            self.events = None
+            self.subscriptions = Subscriptions(
+                processor, self.fanout, self.retained, self.shares, self.routes
+            )
+        self.sys = SysTopics(self, sys_interval, limiter) if sys_interval > 0 else None
+        if isinstance(self.retained, SysRetained):
+            self.retained.sys = self.sys
         self.registry = SessionRegistry(
             processor, self.subscriptions, self.publisher.publish, caps, self.routes
         )
@@ -95,10 +119,16 @@ class Broker:
         if self.feed is not None:  # (after the restore: the feed's newer changes win)
             await self.feed.start()
         await self.retained.start()
+        if self.sys is not None:
+            self.sys.start()
 
     async def close(self) -> None:
         """Close every connection (persistent sessions are saved with their disconnect time, their
         in-flight messages made visible again), stop the fan-out loops."""
+        if self.sys is not None:
+            await self.sys.close()
+        if self.events is not None:
+            self.events.stopping = True
         self.registry.close_connections()
         await self.fanout.close()
         await self.retained.close()

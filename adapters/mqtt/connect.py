@@ -54,6 +54,8 @@ async def handle_connect(s: Session, c: Connect) -> None:
     if s.state == CLOSED:
         return
     if refusal is not None:
+        if s.broker.events is not None:
+            s.broker.events.auth_failed(s, refusal)
         s._write(encode_connack(False, connack_code(refusal, v), v))
         s._backlog = None
         s.close()
@@ -100,6 +102,8 @@ async def handle_connect(s: Session, c: Connect) -> None:
     if keep_alive:
         s._ka_slot = wheel_of(s.loop).schedule(s, s.loop.time() + keep_alive * 1.5)
     arm_token_expiry(s)
+    if s.broker.events is not None:
+        s.broker.events.connected(s, c.clean_start)
     if s.pstate is not None:
         s._spawn(s.broker.registry.resume(s))
     backlog, s._backlog = s._backlog, None

@@ -19,9 +19,11 @@ level, sanitized) with the full path and the MQTT attributes in properties:
                            context other protocols deliver and the processor traces)
 
 Store topic names allow `[%|A-Za-z0-9_.-]`, at most 127 characters, and no leading `%` for
-producers: every character of the first level outside `[A-Za-z0-9_.-]` becomes `_`, an empty first
-level (`/a/b`) becomes `_`, and the result is cut to 127 characters. Distinct first levels may so
-share a store topic; delivery matches the full path, so subscribers never see the other's messages.
+producers: the first levels `$SYS` and `$events` are the gateway's own topics `%SYS%` and
+`%EVENTS%` (docs/system-topics.md), which clients read but may not publish to; every character
+of the first level outside `[A-Za-z0-9_.-]` becomes `_`, an empty first level (`/a/b`) becomes
+`_`, and the result is cut to 127 characters. Distinct first levels may so share a store topic;
+delivery matches the full path, so subscribers never see the other's messages.
 
 A message that entered through another protocol (no `mqtt.topic`) is presented with topic path
 `<store topic>` or `<store topic>/<tag>` when it has a tag, QoS 1 (capped by the subscription), and
@@ -37,6 +39,7 @@ import json
 import time
 
 from messaging_processor import Message
+from messaging_processor.client_events import EVENTS_TOPIC
 from messaging_processor.dispatch import DISPATCHED_FROM
 from messaging_processor.properties import application_pairs
 from messaging_processor.trace_context import TRACEPARENT
@@ -55,6 +58,9 @@ P_USER = "mqtt.user_properties"
 P_CLIENT = "mqtt.client_id"
 
 MAX_STORE_TOPIC = 127
+SYS_TOPIC = "%SYS%"  # `$SYS/...`: the broker's status topics (sys_topics.py)
+# first levels that are the gateway's own topics: clients read them, only the gateway writes them
+RESERVED_LEVELS = {"$SYS": SYS_TOPIC, "$events": EVENTS_TOPIC}
 _OK = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 _store_topic_cache: dict[str, str] = {}
 
@@ -62,10 +68,15 @@ _QOS_STR = ("0", "1", "2")
 
 
 def store_topic_of_level(level: str) -> str:
-    """The store topic for a first topic level (sanitized, see the module docstring)."""
+    """The store topic for a first topic level (sanitized, see the module docstring; `$SYS` and
+    `$events` are the gateway's own `%` topics, docs/system-topics.md)."""
     t = _store_topic_cache.get(level)
     if t is None:
-        t = "".join(c if c in _OK else "_" for c in level)[:MAX_STORE_TOPIC] or "_"
+        t = (
+            RESERVED_LEVELS.get(level)
+            or "".join(c if c in _OK else "_" for c in level)[:MAX_STORE_TOPIC]
+            or "_"
+        )
         if len(_store_topic_cache) < 100_000:
             _store_topic_cache[level] = t
     return t

@@ -10,6 +10,7 @@ import ssl as ssl_mod
 from typing import TYPE_CHECKING
 
 from messaging_processor import MessagingProcessor
+from messaging_processor.client_events import ClientEvents
 from messaging_processor.registry import ConsumerRow
 from runtime.tls import peer_common_name
 
@@ -32,7 +33,7 @@ REFUSED_WAIT_S = 5.0  # a refused connection is closed after this if its CONNECT
 
 
 class MqttProtocol(asyncio.Protocol):
-    __slots__ = ("adapter", "transport", "session", "refusal", "counted", "_no")
+    __slots__ = ("adapter", "transport", "session", "refusal", "counted", "kicked", "_no")
 
     def __init__(self, adapter: MqttAdapter) -> None:
         self.adapter = adapter
@@ -40,6 +41,7 @@ class MqttProtocol(asyncio.Protocol):
         self.session: Session | None = None
         self.refusal: Refusal | None = None  # over a connection limit: no session, CONNACK refused
         self.counted = False  # holds one of the limiter's connection places
+        self.kicked = False  # closed from the console (client events: reason "kicked")
         self._no = next(adapter.conn_ids)
 
     @property
@@ -97,6 +99,8 @@ class MqttProtocol(asyncio.Protocol):
             self.session.connection_lost()
             if self.session.limits is not None:
                 self.session.limits.closed(self.session)
+            if self.adapter.broker.events is not None:
+                self.adapter.broker.events.ended(self.session, exc, self.kicked)
 
 
 def describe(session: Session) -> dict[str, object]:
@@ -138,13 +142,17 @@ class MqttAdapter:
         session_queues: bool = True,
         shared_sessions: bool = False,
         websockets: MqttWebSockets | None = None,
+        events: ClientEvents | None = None,
+        sys_interval: float = 0,
     ) -> None:
         """`cert_identity`: a verified client certificate's CN is the user (its CONNECT's user name and
         password are then ignored). `limiter`: connection and publish-rate limits (docs/limits.md).
         `max_outbound_bytes`: a connection whose write buffer is above it gets no more deliveries until
         it drains (0: not bounded). `session_queues`: a queue per persistent session (Broker; off in
         CLUSTER mode); `shared_sessions`: other processes serve the same sessions (--workers).
-        `websockets`: the MQTT over WebSocket listeners (websocket.py), started and stopped with this one."""
+        `websockets`: the MQTT over WebSocket listeners (websocket.py), started and stopped with this one.
+        `events`: client events (events.py; None: none); `sys_interval`: seconds between `$SYS`
+        updates (sys_topics.py; 0: none)."""
         self.processor = processor
         self.max_outbound_bytes = max_outbound_bytes
         self.limiter = limiter
@@ -159,6 +167,9 @@ class MqttAdapter:
             caps=caps,
             session_queues=session_queues,
             shared_sessions=shared_sessions,
+            events=events,
+            sys_interval=sys_interval,
+            limiter=limiter,
         )
         self.broker.fanout.max_outbound_bytes = max_outbound_bytes
         self.broker.registry.claims = claims  # `reuse_port` workers: client-id takeover across them
@@ -256,6 +267,7 @@ class MqttAdapter:
         """Close one connection (5.0: DISCONNECT 0x98 Administrative action first)."""
         for c in list(self.connections):
             if c.conn_id == conn_id and c.session is not None:
+                c.kicked = True
                 c.session.close(ReasonCode.ADMINISTRATIVE_ACTION)
                 return True
         return False

@@ -295,6 +295,8 @@ NON_DEFAULT = {
     "mqtt_ws_port": 18083,
     "mqtt_wss_port": 18084,
     "mqtt_ws_path": "/ws/mqtt",
+    "sys_interval": 30,
+    "client_events": True,
 }
 # Settings only `gateway store` takes as flags (`--name`, `--port`); the others are flags of `start`.
 STORE_ONLY = {
