@@ -188,13 +188,18 @@ class LocalStoreClient:
         retention_bytes: int | None = None,
         compacted: bool = False,
     ) -> TopicConfig:
-        return self.store.create_topic(name, queues, retention_ms, retention_bytes, compacted)
+        t = self.store.create_topic(name, queues, retention_ms, retention_bytes, compacted)
+        await self.store.meta.durable()  # (answered once on disk: Metadata batches per loop turn)
+        return t
 
     async def resize_topic(self, name: str, queues: int) -> TopicConfig:
-        return self.store.resize_topic(name, queues)
+        t = self.store.resize_topic(name, queues)
+        await self.store.meta.durable()
+        return t
 
     async def delete_topic(self, name: str) -> None:
         self.store.delete_topic(name)
+        await self.store.meta.durable()
 
     async def list_topics(self) -> list[TopicConfig]:
         return self.store.topics()
@@ -205,10 +210,13 @@ class LocalStoreClient:
     async def create_group(
         self, name: str, max_attempts: int = 16, retry: RetryPolicy | None = None
     ) -> GroupConfig:
-        return self.store.create_group(name, max_attempts, retry)
+        g = self.store.create_group(name, max_attempts, retry)
+        await self.store.meta.durable()
+        return g
 
     async def delete_group(self, name: str) -> None:
         self.store.delete_group(name)
+        await self.store.meta.durable()
 
     async def list_groups(self) -> list[GroupConfig]:
         return self.store.groups()
