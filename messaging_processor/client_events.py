@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from store import Message
 
 if TYPE_CHECKING:
+    from .model import ClientInfo
     from .processor import MessagingProcessor
 
 log = logging.getLogger("messaging_processor.client_events")
@@ -171,8 +172,18 @@ class ClientEvents:
         self._closed = False
 
     async def start(self) -> None:
-        """Create the topic (so consumers may subscribe before the first event)."""
+        """Create the topic (so consumers may subscribe before the first event); watch the
+        processor's client registry (the protocols whose clients register: gRPC, RocketMQ 4.x)."""
         await self.processor.send_internal(EVENTS_TOPIC, [])
+        self.processor.clients.watch = self.registered
+
+    def registered(self, info: ClientInfo, gone: str | None) -> None:
+        """A client of the registry came (`gone` None) or went ("unregistered", "expired")."""
+        fields = {"kind": info.kind.value, "group": info.group, "language": info.language}
+        if gone is None:
+            self.connected(info.protocol, info.client_id, None, info.remote, **fields)
+        else:
+            self.disconnected(info.protocol, info.client_id, None, info.remote, gone, **fields)
 
     def connected(self, protocol: str, client_id: str, user: str | None, peer: str, **fields: Any) -> None:
         self.emit(CONNECTED, protocol, client_id, user, peer, fields)
@@ -239,6 +250,8 @@ class ClientEvents:
 
     async def close(self) -> None:
         """Write what is buffered, then take no more events."""
+        if self.processor.clients.watch == self.registered:
+            self.processor.clients.watch = None
         await self.flush()
         self._closed = True
 

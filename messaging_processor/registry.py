@@ -44,6 +44,9 @@ class ClientRegistry:
         self._clients: dict[tuple[str, str], ClientInfo] = {}
         self._rr = itertools.count()
         self._reports: list[ConsumerReport] = []
+        # told of each client that registers anew (reason None) or goes ("unregistered", "expired"):
+        # the client events of registering protocols (client_events.py `watch`); None: nobody
+        self.watch: Callable[[ClientInfo, str | None], None] | None = None
 
     def add_consumer_report(self, report: ConsumerReport) -> None:
         """An adapter hands in the function that lists its live consumers (`consumers` calls it)."""
@@ -88,6 +91,8 @@ class ClientRegistry:
             if info.transaction_check is None:
                 info.transaction_check = old.transaction_check
         self._clients[(info.protocol, info.client_id)] = info
+        if old is None and self.watch is not None:
+            self.watch(info, None)
         return info
 
     def get(self, protocol: str, client_id: str) -> ClientInfo | None:
@@ -101,7 +106,10 @@ class ClientRegistry:
         return True
 
     def unregister(self, protocol: str, client_id: str) -> ClientInfo | None:
-        return self._clients.pop((protocol, client_id), None)
+        info = self._clients.pop((protocol, client_id), None)
+        if info is not None and self.watch is not None:
+            self.watch(info, "unregistered")
+        return info
 
     def expire(self, max_idle_s: float, protocol: str | None = None) -> list[ClientInfo]:
         """Drop clients (of `protocol`, or all) not seen for `max_idle_s`; returns them."""
@@ -111,7 +119,11 @@ class ClientRegistry:
             for k, c in self._clients.items()
             if c.last_seen < cutoff and (protocol is None or k[0] == protocol)
         ]
-        return [self._clients.pop(k) for k in gone]
+        out = [self._clients.pop(k) for k in gone]
+        if self.watch is not None:
+            for c in out:
+                self.watch(c, "expired")
+        return out
 
     def __iter__(self) -> Iterator[ClientInfo]:
         return iter(list(self._clients.values()))

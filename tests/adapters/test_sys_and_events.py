@@ -46,8 +46,9 @@ SYS_PATHS = {
 
 async def open_gateway(root, **settings) -> Gateway:
     s = {
-        "protocols": ("http", "mqtt", "amqp"),
+        "protocols": ("http", "mqtt", "amqp", "grpc"),
         "http_port": 0,
+        "grpc_port": 0,
         "mqtt_port": 0,
         "amqp_port": 0,
         "mqtt_ws": False,
@@ -339,6 +340,30 @@ async def test_a_cloudevents_push_subscription_gets_client_events(gw) -> None:
             assert (await client.delete(f"/subscriptions/{sid}")).status_code == 204
     finally:
         await receiver.stop()
+
+
+async def test_a_grpc_client_connects_and_goes(gw) -> None:
+    import grpc
+
+    from adapters.grpc.generated import service_pb2_grpc
+    from tests.adapters.grpc.support import Telemetry, producer_settings
+
+    async with aiomqtt.Client("127.0.0.1", port(gw, "mqtt"), identifier="grpc-watch") as watcher:
+        await watcher.subscribe("$events/#", qos=1)
+        ev = Events(watcher)
+        try:
+            grpc_address = next(a for a in gw.adapters if a.name == "grpc").address
+            async with grpc.aio.insecure_channel(grpc_address) as channel:
+                md = (("x-mq-client-id", "grpc-host@1@0@ev"), ("x-mq-language", "PYTHON"))
+                tel = Telemetry(service_pb2_grpc.MessagingServiceStub(channel), md)
+                await tel.settings(producer_settings())
+                body = await ev.wait("$events/client_connected", client_id="grpc-host@1@0@ev")
+                assert (body["protocol"], body["kind"]) == ("grpc", "producer")
+                await tel.close()
+                body = await ev.wait("$events/client_disconnected", client_id="grpc-host@1@0@ev")
+                assert body["reason"] == "unregistered"
+        finally:
+            ev.stop()
 
 
 # ------------------------------------------------------------------------------ with the ACL on
