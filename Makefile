@@ -113,9 +113,12 @@ test-workers: install install-system install-conformance install-remoting-client
 
 # The long randomized fault test of a replica group (the short one runs in `make test`); replay a
 # failure with FAULT_SEED=<the printed seed>. Its pytest timeout grows with FAULT_ITERATIONS.
+# Then every name server killed for NAMESRV_OUTAGE_S seconds under load (5 s in `make test`).
 FAULT_ITERATIONS ?= 40
+NAMESRV_OUTAGE_S ?= 60
 soak: install install-system
 	FAULT_ITERATIONS=$(FAULT_ITERATIONS) $(VENV)/bin/pytest -q -s tests/cluster/test_fault_loop.py
+	NAMESRV_OUTAGE_S=$(NAMESRV_OUTAGE_S) $(VENV)/bin/pytest -q -s tests/cluster/test_namesrv_loss.py
 
 bench: install install-bench-system install-system
 	$(VENV)/bin/pytest -q -m slow_bench tests/bench

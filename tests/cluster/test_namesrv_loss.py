@@ -104,8 +104,10 @@ async def test_sends_and_pops_go_on_through_every_proxy_while_every_name_server_
             assert (await health(li))["status"] == "degraded"
 
         cluster.restart_namesrvs()
+        t_up = time.monotonic()  # the name servers are ready
         for _, addr in cluster.namesrvs:  # refilled: every store node and proxy registered again
             await until(lambda a=addr: _refilled(a, {"store-a", "store-b"}), 10, f"{addr} refilled")
+        refill_s = time.monotonic() - t_up
         for li in listeners:
             await until(lambda li=li: _is(health(li), "ok"), 5, "an ok /healthz")
         await until(lambda: all(c.since(t_back) > 0 for c in load.sent.values()), 10, "sends after")
@@ -131,7 +133,8 @@ async def test_sends_and_pops_go_on_through_every_proxy_while_every_name_server_
     assert "dropped: no longer listed" not in logs  # no proxy let a store node go meanwhile
     print(
         f"outage {OUTAGE_S:g} s: {during}; {len(load.acked())} acknowledged and {len(official_acked)}"
-        f" by the official client, 0 lost; 4.x {len(four_x)} received"
+        f" by the official client, 0 lost; 4.x {len(four_x)} received; name servers refilled"
+        f" {refill_s:.2f} s after their restart"
     )
 
 
