@@ -1,6 +1,8 @@
 """MQTT ends of a link, over aiomqtt.
 
-Source: subscribes to each rule's `from_prefix + filter` at its QoS with a persistent session by
+Source (what it has in flight is bounded by the broker: MQTT 5 Receive Maximum = `inflight`;
+MQTT 3.1.1 by the broker's own limit, Mosquitto's `max_inflight_messages`, 20 by default):
+subscribes to each rule's `from_prefix + filter` at its QoS with a persistent session by
 default (fixed client id `bridge-<name>-src`, clean session off; MQTT 5: clean start off and the
 longest session expiry), and PUBACKs a QoS 1 message only when the link calls `ack`, i.e. after the
 destination confirmed it. aiomqtt 2.5 has no manual-ack switch of its own: paho's
@@ -35,6 +37,7 @@ def make_client(ep: Endpoint, client_id: str, persistent: bool, inflight: int) -
     if ep.mqtt_version == _V5:
         props = Properties(PacketTypes.CONNECT)
         props.SessionExpiryInterval = 0 if clean else _NEVER_EXPIRES
+        props.ReceiveMaximum = min(inflight, 65535)  # the broker sends at most this many unacked
         kw |= {
             "protocol": aiomqtt.ProtocolVersion.V5,
             "clean_start": clean,
@@ -86,8 +89,11 @@ class MqttSource:
 
     async def items(self) -> AsyncIterator[Item]:
         assert self.client is not None
+        gone = disconnected(self.client)
         props: Any
         async for m in self.client.messages:
+            if gone.done():  # aiomqtt hands out what it had queued: its PUBACK can no longer be sent
+                raise ConnectionError(f"{self.cfg.source.address()} closed the connection")
             headers: dict[str, Any] = {}
             content_type = None
             props = m.properties

@@ -27,7 +27,7 @@ needs_rabbitmq = pytest.mark.skipif(
 
 @pytest.fixture
 def mosquitto(tmp_path) -> Iterator[Mosquitto]:
-    m = Mosquitto(tmp_path / "mosquitto").start()
+    m = Mosquitto(tmp_path / "mosquitto", autosave_changes=1000).start()
     try:
         yield m
     finally:

@@ -4,9 +4,10 @@ plain child processes on free ports, with their data in a given directory (never
 `Mosquitto(workdir)`: /usr/sbin/mosquitto with a config file of its own: a plain listener, an
 optional TLS listener (`tls=(ca, cert, key)`, client certificates required), password file
 optional, persistence on (`persistence_location` in workdir), no queue limit for offline
-persistent sessions (`max_queued_messages 0`, Mosquitto's default of 1000 drops the rest) and an
-autosave after every change (the closest Mosquitto has to durable: it saves its database outside
-the PUBACK path). `kill9()` / `start()` again: the same ports and database.
+persistent sessions (`max_queued_messages 0`: Mosquitto's default of 1000 drops the rest), 20
+messages in flight per client (its default), and an autosave after every `autosave_changes`
+changes (1: the closest Mosquitto has to durable; it still saves after, not before, the PUBACK).
+`stop()` (SIGTERM) saves the database; `kill9()` / `start()` again: the same ports and database.
 
 `RabbitMQ(workdir)`: Debian's rabbitmq-server run in the foreground from its own sbin script
 (as bench/amqp_servers.py does): a node name of its own (`bridgetest<pid>x<n>@localhost`: each
@@ -89,6 +90,7 @@ class Mosquitto:
         *,
         tls: tuple[str, str, str] | None = None,
         passwords: dict[str, str] | None = None,
+        autosave_changes: int = 1,
     ) -> None:
         self.dir = Path(workdir)
         (self.dir / "db").mkdir(parents=True, exist_ok=True)
@@ -100,14 +102,15 @@ class Mosquitto:
             "persistence true",
             f"persistence_location {self.dir / 'db'}/",
             "autosave_on_changes true",
-            "autosave_interval 1",
+            f"autosave_interval {autosave_changes}",
             "max_queued_messages 0",
-            "max_inflight_messages 0",
             "log_dest stderr",
             "log_type error",
             "log_type warning",
             "log_type notice",
         ]
+        if os.geteuid() == 0:  # mosquitto run as root switches to user mosquitto: keep root (its files)
+            lines.append("user root")
         if passwords:
             pw = self.dir / "passwd"
             pw.write_text("".join(f"{u}:{p}\n" for u, p in passwords.items()))
