@@ -133,8 +133,13 @@ class SessionRegistry:
     async def _saved_elsewhere(self, st: SessionState | None, cid: str) -> bytes | None:
         """The saved record of `cid` when it is newer than this proxy's detached copy `st` (or
         exists while this proxy has none): in CLUSTER mode the session may have lived on another
-        proxy since. A stale copy is forgotten here (its timers cancelled, nothing deleted)."""
+        proxy since. A stale copy is forgotten here (its timers cancelled, nothing deleted). A
+        proxy that is the sessions' only owner (one LOCAL process: queues, no feed, no claims) has
+        every record in memory since `start`: nothing to read, no store round trip per connect."""
         if st is not None and st.attached is not None:
+            return None
+        routes = self.routes
+        if routes is not None and routes.feed is None and self.claims is None:
             return None
         value = await self.processor.kv_get(SESSIONS_NS, cid)
         if st is None:

@@ -433,14 +433,16 @@ async def test_tls_listener(tmp_path):
         await close_env(env)
 
 
-async def test_a_session_moves_between_proxies_sharing_the_stores(env):
-    """CLUSTER mode shape: two MQTT listeners (two proxies' brokers) over one processor and store.
-    A persistent session left on proxy A resumes on proxy B with its subscriptions and the messages
-    published meanwhile; proxy A's stale copy then neither expires the live session nor serves an
-    out-of-date one when the client comes back to A."""
+async def test_a_session_moves_between_proxies_sharing_the_stores(tmp_path):
+    """CLUSTER mode shape: two MQTT listeners (two proxies' brokers) over one processor and store,
+    as CLUSTER mode runs them (no session queues: gateway/server.py). A persistent session left on
+    proxy A resumes on proxy B with its subscriptions and the messages published meanwhile; proxy
+    A's stale copy then neither expires the live session nor serves an out-of-date one when the
+    client comes back to A. (One LOCAL process owns its sessions alone and reads no record.)"""
     from adapters.mqtt import MqttAdapter
 
-    other = MqttAdapter(env.processor, "127.0.0.1", 0, topic_scan_interval=0.1)
+    env = await open_env(str(tmp_path / "data"), session_queues=False)
+    other = MqttAdapter(env.processor, "127.0.0.1", 0, topic_scan_interval=0.1, session_queues=False)
     await other.start()
     try:
         b = Env(env.core, other)
@@ -465,6 +467,7 @@ async def test_a_session_moves_between_proxies_sharing_the_stores(env):
         await raw.close()
     finally:
         await other.stop(1.0)
+        await close_env(env)
 
 
 # ------------------------------------------------------------------ delivery by offset
@@ -563,3 +566,26 @@ async def test_adding_a_qos2_subscription_moves_the_session_to_pop_without_losin
     raw.send(bytes((0x40, 2)) + p.packet_id.to_bytes(2, "big"))
     await _until(lambda: env.store.inflight_count(group, queue) == 0)
     await raw.close()
+
+
+async def test_one_local_process_resumes_a_session_without_reading_its_record(env, monkeypatch):
+    """Issue 48 item 3: a LOCAL gateway owns its persistent sessions alone, so a reconnect reads no
+    saved record (no store round trip per resume); the session is resumed all the same."""
+    cid = uid("sole")
+    async with env.client(V5, identifier=cid, clean_start=False, properties=v5_session(60)) as c:
+        await c.subscribe("sole/#", qos=1)
+    reads: list[str] = []
+    kv_get = env.processor.kv_get
+
+    async def counted(ns: str, key: str):
+        reads.append(key)
+        return await kv_get(ns, key)
+
+    monkeypatch.setattr(env.processor, "kv_get", counted)
+    await publish_all(env, "sole/1", [b"kept"])
+    raw, ack = await Raw.connect(env, cid, 5, clean_start=False, properties={SEI: 60})
+    assert ack.session_present
+    p = await raw.recv()
+    assert isinstance(p, Publish) and p.payload == b"kept"
+    await raw.close()
+    assert cid not in reads
