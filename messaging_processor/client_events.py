@@ -4,8 +4,9 @@ that each protocol reads as it reads any topic.
 An adapter calls the `ClientEvents` it was handed (`connected`, `disconnected` with a reason,
 `subscribed`, `unsubscribed`, `auth_failed`); the call builds one message and appends it to a
 buffer, nothing more (no await, no store call): a background task writes what is buffered with one
-`send_internal` per batch. Without `--client-events` adapters hold no emitter and pay one
-attribute test per connection event, none per message.
+`send_internal` per batch, 5 ms after the first event of a batch. Without `--client-events`
+adapters hold no emitter and pay one attribute test per connection event, none per message.
+Clients of the processor's registry (gRPC, RocketMQ 4.x) are watched there (`registered`).
 
 Each event is one message on `%EVENTS%` whose body is a JSON object (`body_of`), and whose
 properties present it to each protocol with the conventions the adapters already read:
@@ -47,6 +48,7 @@ log = logging.getLogger("messaging_processor.client_events")
 EVENTS_TOPIC = "%EVENTS%"
 MAX_PENDING = 10_000  # events buffered while a write is under way; beyond it new ones are dropped
 BATCH = 256  # events per write
+LINGER_S = 0.005  # a write waits this long for more events (one write for a burst of connects)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,10 +147,11 @@ def event_message(kind: Kind, body: dict[str, Any]) -> Message:
 
 
 async def send_dispatched(processor: MessagingProcessor, topic: str, messages: list[Message]) -> None:
-    """`send_internal` of `messages` to the `%` topic `topic`, then of the copies the processor's
-    dispatchers name for them (persistent MQTT sessions' queues), as a send would store them."""
+    """`send_internal` of `messages` to the `%` topic `topic` (made with one queue if missing: its
+    messages stay in order), then of the copies the processor's dispatchers name for them
+    (persistent MQTT sessions' queues), as a send would store them."""
     copies = processor.dispatchers.copies(messages) if processor.dispatchers else []
-    await processor.send_internal(topic, messages)
+    await processor.send_internal(topic, messages, queues=1)
     by_topic: dict[str, list[Message]] = {}
     for m in copies:
         by_topic.setdefault(m.topic, []).append(m)
@@ -174,7 +177,7 @@ class ClientEvents:
     async def start(self) -> None:
         """Create the topic (so consumers may subscribe before the first event); watch the
         processor's client registry (the protocols whose clients register: gRPC, RocketMQ 4.x)."""
-        await self.processor.send_internal(EVENTS_TOPIC, [])
+        await self.processor.send_internal(EVENTS_TOPIC, [], queues=1)  # (one queue: in order)
         self.processor.clients.watch = self.registered
 
     def registered(self, info: ClientInfo, gone: str | None) -> None:
@@ -232,6 +235,8 @@ class ClientEvents:
     async def _write(self) -> None:
         p = self.processor
         try:
+            if not self._closed:
+                await asyncio.sleep(LINGER_S)
             while self.pending:
                 batch, self.pending = self.pending[:BATCH], self.pending[BATCH:]
                 try:

@@ -120,7 +120,7 @@ class Broker:
             await self.feed.start()
         await self.retained.start()
         if self.sys is not None:
-            self.sys.start()
+            await self.sys.start()
 
     async def close(self) -> None:
         """Close every connection (persistent sessions are saved with their disconnect time, their

@@ -62,7 +62,9 @@ class SysTopics:
         self._last: tuple[float, dict[str, int]] | None = None  # (time, totals) of the previous tick
         self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
+    async def start(self) -> None:
+        """Make `%SYS%` (one queue: a path's values arrive in order), then tick."""
+        await self.broker.processor.send_internal(SYS_TOPIC, [], queues=1)
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def close(self) -> None:

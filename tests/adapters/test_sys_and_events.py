@@ -97,11 +97,13 @@ async def paho_connect(c: paho.Client, mqtt_port: int, keepalive: int = 60) -> i
     return done[0].value
 
 
-async def sys_messages(mqtt_port: int, topic: str, count: int) -> list[tuple[str, str]]:
+async def sys_messages(
+    mqtt_port: int, topic: str, count: int, client_id: str = "sys-sub"
+) -> list[tuple[str, str]]:
     """mosquitto_sub -t topic -C count: (topic, payload) of the messages it printed."""
     proc = await asyncio.create_subprocess_exec(
-        "mosquitto_sub", "-h", "127.0.0.1", "-p", str(mqtt_port), "-t", topic, "-F", "%t\t%p",
-        "-C", str(count), "-W", "10", stdout=asyncio.subprocess.PIPE,
+        "mosquitto_sub", "-h", "127.0.0.1", "-p", str(mqtt_port), "-i", client_id, "-t", topic,
+        "-F", "%t\t%p", "-C", str(count), "-W", "10", stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
     out, _ = await asyncio.wait_for(proc.communicate(), T + 2)
     assert proc.returncode == 0, out
@@ -194,14 +196,20 @@ async def test_mosquitto_sub_gets_the_counters_and_they_move_when_clients_publis
     assert int(first["$SYS/broker/clients/connected"]) >= 1  # mosquitto_sub itself
 
     before = int(first["$SYS/broker/publish/messages/received"])
-    sub = asyncio.get_running_loop().create_task(
-        sys_messages(mqtt_port, "$SYS/broker/publish/messages/received", 2)
-    )
-    await asyncio.sleep(0.3)  # (mosquitto_sub connects and gets the retained value)
     async with aiomqtt.Client("127.0.0.1", mqtt_port, identifier="sys-pub") as pub:
-        for i in range(3):
-            await pub.publish(f"sysdemo/{i}", b"x", qos=1)
-    (_, v1), (_, v2) = await sub
+        await pub.subscribe("$events/session_subscribed", qos=1)
+        ev = Events(pub)
+        try:
+            sub = asyncio.get_running_loop().create_task(
+                sys_messages(mqtt_port, "$SYS/broker/publish/messages/received", 2, "sys-watch")
+            )
+            # (publish once mosquitto_sub has subscribed: its first message is the value before)
+            await ev.wait("$events/session_subscribed", client_id="sys-watch")
+            for i in range(3):
+                await pub.publish(f"sysdemo/{i}", b"x", qos=1)
+            (_, v1), (_, v2) = await sub
+        finally:
+            ev.stop()
     assert int(v1) == before and int(v2) >= before + 3  # the next tick's changed value
 
 
@@ -332,11 +340,12 @@ async def test_a_cloudevents_push_subscription_gets_client_events(gw) -> None:
                     break
                 assert time.monotonic() < deadline, events
                 await asyncio.sleep(0.02)
-            types = [e.get_type() for e in mine]
-            assert types[:2] == ["io.gateway.client.connected", "io.gateway.client.disconnected"]
-            data = mine[1].get_data()
+            by_type = {e.get_type(): e for e in mine}  # (pushes run concurrently: in any order)
+            assert set(by_type) == {"io.gateway.client.connected", "io.gateway.client.disconnected"}
+            gone = by_type["io.gateway.client.disconnected"]
+            data = gone.get_data()
             assert data["client_id"] == "ce-dev" and data["reason"] == "closed"
-            assert mine[0].get_source().startswith("/gateway/")
+            assert gone.get_source().startswith("/gateway/") and gone.get_subject() == "ce-dev"
             assert (await client.delete(f"/subscriptions/{sid}")).status_code == 204
     finally:
         await receiver.stop()
