@@ -201,7 +201,7 @@ def parse_endpoint(where: str, raw: Any) -> Endpoint:
     amqp_only = {"vhost", "queue", "declare", "exchange", "routing_key", "mandatory"}
     wrong = sorted(set(raw) & (amqp_only if kw["protocol"] == "mqtt" else mqtt_only))
     if wrong:
-        raise ConfigError(f"{where}: {', '.join(wrong)} do(es) not apply to {kw['protocol']}")
+        raise ConfigError(f"{where}: {', '.join(wrong)}: not for {kw['protocol']} endpoints")
     return Endpoint(**kw)
 
 

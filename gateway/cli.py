@@ -367,6 +367,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_analytics_parser(sub)
 
+    from bridge.cli import add_parser as add_bridge_parser
+
+    add_bridge_parser(sub)
+
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--url",
@@ -860,6 +864,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from analytics.cli import run as run_analytics
 
         return run_analytics(args)
+    if args.command == "bridge":
+        from bridge.cli import run as run_bridge
+
+        return run_bridge(args)
     return _admin(args)
 
 

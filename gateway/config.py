@@ -196,6 +196,9 @@ class Settings:
     jwt_audience: str | None = None
     jwt_issuer: str | None = None
     jwt_leeway_s: float = 0.0
+    # `[[bridge]]` tables (TOML only): links to other MQTT / AMQP brokers run inside the gateway
+    # (docs/bridges.md), parsed by bridge.config.parse_bridges when the file is read
+    bridge: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
         for name, choices in (
@@ -487,7 +490,8 @@ def _check_int(name: str, value: Any, lo: int, hi: int | None) -> None:
         raise ConfigError(f"{name} must be {bound}, got {value}")
 
 
-FIELDS = tuple(f.name for f in dataclasses.fields(Settings))
+TOML_ONLY = ("bridge",)  # tables, not settings: no flag, no environment variable
+FIELDS = tuple(f.name for f in dataclasses.fields(Settings) if f.name not in TOML_ONLY)
 _TYPES = {f.name: f.type for f in dataclasses.fields(Settings)}
 # Environment variables read by load(): GATEWAY_DATA_DIR, GATEWAY_HOST, GATEWAY_GRPC_PORT, ...
 ENV_VARS = {ENV_PREFIX + name.upper(): name for name in FIELDS}
@@ -528,9 +532,13 @@ def _from_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"invalid TOML in {path}: {exc}") from exc
-    unknown = sorted(set(data) - set(FIELDS))
+    unknown = sorted(set(data) - set(FIELDS) - set(TOML_ONLY))
     if unknown:
         raise ConfigError(f"unknown key(s) in {path}: {', '.join(unknown)}")
+    if "bridge" in data:
+        from bridge.config import parse_bridges
+
+        data["bridge"] = parse_bridges(data["bridge"])
     for key in ("drain_timeout_s", "lease_period_s", "lease_expiry_s", "route_refresh_s"):
         if isinstance(data.get(key), int) and not isinstance(data[key], bool):
             data[key] = float(data[key])

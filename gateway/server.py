@@ -198,6 +198,7 @@ class Gateway:
         self.limiter = limiter_of(settings)  # connection and publish-rate limits of every listener
         self.os_limits: ProcessLimits | None = None  # descriptor and memory limits (start)
         self.events = None  # --client-events: the emitter adapters call (docs/system-topics.md)
+        self.bridges = None  # `[[bridge]]` links run in this process (gateway/bridges.py)
 
     def listeners(self) -> list[Adapter]:
         return list(self._enabled)
@@ -275,6 +276,14 @@ class Gateway:
             d = security.directory
             log.info("authentication on: %d user(s), %d ACL rule(s)", len(d.users), len(d.rules))
         await self._start_listeners()
+        if s.bridge:
+            from gateway.bridges import start_bridges
+            from runtime import ConfigError
+
+            try:
+                self.bridges = start_bridges(s, self.adapters, self.worker.index if self.worker else None)
+            except ConfigError as e:
+                raise StartupError(str(e)) from e
         if self.claims is not None and self.worker is not None:
             self.claims.ready(self.worker.index)
         if s.mode == "cluster":
@@ -393,6 +402,7 @@ class Gateway:
             app.state.limiter = self.limiter  # /metrics: gateway_limit_refusals_total
             app.state.os_limits = self.os_limits  # /metrics: gateway_fd_limit, gateway_accept_errors_total
             app.state.metrics_options = MetricsOptions(s.metrics_per_object, s.metrics_max_objects)
+            app.state.bridges = lambda: self.bridges  # /metrics: gateway_bridge_* (docs/bridges.md)
             http = HttpAdapter(
                 app,
                 s.host,
@@ -509,6 +519,9 @@ class Gateway:
         """Stop every started listener (concurrently: all stop accepting at once, then drain),
         close the processor and the store. Safe to call after a failed or partial start."""
         grace = self.settings.drain_timeout_s
+        if self.bridges is not None:
+            bridges, self.bridges = self.bridges, None
+            await bridges.stop()
         if self.registration is not None:
             registration, self.registration = self.registration, None
             await registration.stop()
