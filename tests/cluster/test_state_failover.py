@@ -45,9 +45,10 @@ def mqtt(listeners: dict[str, str], user: str, password: str, **kw) -> aiomqtt.C
     return aiomqtt.Client(host, int(port), username=user, password=password, timeout=10, **kw)
 
 
-async def replica_backlog(addr: str, client_id: str) -> int | None:
-    """The backlog on topic `fleet` of `client_id`'s session group, as the replica at `addr` has it."""
-    node = NodeClient("replica", addr, 0, lambda *_: None)
+async def replica_backlog(name: str, addr: str, client_id: str) -> int | None:
+    """The backlog on topic `fleet` of `client_id`'s session group, as the replica `name` at `addr`
+    has it."""
+    node = NodeClient(name, addr, 0, lambda *_: None)  # named as it answers HELLO
     await node.connect(5)
     try:
         raw = await node.value("kv_get", {"ns": "mqtt.sessions", "key": client_id})
@@ -101,9 +102,8 @@ async def test_users_sessions_and_consumer_progress_survive_a_failover(tmp_path)
                 await pub.publish(f"fleet/d/{i}", f"later-{i}".encode(), qos=1)
         # the replica holds the session and the progress (acknowledged deliveries: async, ~100 ms)
         replica_addr = c.stores[replica][1]
-        await until(
-            lambda: _equals(replica_backlog(replica_addr, "sub-1"), 10), 10, "progress on the replica"
-        )
+        backlog = lambda: replica_backlog(replica, replica_addr, "sub-1")  # noqa: E731
+        await until(lambda: _equals(backlog(), 10), 10, "progress on the replica")
 
         c.stores[state.primary][0].p.send_signal(signal.SIGKILL)
         c.stores[state.primary][0].p.wait(10)
