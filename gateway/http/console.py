@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.responses import FileResponse, RedirectResponse
@@ -63,6 +63,9 @@ class Overview(BaseModel):
     topics: int
     groups: int
     store: dict[str, int] = Field(description="commitlog_bytes, disk_free_bytes, disk_total_bytes when known")
+    bridges: list[dict[str, Any]] = Field(
+        default_factory=list, description="the [[bridge]] links run in this process (docs/bridges.md)"
+    )
 
 
 @router.get("/admin/overview", response_model=Overview)
@@ -90,12 +93,14 @@ async def overview(p: Processor, request: Request) -> Overview:
         for k in ("commitlog_bytes", "disk_free_bytes", "disk_total_bytes")
         if isinstance(v := stats.get(k), int | float)
     }
+    bridges = getattr(request.app.state, "bridges", lambda: None)()
     return Overview(
         time=time.time(),
         protocols=protocols,
         topics=len(await p.list_topics()),
         groups=len(await p.list_groups()),
         store=store,
+        bridges=bridges.snapshot() if bridges is not None else [],
     )
 
 

@@ -170,8 +170,11 @@ async def test_embedded_bridge_in_gateway_config_and_metrics(mosquitto, tmp_path
             await collect(sub, 1)
         async with httpx.AsyncClient() as http:
             text = (await http.get(f"http://127.0.0.1:{port['http']}/metrics")).text
+            overview = (await http.get(f"http://127.0.0.1:{port['http']}/admin/overview")).json()
         assert 'gateway_bridge_up{bridge="emb"} 1' in text
         assert 'gateway_bridge_forwarded_total{bridge="emb"} 1' in text
+        (shown,) = overview["bridges"]  # the console's overview lists the links
+        assert (shown["name"], shown["state"], shown["forwarded"]) == ("emb", "up", 1)
         mosquitto.kill9()
         await asyncio.wait_for(_until(lambda: not link_.up.is_set()), T)
         async with httpx.AsyncClient() as http:

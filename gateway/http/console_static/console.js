@@ -81,7 +81,7 @@ async function overview() {
   const cards = h("div", { class: "cards", id: "overview-cards" });
   const chart = h("div", { id: "rates" });
   page("Overview", cards, h("h2", {}, "Messages per second, last 5 minutes"), chart,
-    h("h2", {}, "Per protocol"), h("div", { id: "per-protocol" }));
+    h("h2", {}, "Per protocol"), h("div", { id: "per-protocol" }), h("div", { id: "bridges" }));
   async function tick() {
     const o = await api("GET", "/admin/overview");
     samples.push(o);
@@ -99,6 +99,11 @@ async function overview() {
         (rates[name] || [0, 0])[0].toFixed(1), (rates[name] || [0, 0])[1].toFixed(1),
         fmtNum(p.messages_in), fmtNum(p.messages_out)]), "protocols"));
     chart.replaceChildren(drawChart());
+    const bridges = o.bridges || []; // [[bridge]] links (docs/bridges.md)
+    document.getElementById("bridges").replaceChildren(...(bridges.length ? [h("h2", {}, "Bridges"), table(
+      ["bridge", "from", "to", "state", "forwarded#", "in flight#", "lag#", "last error"],
+      bridges.map((b) => [b.name, b.from, b.to, b.state, fmtNum(b.forwarded), fmtNum(b.inflight),
+        fmtNum(b.lag_messages), b.last_error]), "bridge-table")] : []));
   }
   await tick();
   timer = setInterval(() => tick().catch(() => {}), 2000);
