@@ -4,6 +4,7 @@ consumers (one group) and MQTT subscribers run on every proxy; both name servers
 `kill -9` for `NAMESRV_OUTAGE_S` seconds (5 here; `make soak` runs 60). Meanwhile:
 
 - sends and pops go on through every proxy, and each proxy's /healthz says `degraded`;
+- QueryRoute and QueryAssignment on every proxy answer what they answered before;
 - a RocketMQ 5 client (the official Python one) starts and sends through a proxy: its route query
   (QueryRoute) is answered by the proxy; a 4.x client (ali-ons) produces and consumes through the
   proxy's remoting port, route queries included;
@@ -19,10 +20,15 @@ import inspect
 import os
 import time
 
+import grpc
 import httpx
 import pytest
 
+from adapters.grpc.generated import definition_pb2 as d
+from adapters.grpc.generated import service_pb2 as s
+from adapters.grpc.generated import service_pb2_grpc
 from namesrv.client import NameServerClient
+from tests.adapters.grpc import support as g
 from tests.adapters.remoting.support import alions_missing, received, run
 from tests.cluster.load import Load, Official
 from tests.cluster.support import Cluster
@@ -49,6 +55,18 @@ async def health(listeners: dict[str, str]) -> dict:
         r = await h.get(f"http://{listeners['http']}/healthz", timeout=5)
     assert r.status_code == 200, r.text
     return r.json()
+
+
+async def routes(li: dict[str, str]) -> tuple[int, int]:
+    """(queues in QueryRoute, assignments in QueryAssignment) of topic `nsloss` at a proxy."""
+    async with grpc.aio.insecure_channel(li["grpc"]) as ch:
+        stub = service_pb2_grpc.MessagingServiceStub(ch)
+        topic, group = d.Resource(name="nsloss"), d.Resource(name="g-nsloss")
+        r = await stub.QueryRoute(s.QueryRouteRequest(topic=topic), metadata=g.MD)
+        assert r.status.code == d.OK, r.status
+        a = await stub.QueryAssignment(s.QueryAssignmentRequest(topic=topic, group=group), metadata=g.MD)
+        assert a.status.code == d.OK, a.status
+        return len(r.message_queues), len(a.assignments)
 
 
 async def registered(addr: str) -> tuple[set[str], set[str]]:
@@ -82,10 +100,14 @@ async def test_sends_and_pops_go_on_through_every_proxy_while_every_name_server_
         await until(lambda: all(c.ok for c in load.sent.values()), 10, "every publisher's first ack")
         assert {(await health(li))["status"] for li in listeners} == {"ok"}
 
+        before = await routes(listeners[0])
+        assert before[0] > 1 and before[1] == 1  # queues of both store nodes; one "any queue" assignment
         cluster.kill_namesrvs()
         t_kill = time.monotonic()
         for li in listeners:  # each proxy notices at its next route refresh
             await until(lambda li=li: _is(health(li), "degraded"), 5, "a degraded /healthz")
+        for li in listeners:  # RocketMQ 5 route and assignment queries: answered by the proxy
+            assert await routes(li) == before  # as with the name servers: every queue of both stores
         if official is not None:  # a 5.x client that starts now: routes from the proxy alone
             await official.start(listeners[1]["grpc"], "nsloss", "o")
         if alions_missing() is None:  # a 4.x client: routes from the proxy's remoting port
