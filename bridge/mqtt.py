@@ -66,6 +66,14 @@ def disconnected(client: aiomqtt.Client) -> asyncio.Future[None]:
     return client._disconnected  # noqa: SLF001
 
 
+async def close(client: aiomqtt.Client) -> None:
+    with contextlib.suppress(Exception):
+        await client.__aexit__(None, None, None)
+    gone = disconnected(client)
+    if gone.done() and not gone.cancelled():
+        gone.exception()  # retrieved: a lost connection is the link's to report, not asyncio's
+
+
 class MqttSource:
     backlog: int | None = None  # MQTT cannot tell how many messages wait in the session
 
@@ -84,8 +92,7 @@ class MqttSource:
     async def close(self) -> None:
         client, self.client = self.client, None
         if client is not None:
-            with contextlib.suppress(Exception):
-                await client.__aexit__(None, None, None)
+            await close(client)
 
     async def items(self) -> AsyncIterator[Item]:
         assert self.client is not None
@@ -125,8 +132,7 @@ class MqttSink:
     async def close(self) -> None:
         client, self.client = self.client, None
         if client is not None:
-            with contextlib.suppress(Exception):
-                await client.__aexit__(None, None, None)
+            await close(client)
 
     async def send(self, topic: str, item: Item) -> None:
         assert self.client is not None and self._gone is not None
@@ -140,13 +146,16 @@ class MqttSink:
         publish = asyncio.ensure_future(
             self.client.publish(topic, item.body, qos=self.cfg.sink.qos, properties=props, timeout=math.inf)
         )
-        done, _ = await asyncio.wait(
-            {publish, self._gone}, timeout=self.cfg.confirm_timeout_s, return_when=asyncio.FIRST_COMPLETED
-        )
+        try:
+            done, _ = await asyncio.wait(
+                {publish, self._gone}, timeout=self.cfg.confirm_timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            if not publish.done():  # cancelled, timed out or disconnected: never confirmed now
+                publish.cancel()
         if publish in done:
             publish.result()
             return
-        publish.cancel()
         if self._gone in done:
             raise ConnectionError(f"{self.cfg.sink.address()} closed the connection before confirming")
         raise TimeoutError(f"{self.cfg.sink.address()} did not confirm in {self.cfg.confirm_timeout_s} s")
