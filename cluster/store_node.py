@@ -130,13 +130,20 @@ class StoreNode:
             )
 
     async def _keep_registered(self) -> None:
-        """Renew the lease every `lease_period_s` (failures are logged and retried)."""
+        """Renew the lease every `lease_period_s` (failures are logged once and retried within a
+        second, and a name server that restarted is registered with at once: `renewal_due`)."""
+        assert self.namesrv is not None
+        failing = False
         while True:
-            await asyncio.sleep(self.config.lease_period_s)
+            await self.namesrv.renewal_due(self.config.lease_period_s)
             try:
                 await self.register()
+                if failing:
+                    log.info("store node %s registered with the name server again", self.name)
+                failing = False
             except Exception as e:  # noqa: BLE001 - name servers come and go
-                log.warning("registration with the name server failed: %s", e)
+                (log.debug if failing else log.warning)("registration with the name server failed: %s", e)
+                failing = True
 
     async def register(self) -> None:
         """REGISTER_BROKER with every (non-system) topic and its queues; renews the lease. A member

@@ -42,6 +42,9 @@ class NameServerError(Exception):
         self.code = code
 
 
+RETRY_S = 1.0  # how soon a registration is tried again while a name server is missing
+
+
 class _Refused(Exception):
     """A name server refused HELLO: its response stands for the request's."""
 
@@ -70,6 +73,7 @@ class NameServerClient:
         self.info: dict[str, PeerInfo] = {}  # what each name server said at HELLO
         self._since: dict[str, float] = {}  # when each one started, by this clock, as far as known
         self.answered: str | None = None  # the name server that answered the last query
+        self._failing: set[str] = set()  # name servers whose last request failed (logged once)
 
     async def _conn(self, addr: str) -> RemotingClient:
         c = self._conns.get(addr)
@@ -114,9 +118,11 @@ class NameServerClient:
         out = []
         for a, r in zip(self.addrs, results, strict=True):
             if isinstance(r, BaseException):
-                log.warning("name server %s: %s", a, r)
+                (log.debug if a in self._failing else log.warning)("name server %s: %s", a, r)
+                self._failing.add(a)
                 self._conns.pop(a, None)
             else:
+                self._failing.discard(a)
                 out.append(r)
         if not out:
             raise RemotingClientError(f"no name server of {', '.join(self.addrs)} answered")
@@ -186,17 +192,42 @@ class NameServerClient:
     def keep_registered(
         self, register: Callable[[], Awaitable[object]], period_s: float = 30.0
     ) -> asyncio.Task[None]:
-        """A task that calls `register()` every `period_s` (failures are logged and retried)."""
+        """A task that calls `register()` every `period_s` (failures are logged and retried), and
+        sooner while a name server is missing (`renewal_due`)."""
 
         async def loop() -> None:
+            failing = False
             while True:
                 try:
                     await register()
+                    if failing:
+                        log.info("registered with the name servers again")
+                    failing = False
                 except Exception as e:  # noqa: BLE001 - name servers come and go; keep trying
-                    log.warning("registration with name servers failed: %s", e)
-                await asyncio.sleep(period_s)
+                    (log.debug if failing else log.warning)("registration with name servers failed: %s", e)
+                    failing = True
+                await self.renewal_due(period_s)
 
         return asyncio.get_running_loop().create_task(loop(), name="namesrv registration")
+
+    async def renewal_due(self, period_s: float) -> None:
+        """Wait until the next lease renewal is due: after `period_s`; after at most RETRY_S while
+        a name server is not connected (down, or never answered); at once when a connection
+        closes (a name server that stops or restarts: it is then refilled within a second, not a
+        lease period)."""
+        missing = any(a not in self._conns or self._conns[a].closed.is_set() for a in self.addrs)
+        timeout = min(period_s, RETRY_S) if missing else period_s
+        closes = [
+            asyncio.ensure_future(c.closed.wait()) for c in self._conns.values() if not c.closed.is_set()
+        ]
+        if not closes:
+            await asyncio.sleep(timeout)
+            return
+        try:
+            await asyncio.wait(closes, timeout=timeout)
+        finally:
+            for t in closes:
+                t.cancel()
 
     # ------------------------------------------------------------------ queries
     async def route(self, topic: str) -> tuple[list[rd.BrokerData], list[rd.QueueData]] | None:

@@ -195,3 +195,30 @@ async def test_a_name_server_without_hello_is_version_0_and_still_serves(env):
         assert ns.listing_age_s() is not None  # counted from the connection
     finally:
         await ns.close()
+
+
+async def test_a_returning_name_server_is_refilled_within_a_second_not_a_lease_period(tmp_path):
+    """Store nodes renew every 30 s here; a name server that restarts (or comes back after an
+    outage) has them again within about a second: a closed connection and a missing name server
+    make the next renewal due at once or within RETRY_S."""
+    ns = NameServer(settings())
+    await ns.start()
+    port = ns.port
+    store = await Store.open(StoreConfig(data_dir=str(tmp_path / "s"), flush="async"))
+    node = StoreNode(
+        StoreNodeConfig(name="s", port=0, namesrv=ns.address, lease_period_s=30, lease_expiry_s=120), store
+    )
+    await node.start()
+    try:
+        assert list(ns.routes.brokers) == ["s"]
+        await ns.stop()
+        await asyncio.sleep(1.5)  # down for longer than one retry
+        ns = NameServer(settings(port))
+        await ns.start()
+        t0 = time.monotonic()
+        await until(lambda: list(ns.routes.brokers) == ["s"], 3)
+        assert time.monotonic() - t0 < 1.5
+    finally:
+        await node.stop(0)
+        await store.close()
+        await ns.stop()
