@@ -1,6 +1,6 @@
 """The `[[bridge]]` links of the gateway's TOML config, run inside `gateway start`
 (docs/bridges.md): `gateway:mqtt` / `gateway:amqp` endpoints are this process's own listeners.
-Under `--workers N` only worker 0 runs them (one client id per link and broker)."""
+Under `--workers N` only the first worker (index 1) runs them (one client id per link and broker)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ _ANY = ("", "0.0.0.0", "::")
 def start_bridges(s: Settings, adapters: Iterable[Adapter], worker_index: int | None) -> Bridges | None:
     """Started links, or None when there are none to run here; ConfigError for a `gateway:`
     endpoint whose listener is not enabled."""
-    if not s.bridge or (worker_index is not None and worker_index != 0):
+    if not s.bridge or (worker_index is not None and worker_index != 1):
         return None
     ports: dict[str, int] = {}
     for a in adapters:
