@@ -24,7 +24,30 @@ ENTRY_SIZE = ENTRY.size
 
 
 class ConsumeQueue:
-    """One queue's entries. `max_offset` counts entries readable now; `next_offset` those reserved."""
+    """One queue's entries. `max_offset` counts entries readable now; `next_offset` those reserved.
+    Slotted: one is held per queue, and a fleet's persistent sessions have a queue each."""
+
+    __slots__ = (
+        "topic",
+        "queue_id",
+        "dir",
+        "base",
+        "path",
+        "_files",
+        "_fd",
+        "_pins",
+        "dirty",
+        "max_offset",
+        "next_offset",
+        "file_offset",
+        "flushing",
+        "mem",
+        "min_offset",
+        "pending",
+        "compacted",
+        "compacted_upto",
+        "__weakref__",
+    )
 
     def __init__(self, directory: str, topic: str, queue_id: int, files: OpenFiles) -> None:
         self.topic = topic

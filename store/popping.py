@@ -93,11 +93,23 @@ class _Notice:
 
 
 class LongPolling:
-    """Pops waiting for a topic. The append path wakes those whose filter may match a new record."""
+    """Pops waiting for a topic. The append path wakes those whose filter may match a new record.
+    A topic's waiters are one `_Waiter` or, from the second on, a set of them: most watched topics
+    (a persistent session's queue) have one, and an empty set costs 216 bytes."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.waiters: dict[str, set[_Waiter]] = {}  # by topic (the append path reads it directly)
+        # by topic (the append path reads it directly: `topic in waiters`)
+        self.waiters: dict[str, _Waiter | set[_Waiter]] = {}
+
+    def _add(self, topic: str, w: _Waiter) -> None:
+        ws = self.waiters.get(topic)
+        if ws is None:
+            self.waiters[topic] = w
+        elif type(ws) is _Waiter:
+            self.waiters[topic] = {ws, w}
+        else:
+            ws.add(w)  # type: ignore[union-attr]
 
     async def wait(self, topic: str, f: Filter, give_up: float, next_due: int | None) -> None:
         """Sleep until woken, `give_up` (monotonic seconds) or `next_due` (epoch ms), if sooner."""
@@ -107,10 +119,7 @@ class LongPolling:
         if timeout <= 0:
             return
         w = _Waiter(self.loop.create_future(), f)
-        ws = self.waiters.get(topic)
-        if ws is None:
-            ws = self.waiters[topic] = set()
-        ws.add(w)
+        self._add(topic, w)
         # a timer that resolves the future as a wake-up does (asyncio.wait_for costs about 6 µs
         # more per call: its own future, task wrapper and callbacks, on every pop that waits)
         timer = self.loop.call_later(timeout, _give_up, w.fut)
@@ -129,19 +138,23 @@ class LongPolling:
         append path wakes on this loop's thread)."""
         n = _Notice(self, topic, callback)
         n.waiter = w = _Waiter(n, ALL)  # type: ignore[arg-type]
-        ws = self.waiters.get(topic)
-        if ws is None:
-            ws = self.waiters[topic] = set()
-        ws.add(w)
+        self._add(topic, w)
         return n.cancel
 
     def forget(self, topic: str, w: _Waiter) -> None:
         """Take `w` out of `topic`'s waiters; the topic's entry goes with its last waiter."""
         ws = self.waiters.get(topic)
-        if ws is not None:
-            ws.discard(w)
-            if not ws:
+        if ws is None:
+            return
+        if type(ws) is _Waiter:
+            if ws is w:
                 del self.waiters[topic]
+            return
+        ws.discard(w)  # type: ignore[union-attr]
+        if len(ws) == 1:  # type: ignore[arg-type]
+            self.waiters[topic] = next(iter(ws))  # type: ignore[call-overload]
+        elif not ws:
+            del self.waiters[topic]
 
     def wake_topics(self, touched: dict[str, set[int]]) -> None:
         """`wake` for each topic of a written batch, with the tag hashes it got."""
@@ -151,9 +164,9 @@ class LongPolling:
     def wake(self, topic: str, hashes: set[int] | None) -> None:
         """Wake the pops of `topic` that may want a record with one of these tag hashes (None: all)."""
         ws = self.waiters.get(topic)
-        if not ws:
+        if ws is None:
             return
-        for w in ws:
+        for w in (ws,) if type(ws) is _Waiter else ws:  # type: ignore[union-attr]
             if w.fut.done():
                 continue
             if hashes is not None and w.skip is not None and all(map(w.skip, hashes)):
@@ -162,8 +175,8 @@ class LongPolling:
                 w.fut.set_result(None)
 
     def wake_all(self) -> None:
-        for waiters in self.waiters.values():
-            for w in waiters:
+        for ws in list(self.waiters.values()):
+            for w in (ws,) if type(ws) is _Waiter else list(ws):  # type: ignore[arg-type]
                 if not w.fut.done():
                     w.fut.set_result(None)
 
