@@ -1,6 +1,7 @@
 """A mixed cluster (docs/cluster.md, "Upgrading node by node"): the store node of the release before
 the protocol versions (commit 2b8aa3c, the state when issues 48-52 were filed; its tree from `git
-archive`, run in pure Python) beside a new store node, under a new name server and a new proxy.
+archive`, run in pure Python) beside a new store node, under a new proxy and two name servers (the
+old release's, asked first, and a new one).
 The proxy sees the old node as store protocol version 0 (it answers HELLO "not supported") and
 uses only its base operations; every protocol's sends and pops go through the proxy, over both
 nodes, and nothing is lost: gRPC, MQTT, AMQP (aio-pika), CloudEvents over HTTP, RocketMQ 4.x
@@ -24,11 +25,13 @@ import pytest
 
 from adapters.grpc.generated import definition_pb2 as d
 from adapters.grpc.generated import service_pb2_grpc
+from conformance.gateway_proc import GatewayProc as Proc
 from conformance.runner import REPO
+from namesrv.client import NameServerClient
 from tests.adapters.grpc import support as g
 from tests.adapters.remoting.support import alions_missing, received, run
 from tests.cluster.load import Load
-from tests.cluster.support import Cluster
+from tests.cluster.support import LEASE, Cluster
 
 OLD_COMMIT = "2b8aa3c"  # the commit before issue 51: store protocol version 0
 pytestmark = pytest.mark.timeout(120)
@@ -48,6 +51,16 @@ def _old_tree(dest: Path) -> str | None:
     return None
 
 
+def old_release(tree: str) -> dict:
+    """GatewayProc keywords that run `gateway` from the old tree: it first on the path, pure Python
+    (the archive holds no compiled modules)."""
+    return {
+        "command": [sys.executable, "-m", "gateway.cli"],
+        "cwd": tree,
+        "env": {"PYTHONPATH": tree, "GATEWAY_PURE_PYTHON": "1"},
+    }
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     root = tmp_path_factory.mktemp("mixed")
@@ -58,13 +71,14 @@ def cluster(tmp_path_factory):
     c = Cluster(root)
     try:
         c.start_namesrv()
+        # a name server of the old release too, listed first: it answers the proxy's route
+        # refreshes (HELLO not supported: version 0, no uptime)
+        ns = Proc(["namesrv", "--port", "0", *LEASE], "namesrv-old", **old_release(old))
+        c.procs.append(ns)
+        c.old_namesrv = ns.wait_ready(60)["namesrv"]  # type: ignore[attr-defined]
+        c.namesrv = f"{c.old_namesrv};{c.namesrv}"  # type: ignore[attr-defined]
         c.start_stores("store-a")
-        c.start_stores(  # the old node: its own tree first on the path, no compiled modules
-            "store-b",
-            command=[sys.executable, "-m", "gateway.cli"],
-            cwd=old,
-            env={"PYTHONPATH": old, "GATEWAY_PURE_PYTHON": "1"},
-        )
+        c.start_stores("store-b", **old_release(old))  # the old store node
         c.start_proxies(1)
         c.old_tree = old  # type: ignore[attr-defined]
         yield c
@@ -87,6 +101,17 @@ def test_the_proxy_uses_the_old_node_as_version_0(cluster, li):
     assert "store node store-a (" in logs and "is live, store protocol version 1" in logs
     r = httpx.get(f"http://{li['http']}/healthz", timeout=5).json()
     assert r["status"] == "ok" and r["cluster"]["store_nodes_live"] == ["store-a", "store-b"]
+
+
+async def test_the_old_name_server_lists_every_node_and_proxy(cluster, li):
+    ns = NameServerClient(cluster.old_namesrv)
+    try:
+        info = await ns.cluster_info()
+        assert sorted(info["clusterAddrTable"]["DefaultCluster"]) == ["store-a", "store-b"]
+        assert len(await ns.proxies()) == 1
+        assert ns.info[cluster.old_namesrv].version == 0  # HELLO not supported
+    finally:
+        await ns.close()
 
 
 async def test_grpc_sends_and_pops_over_both_nodes(li):
@@ -198,10 +223,7 @@ async def test_nothing_lost_under_load(li):
 async def test_a_proxy_of_the_old_release_works_with_the_new_node(cluster, li):
     """Store nodes upgraded before proxies: an old proxy (no HELLO) over the new and the old node."""
     old = cluster.old_tree
-    (listeners,) = cluster.start_proxies(
-        1, "grpc,http", command=[sys.executable, "-m", "gateway.cli"], cwd=old,
-        env={"PYTHONPATH": old, "GATEWAY_PURE_PYTHON": "1"},
-    )  # fmt: skip
+    (listeners,) = cluster.start_proxies(1, "grpc,http", **old_release(old))
     async with grpc.aio.insecure_channel(listeners["grpc"]) as ch:
         s = service_pb2_grpc.MessagingServiceStub(ch)
         bodies = [b"o%d" % i for i in range(20)]
