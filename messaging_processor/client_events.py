@@ -19,9 +19,9 @@ properties present it to each protocol with the conventions the adapters already
     timestamp_in_ms, name, user, protocol,      headers as RabbitMQ's event exchange sends them
     peer_host, peer_port, vhost, reason, ...    (strings)
 
-A persistent MQTT session's queue gets its copy as a send of any protocol would give it: the
-processor's dispatchers name the copies (messaging_processor/dispatch.py), written right after
-the event itself.
+Copies for queues of their own that readers keep (a persistent MQTT session's queue) come from
+the `copiers` an adapter registers (the processor's dispatchers leave `%` topics out): each names
+the copies a batch needs, written right after the batch.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import logging
 import socket
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -146,15 +146,19 @@ def event_message(kind: Kind, body: dict[str, Any]) -> Message:
     return Message(EVENTS_TOPIC, data, kind.routing_key, (), props, born_timestamp=ms)
 
 
-async def send_dispatched(processor: MessagingProcessor, topic: str, messages: list[Message]) -> None:
+Copier = Callable[[list[Message]], list[Message]]  # the copies a batch needs, on other `%` topics
+
+
+async def send_with_copies(
+    processor: MessagingProcessor, topic: str, messages: list[Message], copiers: list[Copier]
+) -> None:
     """`send_internal` of `messages` to the `%` topic `topic` (made with one queue if missing: its
-    messages stay in order), then of the copies the processor's dispatchers name for them
-    (persistent MQTT sessions' queues), as a send would store them."""
-    copies = processor.dispatchers.copies(messages) if processor.dispatchers else []
+    messages stay in order), then of the copies `copiers` name for them, topic by topic."""
     await processor.send_internal(topic, messages, queues=1)
     by_topic: dict[str, list[Message]] = {}
-    for m in copies:
-        by_topic.setdefault(m.topic, []).append(m)
+    for copier in copiers:
+        for m in copier(messages):
+            by_topic.setdefault(m.topic, []).append(m)
     for t, msgs in by_topic.items():
         await processor.send_internal(t, msgs)
 
@@ -171,6 +175,7 @@ class ClientEvents:
         self.pending: list[Message] = []
         self.dropped = 0  # events lost to a full buffer or a failed write
         self.written = 0
+        self.copiers: list[Copier] = []  # adapters' copies of the events (persistent MQTT sessions)
         self._task: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -240,7 +245,7 @@ class ClientEvents:
             while self.pending:
                 batch, self.pending = self.pending[:BATCH], self.pending[BATCH:]
                 try:
-                    await send_dispatched(p, EVENTS_TOPIC, batch)
+                    await send_with_copies(p, EVENTS_TOPIC, batch, self.copiers)
                     self.written += len(batch)
                 except Exception as e:  # noqa: BLE001 - events are best effort; the gateway goes on
                     self.dropped += len(batch)
@@ -261,4 +266,4 @@ class ClientEvents:
         self._closed = True
 
 
-__all__ = ["ClientEvents", "EVENTS_TOPIC", "KINDS", "Kind", "body_of", "event_message", "send_dispatched"]
+__all__ = ["ClientEvents", "EVENTS_TOPIC", "KINDS", "Kind", "body_of", "event_message", "send_with_copies"]

@@ -37,7 +37,7 @@ from .session_feed import SessionFeed
 from .session_routing import SessionRoutes
 from .shared import Shares
 from .subscriptions import Subscriptions
-from .sys_topics import SysRetained, SysTopics
+from .sys_topics import SysRetained, SysTopics, session_copies
 
 # Every delivery loop (clean sessions' fan-out, persistent sessions, shared subscriptions) pops as
 # the proxy itself, which also positions share and persistent-session groups (an authorizer must
@@ -83,8 +83,13 @@ class Broker:
         )
         if self.feed is not None:
             self.routes.feed = self.feed.publish  # type: ignore[union-attr]
+        self._copier = None
         if events is not None:
             self.events: MqttEvents | None = MqttEvents(events)
+            if self.routes is not None:  # persistent sessions' queues get the events too
+                routes = self.routes
+                self._copier = lambda ms: session_copies(routes, ms)
+                events.copiers.append(self._copier)
             subscriptions = with_events(Subscriptions, events)
             self.subscriptions = subscriptions(
                 processor, self.fanout, self.retained, self.shares, self.routes
@@ -129,6 +134,8 @@ class Broker:
             await self.sys.close()
         if self.events is not None:
             self.events.stopping = True
+            if self._copier in self.events.events.copiers:
+                self.events.events.copiers.remove(self._copier)
         self.registry.close_connections()
         await self.fanout.close()
         await self.retained.close()

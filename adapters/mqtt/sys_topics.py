@@ -7,10 +7,10 @@ The values are read from what the gateway already counts, nothing new on the mes
 processor's metrics (messages and payload bytes stored and delivered, by protocol), the broker's
 sessions and retained index, the limiter's connection counts when there is one. Each tick writes
 the changed values as messages of the store topic `%SYS%`, which `$SYS/...` maps to (mapping.py),
-for those subscribed (and the copies persistent sessions' queues need); a SUBSCRIBE gets the values
-of that moment as its retained messages (`SysRetained`), so nothing of `$SYS` is kept in the
-retained topic or counts against the retained caps. Clients cannot publish to `$SYS`: the processor
-refuses producers `%` topics (PUBACK 0x90 Topic Name invalid)."""
+for those subscribed (and the copies persistent sessions' queues need, `session_copies`); a
+SUBSCRIBE gets the values of that moment as its retained messages (`SysRetained`), so nothing of
+`$SYS` is kept in the retained topic or counts against the retained caps. Clients cannot publish
+to `$SYS`: the processor refuses producers `%` topics (PUBACK 0x90 Topic Name invalid)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 from messaging_processor import Message
-from messaging_processor.client_events import send_dispatched
+from messaging_processor.client_events import send_with_copies
+from messaging_processor.dispatch import DISPATCHED_FROM
 
 from .codec import topic_matches
 from .mapping import P_QOS, P_RETAIN, P_TOPIC, SYS_TOPIC
@@ -163,7 +164,9 @@ class SysTopics:
             Message(SYS_TOPIC, x.encode(), "", (), {P_TOPIC: path, P_QOS: "0", P_RETAIN: "1"})
             for path, x in changed.items()
         ]
-        await send_dispatched(self.broker.processor, SYS_TOPIC, msgs)
+        routes = self.broker.routes
+        copiers = [lambda ms: session_copies(routes, ms)] if routes is not None else []
+        await send_with_copies(self.broker.processor, SYS_TOPIC, msgs, copiers)
         self.published.update(changed)
         return len(changed)
 
@@ -174,6 +177,18 @@ class SysTopics:
             for path, x in sorted(self.values().items())
             if topic_matches(filt, path)
         ]
+
+
+def session_copies(routes: Any, messages: list[Message]) -> list[Message]:
+    """The copies of the gateway's own messages (`$SYS`, `$events`: `%` topics, which the processor's
+    dispatch leaves out) for the queues of the persistent sessions whose filters match their paths
+    (`routes`: session_routing.py `SessionRoutes`)."""
+    out = []
+    for m in messages:
+        for queue in routes.dispatch_paths(m.properties[P_TOPIC]):
+            props = {**m.properties, DISPATCHED_FROM: m.topic}
+            out.append(Message(queue, m.body, m.tag, m.keys, props, born_timestamp=m.born_timestamp))
+    return out
 
 
 class SysRetained(Retained):

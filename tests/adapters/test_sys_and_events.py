@@ -113,7 +113,8 @@ async def sys_messages(
 
 
 class Events:
-    """The client events one aiomqtt subscriber of `$events/#` received: (topic, body)."""
+    """The client events one aiomqtt subscriber of `$events/#` received: (topic, body); `$SYS`
+    messages as (topic, {"value": payload})."""
 
     def __init__(self, client: aiomqtt.Client) -> None:
         self.client = client
@@ -123,7 +124,10 @@ class Events:
 
     async def _read(self) -> None:
         async for m in self.client.messages:
-            self.got.append((str(m.topic), json.loads(m.payload)))
+            topic = str(m.topic)
+            self.got.append(
+                (topic, {"value": m.payload} if topic.startswith("$SYS") else json.loads(m.payload))
+            )
             self.changed.set()
 
     async def wait(self, event_topic: str, **fields) -> dict:
@@ -242,8 +246,8 @@ async def test_clients_cannot_publish_to_sys(gw) -> None:
         await until(lambda: acks, "no PUBACK")
         assert acks[0].value == 0x90  # Topic Name invalid: the gateway's own topic
     finally:
-        c.loop_stop()
         c.disconnect()
+        c.loop_stop()
 
 
 # ---------------------------------------------------------------------------------- client events
@@ -312,6 +316,41 @@ async def test_mqtt_and_amqp_consumers_see_connect_subscribe_and_disconnect_reas
         finally:
             ev.stop()
     await conn.close()
+
+
+async def test_a_persistent_session_gets_events_and_sys_while_offline(gw) -> None:
+    mqtt_port = port(gw, "mqtt")
+
+    def persistent() -> aiomqtt.Client:
+        return aiomqtt.Client("127.0.0.1", mqtt_port, identifier="ops-offline", clean_session=False)
+
+    async with persistent() as c:
+        await c.subscribe("$events/client_disconnected", qos=1)
+        await c.subscribe("$SYS/broker/uptime", qos=1)
+    # while it is offline: a client comes and goes, and $SYS ticks (a clean watcher sees both)
+    async with aiomqtt.Client("127.0.0.1", mqtt_port, identifier="offline-watch") as w:
+        await w.subscribe("$events/client_disconnected", qos=1)
+        await w.subscribe("$SYS/broker/uptime")
+        ev = Events(w)
+        try:
+            await raw_connect_and_close(mqtt_port, "while-away")
+            await ev.wait("$events/client_disconnected", client_id="while-away")
+            ticks = sum(1 for t, _ in ev.got if t == "$SYS/broker/uptime")
+            await until(lambda: sum(1 for t, _ in ev.got if t == "$SYS/broker/uptime") > ticks, "no tick")
+        finally:
+            ev.stop()
+    async with persistent() as c:  # its queue kept both (after its own disconnect event)
+        gone: list[str] = []
+        uptime: list[bytes] = []
+        async with asyncio.timeout(T):
+            async for m in c.messages:
+                if str(m.topic) == "$SYS/broker/uptime":
+                    uptime.append(m.payload)
+                else:
+                    gone.append(json.loads(m.payload)["client_id"])
+                if "while-away" in gone and uptime:
+                    break
+        assert gone[0] == "ops-offline" and uptime[0].endswith(b" seconds")
 
 
 async def test_a_cloudevents_push_subscription_gets_client_events(gw) -> None:
