@@ -176,14 +176,20 @@ async def ignore(m: aio_pika.abc.AbstractIncomingMessage) -> None:
     pass
 
 
-async def raw_connect_and_close(mqtt_port: int, client_id: str) -> None:
-    """A 3.1.1 CONNECT over a plain socket, then, once the CONNACK came, the socket closed."""
+async def raw_connect(mqtt_port: int, client_id: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A 3.1.1 CONNECT over a plain socket; the socket's streams once the CONNACK came."""
     cid = client_id.encode()
     var = b"\x00\x04MQTT\x04\x02\x00\x3c"  # clean session, keep-alive 60
     payload = len(cid).to_bytes(2, "big") + cid
     r, w = await asyncio.open_connection("127.0.0.1", mqtt_port)
     w.write(bytes([0x10, len(var) + len(payload)]) + var + payload)
     assert await asyncio.wait_for(r.readexactly(4), T) == b"\x20\x02\x00\x00"
+    return r, w
+
+
+async def raw_connect_and_close(mqtt_port: int, client_id: str) -> None:
+    """A 3.1.1 CONNECT over a plain socket, then, once the CONNACK came, the socket closed."""
+    _, w = await raw_connect(mqtt_port, client_id)
     w.close()
 
 
@@ -289,6 +295,14 @@ async def test_mqtt_and_amqp_consumers_see_connect_subscribe_and_disconnect_reas
             # the socket closed without DISCONNECT
             await raw_connect_and_close(mqtt_port, "dev-abrupt")
             await ev.wait("$events/client_disconnected", client_id="dev-abrupt", reason="closed")
+
+            # taken over by a second connection with the same client id
+            r1, w1 = await raw_connect(mqtt_port, "dev-twin")
+            _, w2 = await raw_connect(mqtt_port, "dev-twin")
+            assert await asyncio.wait_for(r1.read(), T) == b""  # the first one was closed
+            await ev.wait("$events/client_disconnected", client_id="dev-twin", reason="takenover")
+            w1.close()
+            w2.close()
 
             # the same events through the AMQP event exchange, RabbitMQ's routing keys and headers
             h, b = await amqp_wait(got, "connection.created", client_id="dev-normal")
