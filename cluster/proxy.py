@@ -24,6 +24,7 @@ from .remote_store import ClusterStoreClient
 log = logging.getLogger("gateway")
 
 START_WAIT_S = 10.0  # a proxy started with its stores waits this long for the first live node
+REFILL_FLOOR_S = 5.0  # a name server younger than this may not list every live node yet
 
 
 @dataclass(frozen=True)
@@ -48,8 +49,9 @@ async def open_cluster_store(config: ProxyConfig) -> ClusterStoreClient:
         config.namesrv,
         config.cluster_name,
         refresh_s=config.route_refresh_s,
-        # a restarted name server lists every live node within one of their lease periods
-        namesrv_grace_s=2 * config.lease_period_s,
+        # a restarted name server lists every live node within one of their lease periods (within
+        # a second or so for nodes that renew at once, RETRY_S: the floor covers slow ones)
+        namesrv_grace_s=max(2 * config.lease_period_s, REFILL_FLOOR_S),
         auth=config.auth,
         tls=config.tls,
     )
