@@ -1,131 +1,59 @@
 """MessagingProcessor: the one protocol-neutral API every adapter calls.
 
-It validates requests, authorizes them through a pluggable hook, maps store failures to
-`ErrorKind`s, counts traffic, keeps the client registry and routes transaction checks back to
-connected producers. Storage is reached only through a `StoreClient`."""
+A façade over parts, the way the RocketMQ proxy splits its processor into services: this module
+keeps the lifecycle and the hot path (send, pop, ack and the other settlements of a delivery);
+each part is handed what it uses and never imports this module:
+
+- `access.py` `Access`: authentication, the ACL check, the authorization hook;
+- `admin.py` `Admin`: routes, topics, groups, the key-value table;
+- `reads.py` `Reads`: offset reads and tails, raw ranges, lookups, the message browser;
+- `dead_letters.py` `DeadLetters`: retry and DLQ topics, the DLQ browser and redrive;
+- `transactions.py` `Transactions`: ending and checking half messages;
+- `trace_context.py` `ensure_traceparents` (the send path's) and `tracing.py` (the trace record).
+
+The parts' public methods are the processor's own (bound in `__init__`: no extra frame per call).
+Storage is reached only through a `StoreClient`."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from time import time_ns
 
-from store import (
-    ALL,
-    AppendResult,
-    CompactionStats,
-    Filter,
-    GroupConfig,
-    Message,
-    MessageType,
-    RetryPolicy,
-    TopicConfig,
-)
-from store.raw_range import RawRange
+from store import ALL, AppendResult, Filter, Message, MessageType
 
+from .access import CERTIFICATE_MECHANISM, PASSWORD_MECHANISMS, Access, Authorizer, allow_all
+from .admin import Admin
+from .dead_letters import DLQ_PREFIX, DLQ_PROPS, REDRIVEN_NS, DeadLetters
 from .dispatch import Dispatcher, Dispatchers
 from .errors import ErrorKind, ProcessorError, StoreCall, store_error, store_failed
 from .metrics import Metrics
-from .model import (
-    Action,
-    ClientContext,
-    Delivery,
-    GroupInfo,
-    Identity,
-    Permission,
-    QueueRoute,
-    Resource,
-    Route,
-    SendReceipt,
-    TopicInfo,
-)
+from .model import Action, ClientContext, Delivery, Resource, SendReceipt
+from .reads import Reads
 from .registry import ClientRegistry
-from .security import AuthFailure, Grant, Security
+from .security import Security
 from .store_client import StoreClient
-from .tracing import (
-    DELIVERED,
-    DELIVERED_FIELDS,
-    GATEWAY_TRACEPARENT,
-    HANDLED,
-    STORED,
-    TRACE_TOPIC,
-    TRACEPARENT,
-    TraceRecorder,
-    context_of,
-    derivable_id,
-    format_traceparent,
-    match_traceparent,
-    next_trace_sequence,
-    traceparent_of,
-)
+from .trace_context import ensure_traceparents
+from .tracing import DELIVERED, DELIVERED_FIELDS, HANDLED, STORED, TraceRecorder
+from .transactions import Transactions
 from .validation import Limits, check_group, check_invisible_time, check_message, check_topic
 
+__all__ = [
+    "CERTIFICATE_MECHANISM",
+    "DLQ_PREFIX",
+    "DLQ_PROPS",
+    "PASSWORD_MECHANISMS",
+    "REDRIVEN_NS",
+    "Authorizer",
+    "MessagingProcessor",
+    "allow_all",
+    "ensure_traceparents",
+]
+
 log = logging.getLogger("messaging_processor")
-audit = logging.getLogger("messaging_processor.audit")
-
-# Identity mechanisms that present a user name and password.
-PASSWORD_MECHANISMS = frozenset({"password", "plain", "amqplain", "mqtt-password", "http-basic"})
-# An identity taken from a client certificate the adapter's TLS layer verified (the CN is the user).
-CERTIFICATE_MECHANISM = "tls-client-cert"
-
-Authorizer = Callable[[Identity, Action, Resource], bool | Awaitable[bool]]
-
-# Internal properties the store adds to redirected (delayed / half) messages.
-_INTERNAL_PROPS = ("__REAL_TOPIC", "__REAL_QID", "TRANSACTION_CHECK_TIMES")
-# who trace events of the store's own moves (a dead letter after the last attempt) are from
-_STORE_CTX = ClientContext("store", client_id="store")
-# Dead letters (admin browser and redrive): the DLQ topic prefix, the bookkeeping properties a move
-# to the DLQ adds (store/popping.py `_to_dlq`, the 4.x send-back), and the kv namespace that keeps
-# which DLQ records were redriven ("<group>/<queue>/<offset>" -> the new message's id).
-DLQ_PREFIX = "%DLQ%"
-DLQ_PROPS = (
-    "ORIGIN_TOPIC",
-    "ORIGIN_MESSAGE_ID",
-    "ORIGIN_QUEUE_ID",
-    "ORIGIN_QUEUE_OFFSET",
-    "RECONSUME_TIMES",
-    "DLQ_REASON",
-    "RETRY_TOPIC",
-    *_INTERNAL_PROPS,
-)
-REDRIVEN_NS = "dlq.redriven"
-
-
-def ensure_traceparents(messages: Sequence[Message]) -> list[tuple[int, str]] | None:
-    """[(index, traceparent)] of the messages of a send that carry a trace context (None: none does).
-    A client's `traceparent` stays as sent (an invalid one is no context); a message without one is
-    traced by its id (trace_context.py), unless the id is not hex or its properties dict is shared
-    with the message before (copies of one publish: one trace): those get a new one, in place, in the
-    internal `__TRACEPARENT`. C-level callables only: the send path enters no other module."""
-    out = None
-    prev = None
-    for i, m in enumerate(messages):
-        p = m.properties
-        tp = p.get(TRACEPARENT)
-        if tp is None or len(tp) != 55 or match_traceparent(tp) is None:
-            tp = p.get(GATEWAY_TRACEPARENT)  # (an invalid client one is kept as sent, not followed)
-        if tp is None:
-            mid = m.message_id
-            if p is not prev and (not mid or derivable_id(mid[-32:]) is not None):
-                prev = p
-                continue
-            tp = p[GATEWAY_TRACEPARENT] = format_traceparent(next_trace_sequence())
-            if p is prev:  # (the copy before shares it)
-                out = out or []
-                out.append((i - 1, tp))
-        prev = p
-        out = out or []
-        out.append((i, tp))
-    return out
-
-
-def allow_all(identity: Identity, action: Action, resource: Resource) -> bool:
-    """The default authorizer: every identity may do everything."""
-    return True
 
 
 class MessagingProcessor:
@@ -147,17 +75,82 @@ class MessagingProcessor:
     ) -> None:
         self.store = store
         self.tracer = tracer  # None: no message trace (and no traceparent made for messages without one)
-        self.limits = limits or Limits()
+        self.limits = limits = limits or Limits()
         self.auto_create_topics = auto_create_topics
         self.security = security  # None: no authentication (every identity may do everything)
-        self.authorizer: Authorizer | None = self._acl_allows if security is not None else authorizer
         self.clients = ClientRegistry()
-        self.metrics = Metrics()
+        self.metrics = metrics = Metrics()
         self.client_idle_expiry_s = client_idle_expiry_s
         self._known_topics: set[str] = set()
         self._tasks: list[asyncio.Task] = []
         self._closing = False
         self.dispatchers = Dispatchers()  # extra queues a sent message also goes to (dispatch.py)
+        # the parts, each handed what it uses
+        self._access = access = Access(security, metrics, authorizer)
+        self._admin = admin = Admin(store, limits, self._known_topics, self._ensure_topic)
+        self._reads = reads = Reads(store, metrics, limits, access, tracer)
+        self._dead_letters = dlq = DeadLetters(store, metrics, limits, tracer)
+        self._transactions = tx = Transactions(store, metrics, self.dispatchers, self.clients)
+        # access control (access.py)
+        self.authenticate = access.authenticate
+        self.permits = access.permits
+        self._may_publish = access.may_publish
+        self.grant_subscription = access.grant_subscription
+        self.may_open_vhost = access.may_open_vhost
+        self.authorize = access.authorize
+        # routes, topics, groups, key-value table (admin.py)
+        self.query_route = admin.query_route
+        self.create_topic = admin.create_topic
+        self.resize_topic = admin.resize_topic
+        self.delete_topic = admin.delete_topic
+        self.get_topic = admin.get_topic
+        self.topic_consumers = admin.topic_consumers
+        self.list_topics = admin.list_topics
+        self.compact = admin.compact
+        self.create_group = admin.create_group
+        self.delete_group = admin.delete_group
+        self.get_group = admin.get_group
+        self.list_groups = admin.list_groups
+        self.group_names = admin.group_names
+        self.backlog = admin.backlog
+        self.get_max_attempts = admin.get_max_attempts
+        self.kv_put = admin.kv_put
+        self.kv_put_many = admin.kv_put_many
+        self.kv_put_if_absent = admin.kv_put_if_absent
+        self.kv_get = admin.kv_get
+        self.kv_delete = admin.kv_delete
+        self.kv_scan = admin.kv_scan
+        self.store_stats = admin.store_stats
+        # reads (reads.py)
+        self.read = reads.read
+        self.tail = reads.tail
+        self.watch = reads.watch
+        self.read_raw = reads.read_raw
+        self.latest = reads.latest
+        self.latest_items = reads.latest_items
+        self.queue_offsets = reads.queue_offsets
+        self.search_offset = reads.search_offset
+        self.commit_offset = reads.commit_offset
+        self.committed_offset = reads.committed_offset
+        self.get_message_by_id = reads.get_message_by_id
+        self.get_message_at = reads.get_message_at
+        self.browse = reads.browse
+        self.find_by_key = reads.find_by_key
+        # retry and dead-letter topics (dead_letters.py)
+        self.send_to_system_topic = dlq.send_to_system_topic
+        self.dead_letters = dlq.dead_letters
+        self.redrive = dlq.redrive
+        # transactions (transactions.py)
+        self.end_transaction = tx.end_transaction
+
+    @property
+    def authorizer(self) -> Authorizer | None:
+        """The authorization hook (None: none; with `security` on, the ACL). Settable."""
+        return self._access.authorizer
+
+    @authorizer.setter
+    def authorizer(self, fn: Authorizer | None) -> None:
+        self._access.authorizer = fn
 
     def add_dispatcher(self, fn: Dispatcher) -> None:
         """Have every send also store each message in the topics `fn(message)` names (dispatch.py)."""
@@ -169,7 +162,7 @@ class MessagingProcessor:
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         """Hook into the store (transaction checks) and start housekeeping."""
-        self.store.set_transaction_checker(self._check_transaction)
+        self.store.set_transaction_checker(self._transactions.check_transaction)
         if self.security is not None:
             await self.security.start()
         self._tasks.append(asyncio.get_running_loop().create_task(self._expire_clients()))
@@ -177,13 +170,7 @@ class MessagingProcessor:
             await self.tracer.start()
             listen = getattr(self.store, "set_dead_letter_listener", None)
             if listen is not None:  # moves the store makes itself after a group's last attempt
-                listen(self._traced_dead_letter)
-
-    def _traced_dead_letter(self, group: str, msg: Message, reason: str) -> None:
-        if self.tracer is not None:
-            self.tracer.message_event(
-                _STORE_CTX, "dead_lettered", msg.message_id, f"{reason}, group {group}", traceparent_of(msg)
-            )
+                listen(self._dead_letters.traced_dead_letter)
 
     async def close(self) -> None:
         """Stop housekeeping. The store is closed by whoever opened it."""
@@ -211,142 +198,6 @@ class MessagingProcessor:
                     c.protocol,
                     self.client_idle_expiry_s,
                 )
-
-    # ------------------------------------------------------------------ authentication
-    async def authenticate(self, ctx: ClientContext, content: bytes = b"") -> None:
-        """With `security` on, verify `ctx.identity`'s credentials and replace it with the verified
-        identity (its `principal` set, the secret dropped); ProcessorError(UNAUTHORIZED) otherwise,
-        saying nothing about which part was wrong. `content`: what a remoting signature signs.
-        No credentials at all (mechanism "none"): the anonymous principal when `allow_anonymous`
-        (user name None). Without security every identity is let in as it is."""
-        sec = self.security
-        if sec is None:
-            return
-        ident = ctx.identity
-        attrs = dict(ident.attributes)
-        mech = ident.mechanism
-        try:
-            if mech in PASSWORD_MECHANISMS and ident.username and ident.secret is not None:
-                p = await sec.login_password(ident.username, ident.secret, ctx.protocol, ctx.client_id)
-            elif mech == "bearer" and ident.secret:
-                p = sec.login_token(ident.secret, ctx.protocol, ctx.client_id)
-            elif mech == "mqv2-hmac-sha1" and ident.username:
-                p = await sec.login_grpc(
-                    ident.username,
-                    attrs.get("signature", ""),
-                    attrs.get("x-mq-date-time", ""),
-                    ctx.protocol,
-                    ctx.client_id,
-                )
-            elif mech == "remoting-acl" and ident.username:
-                p = await sec.login_remoting(
-                    ident.username, attrs.get("signature", ""), content, ctx.protocol, ctx.client_id
-                )
-            elif mech == CERTIFICATE_MECHANISM and ident.username:
-                p = await sec.login_certificate(ident.username, ctx.protocol, ctx.client_id)
-            elif mech == "internal":
-                return
-            elif mech == "none":  # no credentials at all: the anonymous principal, if allowed
-                p = sec.login_anonymous(ctx.protocol, ctx.client_id)
-            elif mech in PASSWORD_MECHANISMS:  # no whole user name and password: never anonymous
-                raise AuthFailure("missing_credentials")
-            else:
-                raise AuthFailure("unsupported_mechanism")
-        except AuthFailure as e:
-            self.metrics.auth_failures[(ctx.protocol, e.reason)] += 1
-            audit.warning(
-                "login refused: protocol=%s remote=%s user=%r reason=%s",
-                ctx.protocol,
-                ctx.remote or "-",
-                ident.username or "",
-                e.reason,
-            )
-            raise ProcessorError(ErrorKind.UNAUTHORIZED, "authentication failed") from None
-        ctx.identity = Identity(None if p.anonymous else p.user, None, mech, (), p)
-
-    def permits(self, identity: Identity, action: Action, resource: Resource) -> bool:
-        """Whether `identity` may `action` `resource`: the one ACL check (cached per connection).
-        A refusal is counted each time and logged once per connection and resource."""
-        sec = self.security
-        if sec is None:
-            return True
-        p = identity.principal
-        if p is None:
-            if identity.mechanism == "internal":  # the proxy's own loops (never a client's identity)
-                return True
-            self.metrics.acl_denials[("", action.value)] += 1
-            return False
-        ok, first = sec.permits(p, action.value, resource.kind, resource.name)
-        if not ok:
-            self.metrics.acl_denials[(p.protocol, action.value)] += 1
-            if first:
-                audit.warning(
-                    "denied: protocol=%s client=%s user=%r action=%s resource=%s",
-                    p.protocol,
-                    p.client_id or "-",
-                    p.user,
-                    action.value,
-                    resource,
-                )
-        return ok
-
-    def _may_publish(self, identity: Identity, path: str) -> bool:
-        """`permits(PUBLISH, topic path)` with the cached allow answered first (the send path)."""
-        p = identity.principal
-        sec = self.security
-        if (
-            p is not None
-            and sec is not None
-            and p.version == sec.directory.version
-            and p.decisions.get(("publish", "topic", path))
-        ):
-            return True
-        return self.permits(identity, Action.PUBLISH, Resource("topic", path))
-
-    def grant_subscription(self, identity: Identity, topic_filter: str) -> Grant:
-        """An MQTT-style subscription filter's decision: DENY, ALLOW, or CHECK (then each delivered
-        path must pass `permits(SUBSCRIBE)`)."""
-        sec = self.security
-        if sec is None or identity.mechanism == "internal":
-            return Grant.ALLOW
-        p = identity.principal
-        g = Grant.DENY if p is None else sec.grant(p, topic_filter)
-        if g is Grant.DENY:
-            self.permits(identity, Action.SUBSCRIBE, Resource("topic", topic_filter))  # count and log
-        return g
-
-    def may_open_vhost(self, identity: Identity, vhost: str) -> bool:
-        """Whether `identity` may open the AMQP virtual host `vhost`."""
-        sec = self.security
-        if sec is None:
-            return True
-        p = identity.principal
-        return p is not None and sec.may_open_vhost(p, vhost)
-
-    def _acl_allows(self, identity: Identity, action: Action, resource: Resource) -> bool:
-        if action is Action.CONNECT:
-            return identity.principal is not None or identity.mechanism == "internal"
-        return self.permits(identity, action, resource)
-
-    # ------------------------------------------------------------------ authorization
-    async def authorize(self, identity: Identity, action: Action, resource: Resource) -> None:
-        """Raise ProcessorError(FORBIDDEN) unless `action` on `resource` is allowed (UNAUTHORIZED
-        for CONNECT without a verified identity when security is on)."""
-        fn = self.authorizer
-        if fn is None:
-            return
-        ok = fn(identity, action, resource)
-        if inspect.isawaitable(ok):
-            ok = await ok
-        if not ok:
-            kind = (
-                ErrorKind.UNAUTHORIZED
-                if action is Action.CONNECT and self.security is not None
-                else ErrorKind.FORBIDDEN
-            )
-            raise ProcessorError(
-                kind, f"{identity.username or 'anonymous'} may not {action.value} {resource}"
-            )
 
     # ------------------------------------------------------------------ topics
     async def _ensure_topic(self, topic: str, auto_create: bool | AbstractSet[str] | None) -> None:
@@ -402,7 +253,7 @@ class MessagingProcessor:
                 if not self._may_publish(ctx.identity, path):
                     raise ProcessorError(ErrorKind.FORBIDDEN, f"may not publish to {path}")
                 allowed.add(path)
-        elif self.authorizer is not None:
+        elif self._access.authorizer is not None:
             for t in topics:
                 await self.authorize(ctx.identity, Action.PUBLISH, Resource("topic", t))
         for t in topics:
@@ -454,6 +305,26 @@ class MessagingProcessor:
             )
         return out
 
+    async def send_internal(
+        self, topic: str, messages: Sequence[Message], *, compacted: bool = False, queues: int | None = None
+    ) -> None:
+        """Store `messages` in `topic`, a `%` topic of the gateway's own that `send` refuses to
+        producers (e.g. MQTT's retained messages); no producer, ACL or size checks: the caller
+        checked what it stores. `topic` is created first if missing (with `queues`, `compacted` if
+        asked; an existing one made compacted if asked); with no messages only that is done. Durable
+        on return."""
+        if not topic.startswith("%") or any(m.topic != topic for m in messages):
+            raise ProcessorError(ErrorKind.ILLEGAL_TOPIC, f"internal sends go to one % topic, not {topic!r}")
+        with StoreCall(None, "", ""):
+            if topic not in self._known_topics:
+                t = await self.store.get_topic(topic)
+                if t is None or (compacted and not t.compacted):
+                    await self.store.create_topic(topic, t.queues if t else queues, None, None, compacted)
+                    log.info("topic %s created (compacted: %s)", topic, compacted)
+                self._known_topics.add(topic)
+            if messages:
+                await self.store.append_many(list(messages))
+
     # ------------------------------------------------------------------ consume
     async def pop(
         self,
@@ -477,7 +348,7 @@ class MessagingProcessor:
         if long_poll_ms < 0:
             raise ProcessorError(ErrorKind.ILLEGAL_POLLING_TIME, "long polling time must not be negative")
         long_poll_ms = min(long_poll_ms, limits.max_long_poll_ms)
-        if self.authorizer is not None:
+        if self._access.authorizer is not None:
             await self.authorize(ctx.identity, Action.SUBSCRIBE, Resource("topic", topic))
             await self.authorize(ctx.identity, Action.SUBSCRIBE, Resource("group", group))
         try:  # (not `with StoreCall`: no exit call on the hot path)
@@ -575,529 +446,3 @@ class MessagingProcessor:
         return SendReceipt(
             r.message_id, r.topic, r.queue_id, r.queue_offset, r.commitlog_offset, r.store_timestamp
         )
-
-    # ------------------------------------------------------------------ transactions
-    async def end_transaction(
-        self, ctx: ClientContext, transaction_id: str, commit: bool, *, message_id: str = ""
-    ) -> SendReceipt | None:
-        """Commit (deliver) or roll back a half message. `transaction_id` is the one the send
-        receipt gave; `message_id` is a fallback. Returns where a committed message landed."""
-        tid: int | str
-        try:
-            tid = int(transaction_id)
-        except ValueError:
-            if not message_id:
-                raise ProcessorError(
-                    ErrorKind.TRANSACTION_NOT_FOUND, f"unknown transaction id {transaction_id!r}"
-                ) from None
-            tid = message_id
-        with StoreCall(self.metrics, ctx.protocol, "end_transaction"):
-            r = await self.store.end_transaction(tid, commit)
-        if r is None:
-            return None
-        if commit and self.dispatchers:  # a committed message's copies (dispatch.py): a write of
-            # their own after the commit (a crash between the two loses them, not the message)
-            with StoreCall(self.metrics, ctx.protocol, "end_transaction"):
-                stored = await self.store.get_message(r.commitlog_offset)
-                copies = self.dispatchers.copies_of_committed(stored, r.topic)
-                if copies:
-                    await self.store.append_many(copies)
-        self.metrics.messages_in[(ctx.protocol, r.topic)] += 1
-        return SendReceipt(
-            r.message_id, r.topic, r.queue_id, r.queue_offset, r.commitlog_offset, r.store_timestamp
-        )
-
-    async def _check_transaction(self, half: Message) -> None:
-        """Store callback for an unresolved half message: ask one connected producer of its topic."""
-        topic = half.properties.get("__REAL_TOPIC", half.topic)
-        tid = str(half.commitlog_offset)
-        props = {k: v for k, v in half.properties.items() if k not in _INTERNAL_PROPS}
-        msg = Message(
-            topic=topic,
-            body=half.body,
-            tag=half.tag,
-            keys=half.keys,
-            properties=props,
-            message_group=half.message_group,
-            message_id=half.message_id,
-            born_timestamp=half.born_timestamp,
-            born_host=half.born_host,
-            msg_type=MessageType.TRANSACTION,
-            store_timestamp=half.store_timestamp,
-            queue_offset=half.queue_offset,
-            commitlog_offset=half.commitlog_offset,
-        )
-        for client in self.clients.transaction_checkers(topic):
-            try:
-                await client.transaction_check(msg, tid)  # type: ignore[misc]
-                return
-            except Exception as e:  # noqa: BLE001 - try the next producer
-                log.warning("transaction check via %s failed: %s", client.client_id, e)
-        log.info("no producer of %s can check transaction %s now; asking again later", topic, tid)
-
-    # ------------------------------------------------------------------ routes and admin
-    async def query_route(self, ctx: ClientContext, topic: str, *, auto_create: bool | None = None) -> Route:
-        """The queues of `topic` (creating it when allowed)."""
-        check_topic(topic, self.limits)
-        await self._ensure_topic(topic, auto_create)
-        t = await self.store.get_topic(topic)
-        if t is None:
-            self._known_topics.discard(topic)
-            raise ProcessorError(ErrorKind.TOPIC_NOT_FOUND, f"topic {topic} does not exist")
-        # logic queues: queues a shrink sealed are listed for reading until retention empties them
-        return Route(
-            topic,
-            tuple(
-                QueueRoute(i, Permission.READ_WRITE if i < t.queues else Permission.READ)
-                for i in range(t.readable)
-            ),
-        )
-
-    async def create_topic(
-        self,
-        name: str,
-        queues: int | None = None,
-        retention_ms: int | None = None,
-        retention_bytes: int | None = None,
-        compacted: bool = False,
-    ) -> TopicInfo:
-        check_topic(name, self.limits, for_send=True)
-        with StoreCall(None, "", ""):
-            t = await self.store.create_topic(name, queues, retention_ms, retention_bytes, compacted)
-        self._known_topics.add(name)
-        return self._topic_info(t)
-
-    async def resize_topic(self, name: str, queues: int) -> TopicInfo:
-        """Logic queues: `queues` (per store) take new messages from now on, without moving any;
-        a shrink seals the queues it leaves out (readable until retention empties them). docs/store.md."""
-        check_topic(name, self.limits)
-        with StoreCall(None, "", ""):
-            t = await self.store.resize_topic(name, queues)
-        return self._topic_info(t)
-
-    def _topic_info(self, t: TopicConfig, messages: int = 0) -> TopicInfo:
-        per_store = t.queues // max(self.store.store_count(), 1)
-        return TopicInfo(
-            t.name, t.queues, t.retention_ms, t.retention_bytes, messages, per_store, t.compacted, t.readable
-        )
-
-    async def delete_topic(self, name: str) -> None:
-        self._known_topics.discard(name)
-        with StoreCall(None, "", ""):
-            await self.store.delete_topic(name)
-
-    async def get_topic(self, name: str) -> TopicInfo:
-        t = await self.store.get_topic(name)
-        if t is None:
-            raise ProcessorError(ErrorKind.TOPIC_NOT_FOUND, f"topic {name} does not exist")
-        n = 0
-        for q in range(t.readable):
-            n += await self.store.max_offset(name, q) - await self.store.min_offset(name, q)
-        return self._topic_info(t, n)
-
-    async def topic_consumers(self, name: str) -> dict[str, dict[str, int]]:
-        """{group: {backlog, inflight}} for every group that has consumed topic `name`."""
-        out = {}
-        for group, topic in await self.store.subscriptions():
-            if topic == name:
-                out[group] = {
-                    "backlog": await self.store.backlog(group, name),
-                    "inflight": await self.store.inflight_count(group, name),
-                }
-        return out
-
-    async def list_topics(self, *, include_system: bool = False) -> list[TopicInfo]:
-        return [
-            self._topic_info(t)
-            for t in await self.store.list_topics()
-            if include_system or not t.name.startswith("%") or t.name.startswith("%DLQ%")
-        ]
-
-    async def create_group(
-        self, name: str, max_attempts: int = 16, retry: RetryPolicy | None = None
-    ) -> GroupInfo:
-        check_group(name, self.limits)
-        with StoreCall(None, "", ""):
-            g = await self.store.create_group(name, max_attempts, retry)
-        return GroupInfo(g.name, g.max_attempts, g.retry.initial_ms, g.retry.multiplier, g.retry.max_ms)
-
-    async def delete_group(self, name: str) -> None:
-        with StoreCall(None, "", ""):
-            await self.store.delete_group(name)
-
-    async def get_group(self, name: str) -> GroupInfo:
-        """A group with backlog and in-flight counts for each topic it has consumed."""
-        g = await self.store.get_group(name)
-        if g is None:
-            raise ProcessorError(ErrorKind.GROUP_NOT_FOUND, f"consumer group {name} does not exist")
-        return await self._group_info(g, [t for grp, t in await self.store.subscriptions() if grp == name])
-
-    async def list_groups(self) -> list[GroupInfo]:
-        """Every group but the system ones, as `get_group` (the subscriptions are read once)."""
-        topics: dict[str, list[str]] = {}
-        for grp, topic in await self.store.subscriptions():
-            topics.setdefault(grp, []).append(topic)
-        gs = [g for g in await self.store.list_groups() if not g.name.startswith("%")]
-        return [await self._group_info(g, topics.get(g.name, [])) for g in gs]
-
-    async def _group_info(self, g: GroupConfig, topics: list[str]) -> GroupInfo:
-        info = GroupInfo(g.name, g.max_attempts, g.retry.initial_ms, g.retry.multiplier, g.retry.max_ms)
-        for topic in topics:
-            if await self.store.get_topic(topic) is not None:
-                info.topics[topic] = {
-                    "backlog": await self.store.backlog(g.name, topic),
-                    "inflight": await self.store.inflight_count(g.name, topic),
-                }
-        return info
-
-    async def group_names(self) -> list[str]:
-        """The names of the groups, system ones included (no counts: cheap with many groups)."""
-        return [g.name for g in await self.store.list_groups()]
-
-    async def backlog(self, group: str, topic: str) -> tuple[int, int]:
-        """(messages of `topic` not yet acked by `group`, how many of those are in flight)."""
-        with StoreCall(None, "", ""):
-            return await self.store.backlog(group, topic), await self.store.inflight_count(group, topic)
-
-    async def get_max_attempts(self, group: str) -> int:
-        g = await self.store.get_group(group)
-        return g.max_attempts if g is not None else 16
-
-    # ------------------------------------------------------------------ offset reads (pull, analytics)
-    async def read(
-        self,
-        ctx: ClientContext,
-        topic: str,
-        queue_id: int,
-        start: int,
-        end: int | None = None,
-        max_messages: int = 32,
-        filter: Filter = ALL,
-        *,
-        group: str | None = None,
-    ) -> list[Message]:
-        """Messages of one queue with offsets in [start, end): replayable range reads. `group`: a
-        pull consumer's group, which reads them to consume them (traced as deliveries)."""
-        if self.authorizer is not None:
-            await self.authorize(ctx.identity, Action.SUBSCRIBE, Resource("topic", topic))
-        with StoreCall(None, "", ""):
-            msgs = await self.store.read(topic, queue_id, start, end, max_messages, filter)
-        if msgs:
-            self.metrics.messages_out[(ctx.protocol, topic)] += len(msgs)
-            if group is not None and self.tracer is not None:
-                self.tracer.pulled(ctx, group, topic, queue_id, msgs)
-        return msgs
-
-    async def tail(
-        self,
-        ctx: ClientContext,
-        topic: str,
-        positions: dict[int, int],
-        max_messages: int = 128,
-        wait_ms: int = 0,
-        *,
-        group: str,
-    ) -> list[Message]:
-        """Offset reads of a whole topic for a subscriber that does not compete (StoreClient.tail):
-        no pop state and nothing to ack; the caller moves `positions` (queue id -> next offset) past
-        what it gets. Traced as deliveries to `group`, acked at once (the reader keeps no progress
-        in the store)."""
-        if self.authorizer is not None:
-            await self.authorize(ctx.identity, Action.SUBSCRIBE, Resource("topic", topic))
-        with StoreCall(None, "", ""):
-            msgs = await self.store.tail(topic, positions, max_messages, wait_ms)
-        if msgs:
-            self.metrics.messages_out[(ctx.protocol, topic)] += len(msgs)
-            if self.tracer is not None:
-                self.tracer.tailed(ctx, group, msgs)
-        return msgs
-
-    def watch(self, topic: str, callback: Callable[[], object]) -> Callable[[], None] | None:
-        """After a `tail` of `topic` that found nothing (no await in between): call `callback` once
-        when the topic next gets a record, holding no task or timer meanwhile; returns the function
-        that ends the watch unfired. None when the store offers no watch (a network store: long-poll
-        instead). TopicNotFound mapped as by `tail`."""
-        watch = getattr(self.store, "watch", None)
-        if watch is None:
-            return None
-        with StoreCall(None, "", ""):
-            return watch(topic, callback)
-
-    async def read_raw(
-        self,
-        ctx: ClientContext,
-        topic: str,
-        queue_id: int,
-        start: int,
-        end: int,
-        max_records: int,
-        max_bytes: int,
-    ) -> RawRange | None:
-        """As `read`, the records' bytes undecoded (store/raw_range.py); None when the store
-        client has no raw reads (then use `read`). Counting delivered messages is the caller's."""
-        if self.authorizer is not None:
-            await self.authorize(ctx.identity, Action.SUBSCRIBE, Resource("topic", topic))
-        with StoreCall(None, "", ""):
-            return await self.store.read_raw(topic, queue_id, start, end, max_records, max_bytes)
-
-    # ------------------------------------------------------------------ compacted topics
-    async def latest(self, topic: str, key: str) -> Message | None:
-        """The latest value of `key` in compacted topic `topic` (None: none, or deleted)."""
-        with StoreCall(None, "", ""):
-            return await self.store.latest(topic, key)
-
-    async def latest_items(self, topic: str) -> list[Message]:
-        """The latest value of every key of compacted topic `topic` (deleted keys left out), by key."""
-        with StoreCall(None, "", ""):
-            return await self.store.latest_items(topic)
-
-    async def compact(self) -> CompactionStats:
-        """Compact every compacted topic now (it also runs in the background)."""
-        with StoreCall(None, "", ""):
-            return await self.store.compact()
-
-    async def queue_offsets(self, topic: str, queue_id: int) -> tuple[int, int]:
-        """(min, max) offsets of a queue: [min, max) are readable."""
-        with StoreCall(None, "", ""):
-            return await self.store.min_offset(topic, queue_id), await self.store.max_offset(topic, queue_id)
-
-    async def search_offset(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
-        with StoreCall(None, "", ""):
-            return await self.store.search_offset(topic, queue_id, timestamp_ms)
-
-    async def commit_offset(
-        self, ctx: ClientContext, group: str, topic: str, queue_id: int, offset: int
-    ) -> None:
-        check_group(group, self.limits)
-        with StoreCall(None, "", ""):
-            await self.store.commit_offset(group, topic, queue_id, offset)
-        if self.tracer is not None:  # (the messages a pull consumer read below it are consumed)
-            self.tracer.committed(ctx, group, topic, queue_id, offset)
-
-    async def committed_offset(self, group: str, topic: str, queue_id: int) -> int:
-        with StoreCall(None, "", ""):
-            return await self.store.committed_offset(group, topic, queue_id)
-
-    async def get_message_by_id(self, message_id: str) -> list[Message]:
-        return await self.store.get_by_id(message_id)
-
-    # ------------------------------------------------------------------ protocol-managed redelivery
-    # RocketMQ 4.x consumers read by offset and hand failed messages back by commit log offset
-    # alone (CONSUMER_SEND_MSG_BACK); the broker then stores a copy in %RETRY%<group> (delayed)
-    # or %DLQ%<group>. These two calls let an adapter do that without reaching past the processor.
-    async def get_message_at(self, commitlog_offset: int) -> Message:
-        """The message stored at `commitlog_offset`; MESSAGE_NOT_FOUND when none starts there."""
-        try:
-            msg = await self.store.get_message(commitlog_offset)
-        except Exception as e:  # noqa: BLE001 - unknown, deleted or not a record start
-            raise ProcessorError(
-                ErrorKind.MESSAGE_NOT_FOUND, f"no message at commit log offset {commitlog_offset}"
-            ) from e
-        if msg.commitlog_offset != commitlog_offset:
-            raise ProcessorError(
-                ErrorKind.MESSAGE_NOT_FOUND, f"no message at commit log offset {commitlog_offset}"
-            )
-        return msg
-
-    async def send_to_system_topic(self, ctx: ClientContext, msg: Message) -> SendReceipt:
-        """Store `msg` in a retry (`%RETRY%<group>`) or dead-letter (`%DLQ%<group>`) topic, which
-        `send` refuses to producers; the topic is created on first use. A `deliver_at` delays it."""
-        topic = msg.topic
-        if not topic.startswith(("%RETRY%", "%DLQ%")):
-            raise ProcessorError(ErrorKind.ILLEGAL_TOPIC, f"{topic!r} is not a retry or dead-letter topic")
-        check_topic(topic, self.limits)
-        if len(msg.body) > self.limits.max_body_size:
-            raise ProcessorError(ErrorKind.BODY_TOO_LARGE, f"body of {len(msg.body)} bytes is too large")
-        with StoreCall(self.metrics, ctx.protocol, "send"):
-            if await self.store.get_topic(topic) is None:
-                await self.store.create_topic(topic, None, None, None)
-                log.info("topic %s created on first use", topic)
-            r = await self.store.append(msg)
-        if topic.startswith("%DLQ%"):
-            self.metrics.dlq[(ctx.protocol, topic)] += 1
-        else:
-            self.metrics.messages_in[(ctx.protocol, topic)] += 1
-        origin = msg.properties.get("ORIGIN_MESSAGE_ID")
-        if self.tracer is not None and origin:
-            event = "dead_lettered" if topic.startswith("%DLQ%") else "retried"
-            at, tp = f"{r.topic}/{r.queue_id}/{r.queue_offset}", context_of(msg.properties, origin)
-            self.tracer.message_event(ctx, event, origin, at, tp)
-        return SendReceipt(
-            r.message_id, r.topic, r.queue_id, r.queue_offset, r.commitlog_offset, r.store_timestamp
-        )
-
-    async def send_internal(
-        self, topic: str, messages: Sequence[Message], *, compacted: bool = False, queues: int | None = None
-    ) -> None:
-        """Store `messages` in `topic`, a `%` topic of the gateway's own that `send` refuses to
-        producers (e.g. MQTT's retained messages); no producer, ACL or size checks: the caller
-        checked what it stores. `topic` is created first if missing (with `queues`, `compacted` if
-        asked; an existing one made compacted if asked); with no messages only that is done. Durable
-        on return."""
-        if not topic.startswith("%") or any(m.topic != topic for m in messages):
-            raise ProcessorError(ErrorKind.ILLEGAL_TOPIC, f"internal sends go to one % topic, not {topic!r}")
-        with StoreCall(None, "", ""):
-            if topic not in self._known_topics:
-                t = await self.store.get_topic(topic)
-                if t is None or (compacted and not t.compacted):
-                    await self.store.create_topic(topic, t.queues if t else queues, None, None, compacted)
-                    log.info("topic %s created (compacted: %s)", topic, compacted)
-                self._known_topics.add(topic)
-            if messages:
-                await self.store.append_many(list(messages))
-
-    # ------------------------------------------------------------------ durable protocol metadata
-    # Adapters keep what must outlive a proxy (MQTT sessions, AMQP declarations, webhook
-    # subscriptions) here, under a namespace of their own ("mqtt.session").
-    async def kv_put(self, ns: str, key: str, value: bytes) -> None:
-        """Store `value` under (ns, key); returns once durable."""
-        await self.store.kv_put(ns, key, value)
-
-    async def kv_put_many(self, ns: str, items: dict[str, bytes | None]) -> None:
-        """Set several keys (None deletes) in one durable transaction."""
-        await self.store.kv_put_many(ns, items)
-
-    async def kv_put_if_absent(self, ns: str, key: str, value: bytes) -> bytes | None:
-        """Store `value` unless (ns, key) exists, atomically, on the store every proxy shares:
-        None when stored (durable), else the value already there."""
-        return await self.store.kv_put_if_absent(ns, key, value)
-
-    async def kv_get(self, ns: str, key: str) -> bytes | None:
-        return await self.store.kv_get(ns, key)
-
-    async def kv_delete(self, ns: str, key: str) -> bool:
-        return await self.store.kv_delete(ns, key)
-
-    async def kv_scan(self, ns: str, prefix: str = "") -> list[tuple[str, bytes]]:
-        """(key, value) pairs of `ns` whose key starts with `prefix`, in key order."""
-        return await self.store.kv_scan(ns, prefix)
-
-    def store_stats(self) -> dict[str, object]:
-        return self.store.stats()
-
-    # ------------------------------------------------------------------ message browser and dead letters
-    # For operators (admin API, console, CLI): no ACL check (the admin API checked the admin role)
-    # and nothing counted as delivered. A redrive claims each DLQ record in the kv before it sends
-    # the copy (released if the send fails), so two redrives never send one record twice.
-    async def browse(
-        self, topic: str, queue_id: int | None = None, offset: int | None = None, count: int = 20
-    ) -> list[Message]:
-        """Up to `count` messages of `topic` from `offset` (default: each queue's min) of queue
-        `queue_id`, or of every readable queue merged by store time."""
-        t = await self.store.get_topic(topic)
-        if t is None:
-            raise ProcessorError(ErrorKind.TOPIC_NOT_FOUND, f"topic {topic} does not exist")
-        if queue_id is not None and not 0 <= queue_id < t.readable:
-            raise ProcessorError(ErrorKind.BAD_REQUEST, f"topic {topic} has no queue {queue_id}")
-        out: list[Message] = []
-        with StoreCall(None, "", ""):
-            for q in range(t.readable) if queue_id is None else (queue_id,):
-                lo = await self.store.min_offset(topic, q)
-                out += await self.store.read(topic, q, max(lo, offset or 0), None, count)
-        out.sort(key=lambda m: (m.store_timestamp, m.queue_id, m.queue_offset))
-        return out[:count]
-
-    async def find_by_key(self, key: str) -> list[Message]:
-        """Every stored record whose keys include `key` (the store's key index)."""
-        with StoreCall(None, "", ""):
-            found = await self.store.get_by_key(key)
-        return [m for m in found if m.topic != TRACE_TOPIC]  # (the trace's own records are keyed too)
-
-    async def dead_letters(
-        self, group: str, count: int = 100, *, pending_only: bool = False
-    ) -> list[tuple[Message, str | None]]:
-        """Up to `count` records of `group`'s dead-letter topic `%DLQ%<group>`, oldest first, each
-        with the id of the message a redrive sent ("" while one is sending; None: not redriven).
-        `pending_only`: only those not redriven."""
-        topic = DLQ_PREFIX + group
-        t = await self.store.get_topic(topic)
-        if t is None:
-            if await self.store.get_group(group) is None:
-                raise ProcessorError(ErrorKind.GROUP_NOT_FOUND, f"consumer group {group} does not exist")
-            return []
-        done = {k: v.decode() for k, v in await self.store.kv_scan(REDRIVEN_NS, group + "/")}
-        out: list[tuple[Message, str | None]] = []
-        with StoreCall(None, "", ""):
-            for q in range(t.readable):
-                start, end = await self.store.min_offset(topic, q), await self.store.max_offset(topic, q)
-                found = 0
-                while start < end and found < count:
-                    page = await self.store.read(topic, q, start, end, min(count, 256))
-                    if not page:
-                        break
-                    start = page[-1].queue_offset + 1
-                    for m in page:
-                        new_id = done.get(f"{group}/{q}/{m.queue_offset}")
-                        if not (pending_only and new_id is not None) and found < count:
-                            out.append((m, new_id))
-                            found += 1
-        out.sort(key=lambda r: (r[0].store_timestamp, r[0].queue_id, r[0].queue_offset))
-        return out[:count]
-
-    async def redrive(
-        self, group: str, ids: Sequence[str] | None = None, ctx: ClientContext | None = None
-    ) -> list[tuple[str, str]]:
-        """Send dead letters of `group` (those with message id in `ids`; None: every one not yet
-        redriven) back to their original topic as new messages: same body, keys, tag, message group
-        and properties (`traceparent` too) without the DLQ bookkeeping. Returns (dead letter id, new
-        message id) per record sent; ids not in the DLQ and records redriven before are skipped.
-        `ctx`: who asked (the trace's `redriven` events)."""
-        ctx = ctx or ClientContext("admin", client_id="admin-api")
-        topic = DLQ_PREFIX + group
-        sent: list[tuple[str, str]] = []
-        await self.dead_letters(group, 1)  # GROUP_NOT_FOUND for a group with neither DLQ nor settings
-        if ids is not None:
-            records: dict[tuple[int, int], Message] = {}
-            with StoreCall(None, "", ""):
-                for mid in dict.fromkeys(ids):
-                    for m in await self.store.get_by_id(mid):
-                        if m.topic == topic:
-                            records[(m.queue_id, m.queue_offset)] = m
-            for m in records.values():
-                await self._redrive_one(ctx, group, m, sent)
-            return sent
-        while True:  # all: page through what is still pending until nothing is
-            page = await self.dead_letters(group, 500, pending_only=True)
-            before = len(sent)
-            for m, _ in page:
-                await self._redrive_one(ctx, group, m, sent)
-            if len(sent) == before:
-                return sent
-
-    async def _redrive_one(
-        self, ctx: ClientContext, group: str, dead: Message, sent: list[tuple[str, str]]
-    ) -> None:
-        origin = dead.properties.get("ORIGIN_TOPIC") or dead.properties.get("RETRY_TOPIC")
-        if not origin:
-            log.warning("dead letter %s of %s has no original topic: not redriven", dead.message_id, group)
-            return
-        key = f"{group}/{dead.queue_id}/{dead.queue_offset}"
-        if await self.store.kv_put_if_absent(REDRIVEN_NS, key, b"") is not None:
-            return  # redriven before (or by a redrive running now)
-        props = {k: v for k, v in dead.properties.items() if k not in DLQ_PROPS}
-        if (tp := traceparent_of(dead)) is not None and tp != props.get(TRACEPARENT):
-            props[GATEWAY_TRACEPARENT] = tp  # (the copy's new id: it keeps the original's trace)
-        copy = Message(
-            topic=origin,
-            body=dead.body,
-            tag=dead.tag,
-            keys=dead.keys,
-            properties=props,
-            message_group=dead.message_group,
-            born_host=dead.born_host,
-            msg_type=MessageType.FIFO if dead.message_group else MessageType.NORMAL,
-        )
-        try:
-            if await self.store.get_topic(origin) is None:
-                raise ProcessorError(ErrorKind.TOPIC_NOT_FOUND, f"topic {origin} does not exist")
-            with StoreCall(None, "", ""):
-                r = await self.store.append(copy)
-        except BaseException:
-            await self.store.kv_delete(REDRIVEN_NS, key)
-            raise
-        await self.store.kv_put(REDRIVEN_NS, key, r.message_id.encode())
-        if self.tracer is not None:
-            self.tracer.stored(ctx, [copy], [r])
-            self.tracer.message_event(ctx, "redriven", dead.message_id, f"to {origin} as {r.message_id}", tp)
-        log.info("dead letter %s of %s redriven to %s as %s", dead.message_id, group, origin, r.message_id)
-        sent.append((dead.message_id, r.message_id))

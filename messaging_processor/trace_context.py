@@ -7,7 +7,7 @@ a valid one has its context derived from its message id when it is traced (`trac
 id = the last 32 hex digits of the id, span id = the last 16), so the send path makes and stores
 nothing for it; only a message whose id is not hex (or copies of one publish that share one
 properties dict) gets a new one, stored in the internal property `__TRACEPARENT`
-(`GATEWAY_TRACEPARENT`), which no adapter delivers (the processor's `ensure_traceparents`).
+(`GATEWAY_TRACEPARENT`), which no adapter delivers (`ensure_traceparents`, on the send path).
 Adapters map their protocol's field to and from the property `traceparent` only; the lifecycle
 record (messaging_processor/tracing.py), the trace API and the OTLP export use `traceparent_of`.
 """
@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Sequence
 from random import getrandbits
 
 from store import Message
 
 TRACEPARENT = "traceparent"  # a client's W3C trace context, delivered as sent
 GATEWAY_TRACEPARENT = "__TRACEPARENT"  # one this gateway made (non-hex id, shared copies): never delivered
-# C-level callables, so that the processor's hot path enters no Python frame of this module:
+# C-level callables, so that the send path (`ensure_traceparents`) calls no other Python function:
 match_traceparent = re.compile(
     r"(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}"
 ).fullmatch  # (the length is checked first: 55)
@@ -105,3 +106,31 @@ def handle_group(handle: str) -> str | None:
     """The consumer group a receipt handle names."""
     parts = handle.rpartition("@")[2].split(" ", 4)
     return parts[4] if len(parts) == 5 else None
+
+
+def ensure_traceparents(messages: Sequence[Message]) -> list[tuple[int, str]] | None:
+    """[(index, traceparent)] of the messages of a send that carry a trace context (None: none does).
+    A client's `traceparent` stays as sent (an invalid one is no context); a message without one is
+    traced by its id (`derived_traceparent`), unless the id is not hex or its properties dict is shared
+    with the message before (copies of one publish: one trace): those get a new one, in place, in the
+    internal `__TRACEPARENT`. C-level callables only: one Python frame per send."""
+    out = None
+    prev = None
+    for i, m in enumerate(messages):
+        p = m.properties
+        tp = p.get(TRACEPARENT)
+        if tp is None or len(tp) != 55 or match_traceparent(tp) is None:
+            tp = p.get(GATEWAY_TRACEPARENT)  # (an invalid client one is kept as sent, not followed)
+        if tp is None:
+            mid = m.message_id
+            if p is not prev and (not mid or derivable_id(mid[-32:]) is not None):
+                prev = p
+                continue
+            tp = p[GATEWAY_TRACEPARENT] = format_traceparent(next_trace_sequence())
+            if p is prev:  # (the copy before shares it)
+                out = out or []
+                out.append((i - 1, tp))
+        prev = p
+        out = out or []
+        out.append((i, tp))
+    return out
