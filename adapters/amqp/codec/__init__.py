@@ -36,6 +36,7 @@ connection, channel, access, exchange, queue, basic, confirm, tx; generic argume
 events (what the decoder yields), decoder (Decoder), encoder (frame encoders and fast paths).
 """
 
+from .arguments import decode_arguments, encode_arguments
 from .constants import (
     CLASS_BASIC,
     CLASS_CHANNEL,
@@ -146,8 +147,6 @@ from .methods import (
     TxRollbackOk,
     TxSelect,
     TxSelectOk,
-    decode_arguments,
-    encode_arguments,
 )
 from .properties import BasicProperties, decode_properties, encode_properties
 from .wire import (

@@ -62,6 +62,7 @@ import struct
 from collections.abc import Iterator
 from typing import Any
 
+from .arguments import decode_arguments
 from .constants import (
     FRAME_MIN_SIZE,
     FRAME_SIZE_FUDGE,
@@ -81,7 +82,6 @@ from .methods import (
     BasicNack,
     BasicPublish,
     BasicReject,
-    decode_arguments,
 )
 from .properties import BasicProperties, decode_properties
 from .wire import speedups

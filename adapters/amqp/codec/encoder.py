@@ -25,8 +25,9 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+from .arguments import encode_arguments
 from .constants import DEFAULT_FRAME_MAX, PROTOCOL_HEADER
-from .methods import AMQPMethod, encode_arguments
+from .methods import AMQPMethod
 from .properties import EMPTY_PROPERTIES, BasicProperties, encode_properties, py_encode_properties
 from .wire import speedups
 
