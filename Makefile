@@ -46,8 +46,8 @@ $(STAMP): uv.lock pyproject.toml hatch_build.py $(wildcard store/*.pyx adapters/
 
 install: $(STAMP)
 
-# Pinned Debian packages: deps/debian-packages.txt for the tests (mosquitto-clients, mosquitto, etcd-server),
-# deps/debian-bench-packages.txt as well for `make bench` (rabbitmq-server, the AMQP bench's peer).
+# Pinned Debian packages: deps/debian-packages.txt for the tests (mosquitto-clients, mosquitto, etcd-server,
+# rabbitmq-server), deps/debian-bench-packages.txt as well for `make bench`.
 install-system:
 	deps/install-debian.sh deps/debian-packages.txt
 
@@ -116,9 +116,12 @@ test-workers: install install-system install-conformance install-remoting-client
 # Then every name server killed for NAMESRV_OUTAGE_S seconds under load (5 s in `make test`).
 FAULT_ITERATIONS ?= 40
 NAMESRV_OUTAGE_S ?= 60
+# The bridge soak (docs/bridges.md): Mosquitto -> gateway -> RabbitMQ and back under kill -9 of each part.
+BRIDGE_SOAK_MESSAGES ?= 100000
 soak: install install-system
 	FAULT_ITERATIONS=$(FAULT_ITERATIONS) $(VENV)/bin/pytest -q -s tests/cluster/test_fault_loop.py
 	NAMESRV_OUTAGE_S=$(NAMESRV_OUTAGE_S) $(VENV)/bin/pytest -q -s tests/cluster/test_namesrv_loss.py
+	$(VENV)/bin/python bench/bridge_soak.py --messages $(BRIDGE_SOAK_MESSAGES)
 
 bench: install install-bench-system install-system
 	$(VENV)/bin/pytest -q -m slow_bench tests/bench
