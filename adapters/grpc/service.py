@@ -2,7 +2,7 @@
 
 Errors go into each response's `status` under gRPC status OK (only Telemetry uses gRPC statuses).
 Client sessions (the Settings each client sent over Telemetry, keyed on `x-mq-client-id`) are
-sessions.py's.
+sessions.py's, the Telemetry stream telemetry.py's, the signature and ACL checks access.py's.
 
 With the processor's `security` on, every RPC is authenticated from its `authorization` metadata
 (the official clients' MQv2-HMAC-SHA1 signature; refused: Status UNAUTHORIZED) and checked against
@@ -23,13 +23,17 @@ from collections.abc import AsyncIterator
 import grpc
 
 from adapters.grpc import codes
+from adapters.grpc.access import RequestAccess
+from adapters.grpc.access import group_resource as _group
+from adapters.grpc.access import settings_checks as _settings_checks
+from adapters.grpc.access import subscribe_checks as _sub
+from adapters.grpc.access import topic_resource as _topic
 from adapters.grpc.codes import Code, status_of
 from adapters.grpc.convert import (
     GrpcError,
     dur_ms,
     endpoints,
     identity_of,
-    message_to_proto,
     ms_ts,
     peer_address,
     to_store,
@@ -46,20 +50,17 @@ from adapters.grpc.sessions import (
     RECEIVE_BATCH_SIZE,
     ClientSessions,
 )
+from adapters.grpc.telemetry import telemetry_commands
 from messaging_processor import (
     ANONYMOUS,
     Action,
     ClientContext,
-    ClientInfo,
     Delivery,
     ErrorKind,
     Filter,
-    Identity,
-    Message,
     MessagingProcessor,
     Permission,
     ProcessorError,
-    Resource,
     now_ms,
 )
 
@@ -91,27 +92,6 @@ _REFUSED_BEFORE_STORE = frozenset(ErrorKind) - {
     ErrorKind.TOO_MANY_REQUESTS,
 }
 _NOT_IMPLEMENTED = d.Status(code=Code.NOT_IMPLEMENTED, message="offset-based pull is not implemented")
-# Verified identities remembered (by presented identity and client id; by client id and user).
-MAX_VERIFIED = 4096
-Check = tuple[Action, Resource]
-
-
-def _token_expired(ident: Identity) -> bool:
-    """A verified identity of a device token whose `exp` has passed (docs/security.md)."""
-    p = ident.principal
-    return p is not None and p.expires_at is not None and p.expires_at <= time.time()
-
-
-def _topic(name: str) -> Resource:
-    return Resource("topic", name)
-
-
-def _group(name: str) -> Resource:
-    return Resource("group", name)
-
-
-def _sub(group: str, topic: str) -> tuple[Check, Check]:
-    return (Action.SUBSCRIBE, _group(group)), (Action.SUBSCRIBE, _topic(topic))
 
 
 def _overall(statuses: list[d.Status]) -> d.Status:
@@ -137,20 +117,6 @@ _OK_RESPONSE = _status_response(codes.OK)
 RECEIVE_RAW = frozenset({"ReceiveMessage"})
 
 
-def _settings_checks(settings: d.Settings) -> list[Check]:
-    """What a client's Settings need (ACL 2.0): publish on each publishing topic, or subscribe on
-    the group and each subscribed topic."""
-    which = settings.WhichOneof("pub_sub")
-    if which == "publishing":
-        return [(Action.PUBLISH, _topic(t.name)) for t in settings.publishing.topics]
-    if which == "subscription":
-        sub = settings.subscription
-        return [(Action.SUBSCRIBE, _group(sub.group.name))] + [
-            (Action.SUBSCRIBE, _topic(e.topic.name)) for e in sub.subscriptions
-        ]
-    return []
-
-
 class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     """The servicer. `endpoint` is set by the adapter once bound: (advertised host or None, port)."""
 
@@ -165,10 +131,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         self._brokers: dict[tuple[str, int], d.Broker] = {}
         self._tasks: set[asyncio.Task] = set()
         self.outbound: OutboundBudgets | None = None  # --max-outbound-bytes-per-connection, per client id
-        # Security on: (presented identity, client id) -> verified identity, and (client id, user) ->
-        # the verified identity whose principal (and its ACL decision cache) later signatures reuse.
-        self._verified: dict[tuple[Identity, str], Identity] = {}
-        self._principals: dict[tuple[str, str], Identity] = {}
+        # Security on: each RPC's signature verified (remembered) and its ACL checks (access.py)
+        self.access = access = RequestAccess(processor)
+        self._refused = access.refused
+        self._may_route = access.may_route
+        self._principals = access.principals
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
@@ -183,54 +150,6 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 date_time = v
         ident = identity_of(auth, date_time) if auth else None
         return ClientContext(PROTOCOL, cid, ident or ANONYMOUS, peer_address(context.peer()))
-
-    async def _refused(self, ctx: ClientContext, *checks: Check) -> d.Status | None:
-        """With security on: verify `ctx`'s signature (remembered per presented identity and client id,
-        so a request costs a dict lookup) and replace its identity with the verified one, then run the
-        ACL `checks`. The Status to answer with (UNAUTHORIZED / FORBIDDEN), or None to go on."""
-        proc = self.processor
-        if proc.security is None:
-            return None
-        key = (ctx.identity, ctx.client_id)
-        verified = ctx.identity if ctx.identity.principal is not None else self._verified.get(key)
-        if verified is not None and _token_expired(verified):
-            self._verified.pop(key, None)  # a device token past its exp: verified again, and refused
-            verified = None
-        if verified is None:
-            try:
-                await proc.authenticate(ctx)
-            except ProcessorError as e:
-                return status_of(e)
-            verified = ctx.identity
-            p = verified.principal
-            pkey = (ctx.client_id, p.user if p is not None else "")
-            prev = self._principals.get(pkey)
-            if (
-                prev is not None
-                and prev.principal is not None
-                and not prev.principal.revoked
-                and (p is None or prev.principal.expires_at == p.expires_at)
-            ):
-                verified = prev  # a new date-time signed by the same user: keep its decision cache
-            else:
-                if len(self._principals) >= MAX_VERIFIED:
-                    self._principals.clear()
-                self._principals[pkey] = verified
-            if len(self._verified) >= MAX_VERIFIED:
-                self._verified.clear()
-            self._verified[key] = verified
-        ctx.identity = verified
-        for action, resource in checks:
-            if not proc.permits(verified, action, resource):
-                return codes.status(Code.FORBIDDEN, f"may not {action.value} {resource}")
-        return None
-
-    def _may_route(self, ident: Identity, topic: str) -> bool:
-        """QueryRoute needs publish or subscribe on the topic (ACL 2.0's [PUB, SUB])."""
-        sec, p = self.processor.security, ident.principal
-        if sec is not None and p is not None and sec.permits(p, Action.PUBLISH.value, "topic", topic)[0]:
-            return True  # (asked quietly: only a refusal of both is counted and logged)
-        return self.processor.permits(ident, Action.SUBSCRIBE, _topic(topic))
 
     def _broker(self, requested: d.Endpoints | None) -> d.Broker:
         host, port = self.advertise_host, self.port
@@ -361,57 +280,24 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         cid = ctx.client_id
         if not cid:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "x-mq-client-id metadata is required")
-        # Unauthenticated: the stream stays open and every command is answered with a status-only
-        # command (the Node client fails its startup with it; ending the stream would make the
-        # clients reopen it every second).
-        refused = await self._refused(ctx)
-        out: asyncio.Queue[s.TelemetryCommand | None] = asyncio.Queue()
-        closed = False
-        registered: list[ClientInfo] = []
-
-        async def transaction_check(msg: Message, transaction_id: str) -> None:
-            if closed:
-                raise ConnectionError(f"telemetry stream of {cid} is closed")
-            cmd = s.RecoverOrphanedTransactionCommand(
-                message=message_to_proto(msg), transaction_id=transaction_id
-            )
-            out.put_nowait(s.TelemetryCommand(recover_orphaned_transaction_command=cmd))
-
-        async def read() -> None:
-            try:
-                async for cmd in request_iterator:
-                    if refused is not None:
-                        out.put_nowait(s.TelemetryCommand(status=refused))
-                    elif cmd.WhichOneof("command") == "settings":
-                        if (
-                            self.processor.security is not None
-                            and (st := await self._refused(ctx, *_settings_checks(cmd.settings))) is not None
-                        ):
-                            out.put_nowait(s.TelemetryCommand(status=st))  # no settings: not registered
-                            continue
-                        reply, info = await self.clients.apply(ctx, cmd.settings, transaction_check)
-                        registered[:] = [info]
-                        out.put_nowait(s.TelemetryCommand(status=codes.OK, settings=reply))
-                    # thread_stack_trace / verify_message_result answer commands we never send.
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001 - the stream ends; the client reconnects
-                log.info("telemetry of %s ended: %s", cid, e)
-            finally:
-                out.put_nowait(None)
-
-        reader = asyncio.get_running_loop().create_task(read())
+        stream = telemetry_commands(
+            ctx,
+            request_iterator,
+            await self._refused(ctx),
+            self._settings_refused,
+            self.clients.apply,
+            self.processor.clients,
+        )
         try:
-            while (item := await out.get()) is not None:
+            async for item in stream:
                 yield item
         finally:
-            closed = True
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
-            clients = self.processor.clients
-            if registered and clients.get(PROTOCOL, cid) is registered[0]:
-                clients.unregister(PROTOCOL, cid)
+            await stream.aclose()  # (its own finally: the reader stopped, the client unregistered)
+
+    async def _settings_refused(self, ctx: ClientContext, settings: d.Settings) -> d.Status | None:
+        if self.processor.security is None:
+            return None
+        return await self._refused(ctx, *_settings_checks(settings))
 
     # ------------------------------------------------------------------ produce
     async def SendMessage(self, request: s.SendMessageRequest, context) -> s.SendMessageResponse:
