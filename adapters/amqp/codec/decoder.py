@@ -9,7 +9,7 @@ Frames are parsed in place from an immutable `bytes` buffer (a partial frame is 
 chunks and joined once, when enough bytes for the whole frame are there). Per channel the decoder
 follows RabbitMQ's command assembler: after a content-bearing method (basic.publish on the server
 side; deliver, get-ok, return on the client side) it expects one content header frame, then body
-frames until `body_size` bytes have arrived. With `assemble=True` (default) the three are folded
+frames until `body_size` bytes have arrived (content.py). With `assemble=True` (default) the three are folded
 into one `Message` event; with `assemble=False` they come out as Method, ContentHeader and
 ContentBody events (to stream large bodies), the same checks applying. Hot paths: basic.publish
 looks ahead for its header and single body frame in the same buffer and builds the Message at
@@ -71,8 +71,9 @@ from .constants import (
     PROTOCOL_HEADER_0_9,
     ReplyCode,
 )
-from .errors import AMQPError, ProtocolHeaderError, frame_error, syntax_error, unexpected_frame
-from .events import HEARTBEAT, ContentBody, ContentHeader, Message, Method, ProtocolHeader
+from .content import Content, content_body, content_header
+from .errors import MALFORMED, AMQPError, ProtocolHeaderError, frame_error, syntax_error, unexpected_frame
+from .events import HEARTBEAT, Message, Method, ProtocolHeader
 from .methods import (
     CLIENT_METHODS,
     METHODS,
@@ -83,12 +84,11 @@ from .methods import (
     BasicPublish,
     BasicReject,
 )
-from .properties import BasicProperties, decode_properties
+from .properties import decode_properties
 from .wire import speedups
 
 _FRAME_HEAD = struct.Struct(">BHI").unpack_from
 _FRAME_HEAD_KEY = struct.Struct(">BHII").unpack_from  # + (class_id << 16 | method_id)
-_CONTENT_HEAD = struct.Struct(">HHQ").unpack_from
 _HEADER_FRAME = struct.Struct(">BHIHHQ").unpack_from  # frame head + class, weight, body size
 _unpack_I = struct.Struct(">I").unpack_from
 _unpack_QB = struct.Struct(">QB").unpack_from
@@ -103,36 +103,6 @@ _K_CLOSE_OK = (10 << 16) | 51
 _ACK_LIKE = {_K_ACK: BasicAck, _K_NACK: BasicNack, _K_REJECT: BasicReject}
 _SERVER_ACCEPTS = {k: c for k, c in METHODS.items() if k in CLIENT_METHODS}  # what clients send
 _CLIENT_ACCEPTS = {k: c for k, c in METHODS.items() if k in SERVER_METHODS}  # what servers send
-
-# what a malformed argument list or property list raises (RecursionError: absurdly nested tables)
-_MALFORMED = (ValueError, IndexError, struct.error, RecursionError)
-
-
-class _Content:
-    """Per-channel state of a content in progress."""
-
-    __slots__ = (
-        "method",
-        "class_id",
-        "method_id",
-        "header_seen",
-        "remaining",
-        "properties",
-        "raw",
-        "parts",
-        "dropped",
-    )
-
-    def __init__(self, method: AMQPMethod, class_id: int, method_id: int) -> None:
-        self.method = method
-        self.class_id = class_id
-        self.method_id = method_id
-        self.header_seen = False
-        self.remaining = 0
-        self.properties: BasicProperties | None = None
-        self.raw = b""
-        self.parts: list[Any] = []
-        self.dropped = 0  # body_size of a body counted but not kept (above keep_body_size)
 
 
 class Decoder:
@@ -200,7 +170,7 @@ class Decoder:
         self._server = role == "server"
         self._accept = _SERVER_ACCEPTS if self._server else _CLIENT_ACCEPTS
         self._expect_header = self._server if expect_header is None else expect_header
-        self._pending: dict[int, _Content] = {}
+        self._pending: dict[int, Content] = {}
         self._buf = b""
         self._pos = 0
         self._more: list[bytes] = []
@@ -342,9 +312,9 @@ class Decoder:
                 elif ftype == 1:
                     event = self._method(channel, key, buf, pos + 7, end)
                 elif ftype == 3:
-                    event = self._body(channel, buf, pos + 7, end)
+                    event = content_body(self, channel, buf, pos + 7, end)
                 elif ftype == 2:
-                    event = self._header(channel, buf, pos + 7, end)
+                    event = content_header(self, channel, buf, pos + 7, end)
                 elif ftype == 8:
                     if size:
                         raise frame_error("heartbeat frame with a payload", channel)
@@ -456,12 +426,12 @@ class Decoder:
                                 return Message(channel, method, None, body, raw)
                             try:
                                 props = decode_properties(raw, 0, hend - h - 19)
-                            except _MALFORMED as e:
+                            except MALFORMED as e:
                                 raise syntax_error(f"malformed content properties: {e}", 60, 40) from None
                             return Message(channel, method, props, body, raw)
-                pending[channel] = _Content(method, 60, 40)
+                pending[channel] = Content(method, 60, 40)
                 return None
-            pending[channel] = _Content(method, 60, 40)
+            pending[channel] = Content(method, 60, 40)
             return Method(channel, method)
         ack_cls = _ACK_LIKE.get(key)
         if (
@@ -509,107 +479,14 @@ class Decoder:
             )
         try:
             method = decode_arguments(cls, buf, start + 4, end)
-        except _MALFORMED as e:
+        except MALFORMED as e:
             raise syntax_error(f"malformed {cls.NAME} arguments: {e}", class_id, method_id) from None
         if cls.HAS_CONTENT:
-            pending[channel] = _Content(method, class_id, method_id)
+            pending[channel] = Content(method, class_id, method_id)
             return None if self.assemble else Method(channel, method)
         if key == _K_TUNE_OK and self._server:
             self.frame_max = method.frame_max  # type: ignore[attr-defined]
         return Method(channel, method)
-
-    def _header(self, channel: int, buf: bytes, start: int, end: int) -> Any:
-        c = self._pending.get(channel) if channel else None
-        if c is None or c.header_seen:
-            if not channel:
-                raise unexpected_frame("content header frame on channel 0")
-            if c is None:
-                raise unexpected_frame("expected method frame, got non method frame instead")
-            raise unexpected_frame(
-                "expected content body, got non content body frame instead", c.class_id, c.method_id
-            )
-        if end - start < 12:
-            raise frame_error("content header frame shorter than 12 bytes", channel)
-        class_id, weight, body_size = _CONTENT_HEAD(buf, start)
-        if class_id != c.class_id or weight:
-            raise unexpected_frame(
-                f"expected content header for class {c.class_id}, got one for class {class_id} instead"
-                if not weight
-                else f"expected content header for class {c.class_id}, got non content header frame instead",
-                c.class_id,
-                c.method_id,
-            )
-        if body_size > self.max_body_size:
-            raise AMQPError(
-                ReplyCode.FRAME_ERROR,
-                f"content body size {body_size} exceeds maximum allowed size {self.max_body_size}",
-                class_id=c.class_id,
-                method_id=c.method_id,
-            )
-        raw = buf[start + 12 : end]
-        props = None
-        if self.decode_properties:
-            try:
-                props = decode_properties(raw, 0, len(raw))
-            except _MALFORMED as e:
-                raise syntax_error(f"malformed content properties: {e}", c.class_id, c.method_id) from None
-        if self.assemble:
-            if not body_size:
-                del self._pending[channel]
-                return Message(channel, c.method, props, b"", raw)
-            c.header_seen = True
-            c.remaining = body_size
-            c.properties = props
-            c.raw = raw
-            if body_size > self.keep_body_size:
-                c.dropped = body_size
-            return None
-        if body_size:
-            c.header_seen = True
-            c.remaining = body_size
-        else:
-            del self._pending[channel]
-        return ContentHeader(channel, class_id, body_size, props, raw)
-
-    def _body(self, channel: int, buf: bytes, start: int, end: int) -> Any:
-        c = self._pending.get(channel) if channel else None
-        if c is None or not c.header_seen:
-            if not channel:
-                raise unexpected_frame("content body frame on channel 0")
-            if c is None:
-                raise unexpected_frame("expected method frame, got non method frame instead")
-            raise unexpected_frame(
-                f"expected content header for class {c.class_id}, got non content header frame instead",
-                c.class_id,
-                c.method_id,
-            )
-        size = end - start
-        remaining = c.remaining - size
-        if remaining < 0:
-            raise AMQPError(
-                ReplyCode.FRAME_ERROR,
-                "content body frame exceeds remaining content size",
-                class_id=c.class_id,
-                method_id=c.method_id,
-            )
-        c.remaining = remaining
-        if not self.assemble:
-            if not remaining:
-                del self._pending[channel]
-            return ContentBody(channel, buf[start:end])
-        if remaining:
-            if not c.dropped:
-                c.parts.append(memoryview(buf)[start:end])
-            return None
-        del self._pending[channel]
-        if c.dropped:
-            return Message(channel, c.method, c.properties, b"", c.raw, c.dropped)
-        if c.parts:
-            c.parts.append(memoryview(buf)[start:end])
-            body = b"".join(c.parts)
-        else:
-            body = buf[start:end]
-        return Message(channel, c.method, c.properties, body, c.raw)
 
     def _closing_frame(self, ftype: int, channel: int, buf: bytes, start: int, end: int) -> Any:
         """While closing, only connection.close / close-ok come out; anything else is dropped."""
@@ -620,7 +497,7 @@ class Decoder:
             return None
         try:
             return Method(0, decode_arguments(METHODS[key], buf, start + 4, end))
-        except _MALFORMED:
+        except MALFORMED:
             return None
 
 

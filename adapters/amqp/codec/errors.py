@@ -6,6 +6,9 @@ import struct
 
 from .constants import FRAME_END, PROTOCOL_HEADER, ReplyCode, is_soft_error
 
+# what a malformed argument list or property list raises (RecursionError: absurdly nested tables)
+MALFORMED = (ValueError, IndexError, struct.error, RecursionError)
+
 _CLOSE = struct.Struct(">BHIHHHB")  # frame header + class/method id + reply-code + shortstr length
 
 

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adapters.amqp.codec import decoder, encoder, properties, wire
+from adapters.amqp.codec import content, decoder, encoder, properties, wire
 from adapters.amqp.codec.errors import AMQPError
 from adapters.amqp.codec.events import ContentHeader, Message
 from adapters.amqp.codec.methods import (
@@ -451,13 +451,14 @@ def test_encode_deliver_splits_bodies_like_the_reference(sp) -> None:
 @contextlib.contextmanager
 def _decoder_path(mod: Any):
     """decoder.py on the compiled path (mod) or the pure one (None), for the duration."""
-    saved = decoder._hot_frame, decoder.decode_properties
+    saved = decoder._hot_frame, decoder.decode_properties, content.decode_properties
     decoder._hot_frame = None if mod is None else mod.hot_frame
     decoder.decode_properties = properties.py_decode_properties if mod is None else mod.decode_properties
+    content.decode_properties = decoder.decode_properties  # (content header frames: content.py)
     try:
         yield
     finally:
-        decoder._hot_frame, decoder.decode_properties = saved
+        decoder._hot_frame, decoder.decode_properties, content.decode_properties = saved
 
 
 def _trace(mod: Any, chunks: list[bytes], options: dict[str, Any]) -> list[Any]:
