@@ -17,7 +17,8 @@ a Remaining Length of more than 4 bytes or not minimally encoded is Malformed; t
 flags are checked for every type (PUBREL/SUBSCRIBE/UNSUBSCRIBE 0b0010, others 0, PUBLISH QoS 3 or
 DUP with QoS 0 Malformed); every declared length must fit and the fields must use the Remaining
 Length exactly; strings are validated as described in wire.py; topic names and filters as in
-topics.py. After an error the decoder is dead: `feed` and `next_packet` raise the same error.
+topics.py (the subscription packets: subscribe.py). After an error the decoder is dead: `feed` and
+`next_packet` raise the same error.
 """
 
 from __future__ import annotations
@@ -30,8 +31,6 @@ from .constants import (
     MQTT_3_1,
     MQTT_3_1_1,
     MQTT_5,
-    VALID_REASON_CODES,
-    VALID_SUBACK_V3,
     PacketType,
     ReasonCode,
 )
@@ -48,16 +47,11 @@ from .packets import (
     Publish,
     Pubrec,
     Pubrel,
-    Suback,
-    Subscribe,
-    Subscription,
-    Unsuback,
-    Unsubscribe,
     Will,
 )
 from .properties import WILL, PropertyId, decode_properties
-from .topics import SHARE_PREFIX, validate_topic_filter
-from .wire import check_text, decode_bin, decode_str, malformed, protocol_error
+from .subscribe import decode_suback, decode_subscribe, decode_unsuback, decode_unsubscribe
+from .wire import check_text, decode_bin, decode_str, malformed, protocol_error, reason_code
 
 _TOPIC_ALIAS = PropertyId.TOPIC_ALIAS
 _SUBID = PropertyId.SUBSCRIPTION_IDENTIFIER
@@ -365,9 +359,9 @@ class Decoder:
         if t in _ACKS:
             return self._ack(t, buf, start, end)
         if t == 8:
-            return self._subscribe(buf, start, end)
+            return decode_subscribe(buf, start, end, version == MQTT_5, self.strict_utf8)
         if t == 10:
-            return self._unsubscribe(buf, start, end)
+            return decode_unsubscribe(buf, start, end, version == MQTT_5, self.strict_utf8)
         if t == 12 or t == 13:
             if end != start:
                 raise malformed(f"{PacketType(t).name} with a non-empty body")
@@ -381,15 +375,10 @@ class Decoder:
             self._ready = True
             return packet
         if t == 9:
-            return self._suback(buf, start, end)
+            return decode_suback(buf, start, end, version == MQTT_5, self.strict_utf8)
         if t == 11:
-            return self._unsuback(buf, start, end)
+            return decode_unsuback(buf, start, end, version == MQTT_5, self.strict_utf8)
         raise AssertionError(f"unhandled packet type {t}")  # pragma: no cover
-
-    def _reason(self, t: int, code: int) -> int:
-        if code not in VALID_REASON_CODES[t]:
-            raise protocol_error(f"reason code 0x{code:02X} is not valid in {PacketType(t).name}")
-        return code
 
     def _ack(self, t: int, buf: bytes, p: int, end: int) -> Any:
         rl = end - p
@@ -402,7 +391,7 @@ class Decoder:
             return _ACKS[t](pid)
         if rl == 2:
             return _ACKS[t](pid)
-        code = self._reason(t, buf[p + 2])
+        code = reason_code(t, buf[p + 2])
         if rl == 3:
             return _ACKS[t](pid, code)
         props, q = decode_properties(buf, p + 3, end, t, self.strict_utf8)
@@ -492,7 +481,7 @@ class Decoder:
         if ack_flags & 0xFE:
             raise malformed("CONNACK reserved flags are set")
         if self.version == MQTT_5:
-            self._reason(2, code)
+            reason_code(2, code)
             props, q = decode_properties(buf, p + 2, end, 2, self.strict_utf8)
             if q != end:
                 raise malformed("CONNACK has bytes after its properties")
@@ -506,101 +495,6 @@ class Decoder:
             raise protocol_error("CONNACK refusal with Session Present set")
         return Connack(bool(ack_flags), code, props)
 
-    def _filter(self, buf: bytes, p: int, end: int) -> tuple[str, int]:
-        filt, p = decode_str(buf, p, end, "topic filter", self.strict_utf8)
-        if not validate_topic_filter(filt):
-            raise MQTTCodecError(ReasonCode.TOPIC_FILTER_INVALID, f"invalid topic filter {filt!r}")
-        return filt, p
-
-    def _subscribe(self, buf: bytes, p: int, end: int) -> Subscribe:
-        if end - p < 2:
-            raise malformed("SUBSCRIBE without a packet identifier")
-        pid = (buf[p] << 8) | buf[p + 1]
-        p += 2
-        if not pid:
-            raise protocol_error("SUBSCRIBE with packet identifier 0")
-        v5 = self.version == MQTT_5
-        props: dict[Any, Any] = {}
-        if v5:
-            props, p = decode_properties(buf, p, end, 8, self.strict_utf8)
-        subs = []
-        while p < end:
-            filt, p = self._filter(buf, p, end)
-            if p >= end:
-                raise malformed("subscription without its options byte")
-            o = buf[p]
-            p += 1
-            qos = o & 3
-            if qos == 3:
-                raise malformed("subscription with QoS 3")
-            if v5:
-                if o & 0xC0:
-                    raise malformed("subscription options reserved bits are set")
-                rh = (o >> 4) & 3
-                if rh == 3:
-                    raise protocol_error("retain handling 3")
-                no_local = bool(o & 4)
-                if no_local and filt.startswith(SHARE_PREFIX):
-                    raise protocol_error("No Local on a shared subscription")
-                subs.append(Subscription(filt, qos, no_local, bool(o & 8), rh))
-            else:
-                if o & 0xFC:
-                    raise malformed("requested QoS byte has reserved bits set")
-                subs.append(Subscription(filt, qos))
-        if not subs:
-            raise protocol_error("SUBSCRIBE without any subscription")
-        return Subscribe(pid, subs, props)
-
-    def _unsubscribe(self, buf: bytes, p: int, end: int) -> Unsubscribe:
-        if end - p < 2:
-            raise malformed("UNSUBSCRIBE without a packet identifier")
-        pid = (buf[p] << 8) | buf[p + 1]
-        p += 2
-        if not pid:
-            raise protocol_error("UNSUBSCRIBE with packet identifier 0")
-        props: dict[Any, Any] = {}
-        if self.version == MQTT_5:
-            props, p = decode_properties(buf, p, end, 10, self.strict_utf8)
-        filters = []
-        while p < end:
-            filt, p = self._filter(buf, p, end)
-            filters.append(filt)
-        if not filters:
-            raise protocol_error("UNSUBSCRIBE without any topic filter")
-        return Unsubscribe(pid, filters, props)
-
-    def _suback(self, buf: bytes, p: int, end: int) -> Suback:
-        if end - p < 2:
-            raise malformed("SUBACK without a packet identifier")
-        pid = (buf[p] << 8) | buf[p + 1]
-        p += 2
-        props: dict[Any, Any] = {}
-        if self.version == MQTT_5:
-            props, p = decode_properties(buf, p, end, 9, self.strict_utf8)
-            valid = VALID_REASON_CODES[9]
-        else:
-            valid = VALID_SUBACK_V3
-        codes = list(buf[p:end])
-        for c in codes:
-            if c not in valid:
-                raise protocol_error(f"SUBACK code 0x{c:02X} is not valid")
-        return Suback(pid, codes, props)
-
-    def _unsuback(self, buf: bytes, p: int, end: int) -> Unsuback:
-        if end - p < 2:
-            raise malformed("UNSUBACK without a packet identifier")
-        pid = (buf[p] << 8) | buf[p + 1]
-        p += 2
-        if self.version != MQTT_5:
-            if p != end:
-                raise malformed("UNSUBACK with a remaining length other than 2")
-            return Unsuback(pid)
-        props, p = decode_properties(buf, p, end, 11, self.strict_utf8)
-        codes = list(buf[p:end])
-        for c in codes:
-            self._reason(11, c)
-        return Unsuback(pid, codes, props)
-
     def _disconnect(self, buf: bytes, p: int, end: int) -> Disconnect:
         if self.version != MQTT_5:
             if end != p:
@@ -608,7 +502,7 @@ class Decoder:
             return Disconnect()
         if end == p:
             return Disconnect()
-        code = self._reason(14, buf[p])
+        code = reason_code(14, buf[p])
         if end - p == 1:
             return Disconnect(code)
         props, q = decode_properties(buf, p + 1, end, 14, self.strict_utf8)
@@ -619,7 +513,7 @@ class Decoder:
     def _auth(self, buf: bytes, p: int, end: int) -> Auth:
         if end == p:
             return Auth()
-        code = self._reason(15, buf[p])
+        code = reason_code(15, buf[p])
         if end - p == 1:
             return Auth(code)
         props, q = decode_properties(buf, p + 1, end, 15, self.strict_utf8)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import struct
 
-from .constants import MAX_VBI, ReasonCode
+from .constants import MAX_VBI, VALID_REASON_CODES, PacketType, ReasonCode
 from .errors import MQTTCodecError
 
 MALFORMED = ReasonCode.MALFORMED_PACKET
@@ -42,6 +42,13 @@ def malformed(message: str) -> MQTTCodecError:
 
 def protocol_error(message: str) -> MQTTCodecError:
     return MQTTCodecError(PROTOCOL_ERROR, message)
+
+
+def reason_code(t: int, code: int) -> int:
+    """`code`, when it is a valid reason code of packet type `t`; else a Protocol Error."""
+    if code not in VALID_REASON_CODES[t]:
+        raise protocol_error(f"reason code 0x{code:02X} is not valid in {PacketType(t).name}")
+    return code
 
 
 def check_text(s: str, what: str, strict: bool) -> None:
