@@ -36,7 +36,15 @@ def mosquitto(tmp_path) -> Iterator[Mosquitto]:
 
 @pytest.fixture(scope="module")
 def rabbit(tmp_path_factory) -> Iterator[RabbitMQ]:
-    r = RabbitMQ(tmp_path_factory.mktemp("rabbitmq")).start()
+    """One RabbitMQ per module, with a TLS listener too (`tls_port`; `ca` and `client`: the test CA
+    and a client certificate it issued)."""
+    from tests.tls.certs import TestCa
+
+    ca = TestCa(tmp_path_factory.mktemp("rabbitmq-ca"))
+    server = ca.server("rabbitmq", 20)
+    r = RabbitMQ(tmp_path_factory.mktemp("rabbitmq"), tls=(ca.cert, server.cert, server.key))
+    r.ca, r.client = ca, ca.client("bridge")  # type: ignore[attr-defined]
+    r.start()
     try:
         yield r
     finally:

@@ -13,8 +13,10 @@ changes (1: the closest Mosquitto has to durable; it still saves after, not befo
 (as bench/amqp_servers.py does): a node name of its own (`bridgetest<pid>x<n>@localhost`: each
 pytest-xdist worker and each instance differ), AMQP, distribution and epmd ports free ones (its own
 epmd, never the system's), mnesia, logs and the Erlang cookie (HOME) in workdir, no plugins.
-`kill9()` kills beam.smp; `start()` again reuses node name, ports and mnesia directory (durable
-queues and persistent messages survive). `stop()` ends the node and its epmd."""
+`tls=(ca, cert, key)` adds a TLS listener (`tls_port`, client certificates required, in a
+rabbitmq.conf of its own). `kill9()` kills beam.smp; `start()` again reuses node name, ports and
+mnesia directory (durable queues and persistent messages survive). `stop()` ends the node and its
+epmd."""
 
 from __future__ import annotations
 
@@ -200,7 +202,7 @@ def _epmd_pids(epmd_port: int) -> list[int]:
 
 
 class RabbitMQ:
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *, tls: tuple[str, str, str] | None = None) -> None:
         script = rabbitmq_script()
         if script is None:
             raise RuntimeError(
@@ -213,6 +215,14 @@ class RabbitMQ:
         for d in ("mnesia", "log", "home"):
             (self.dir / d).mkdir(parents=True, exist_ok=True)
         (self.dir / "enabled_plugins").write_text("[].\n")
+        self.tls_port = free_port() if tls else None
+        if tls:  # a TLS listener beside the plain one, client certificates required
+            ca, cert, key = tls
+            (self.dir / "rabbitmq.conf").write_text(
+                f"listeners.ssl.default = 127.0.0.1:{self.tls_port}\n"
+                f"ssl_options.cacertfile = {ca}\nssl_options.certfile = {cert}\nssl_options.keyfile = {key}\n"
+                "ssl_options.verify = verify_peer\nssl_options.fail_if_no_peer_cert = true\n"
+            )
         self.log = self.dir / "rabbitmq.out"
         self.proc: subprocess.Popen | None = None
         self.beam: int | None = None
@@ -233,7 +243,7 @@ class RabbitMQ:
                 "RABBITMQ_LOG_BASE": str(w / "log"),
                 "RABBITMQ_LOGS": "-",
                 "RABBITMQ_ENABLED_PLUGINS_FILE": str(w / "enabled_plugins"),
-                "RABBITMQ_CONFIG_FILE": str(w / "rabbitmq"),  # absent: defaults
+                "RABBITMQ_CONFIG_FILE": str(w / "rabbitmq"),  # rabbitmq.conf: absent (defaults) unless TLS
                 "RABBITMQ_ADVANCED_CONFIG_FILE": str(w / "advanced.config"),
                 "RABBITMQ_CONF_ENV_FILE": str(w / "rabbitmq-env.conf"),
                 "RABBITMQ_PID_FILE": str(w / "rabbitmq.pid"),
@@ -248,6 +258,8 @@ class RabbitMQ:
                 [self.script], stdout=log, stderr=log, env=self._env(), cwd=self.dir, start_new_session=True
             )
         _wait(lambda: _amqp_ready(self.port), timeout, "rabbitmq", self.proc, self.log)
+        if self.tls_port:
+            _wait(lambda: _connects(self.tls_port), timeout, "rabbitmq TLS", self.proc, self.log)
         beams = [p for p in [self.proc.pid, *_children(self.proc.pid)] if _comm(p) == "beam.smp"]
         self.beam = beams[0] if beams else self.proc.pid
         return self

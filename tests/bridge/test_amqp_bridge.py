@@ -1,7 +1,7 @@
 """AMQP 0-9-1 links with a real RabbitMQ (one per module) and an in-process gateway: a RabbitMQ
 queue into the gateway, the gateway into a RabbitMQ exchange with a routing key, publisher
-confirms both ways (an unroutable message stays at its source until a queue is bound), and a
-`kill -9` of RabbitMQ mid-stream with nothing it confirmed lost."""
+confirms both ways (an unroutable message stays at its source until a queue is bound), TLS with a
+client certificate, and a `kill -9` of RabbitMQ mid-stream with nothing it confirmed lost."""
 
 from __future__ import annotations
 
@@ -132,6 +132,34 @@ async def test_unroutable_stays_at_the_source_until_routable(rabbit, gateway):
         (m,) = await drain(q, 1)
         assert (m.body, m.routing_key) == (b"keep me", "late.a")
         await asyncio.wait_for(_until(lambda: st.forwarded == 1), T)
+    await conn.close()
+
+
+async def test_tls_to_rabbitmq_with_client_certificate_and_password_file(rabbit, gateway, tmp_path):
+    n = next(_names)
+    conn, ch = await rabbit_channel(rabbit)
+    q = await ch.declare_queue(f"tls{n}", durable=True)
+    pw = tmp_path / "guest.pw"
+    pw.write_text("guest\n")
+    cfg = link(
+        "tls-out",
+        {"url": f"mqtt://127.0.0.1:{gateway.ports['mqtt']}"},
+        {
+            "url": f"amqps://127.0.0.1:{rabbit.tls_port}",
+            "username": "guest",
+            "password_file": str(pw),
+            "ca_file": rabbit.ca.cert,
+            "cert_file": rabbit.client.cert,
+            "key_file": rabbit.client.key,
+            "routing_key": f"tls{n}",
+        },
+        [{"filter": f"tls{n}/#"}],
+    )
+    async with running(cfg):
+        async with aiomqtt.Client("127.0.0.1", gateway.ports["mqtt"], identifier="gw-pub") as pub:
+            await pub.publish(f"tls{n}/a", b"over tls", qos=1)
+        (m,) = await drain(q, 1)
+    assert m.body == b"over tls"
     await conn.close()
 
 
