@@ -324,16 +324,21 @@ def roles(events: list[Event]) -> list[tuple[str, list[tuple[int, int]]]]:
         raise LookupError(f"no step {contains or name} after event {after} in the trace")
 
     read = first("MqttProtocol.data_received", -1)
-    pub = first("Session._reply_later.<locals>.run", read.start)
-    steps = [s for s in segs if s.task == pub.task and s.start >= pub.start]
-    if len(steps) < 2:
-        raise LookupError("the publish task did not wait for the store")
+    try:  # a publish task (trees before run-to-completion publishes)
+        pub = first("Session._reply_later.<locals>.run", read.start)
+        steps = [s for s in segs if s.task == pub.task and s.start >= pub.start]
+        if len(steps) < 2:
+            raise LookupError("the publish task did not wait for the store")
+    except LookupError:  # stored from the read's own callback (Publisher.publish_nowait)
+        pub, steps = read, []
     try:
         write: Segment | None = first("GroupCommitWriter._write", pub.start)
     except LookupError:
-        write = None  # written inline by the publish task (put found the disk idle)
+        write = None  # written inline by the publish (put found the disk idle)
     written = pub.start if write is None else write.start
     fsynced = first("", written, contains="GroupCommitWriter._synced")
+    if not steps:  # the PUBACK: the append's completion callback, no task
+        steps = [pub, first("", fsynced.start, contains="Session._puback")]
     mqtt_flush = first("Session._flush_writes", steps[1].start)
     pop = first("DeliveryLoop._run", written)
     # the pop's step ends when the loop has handed the message on: the first return of its in-flight
@@ -349,7 +354,7 @@ def roles(events: list[Event]) -> list[tuple[str, list[tuple[int, int]]]]:
 
     return [
         ("mqtt read", span(read)),
-        ("publish", span(pub)),
+        ("publish", [] if pub is read else span(pub)),  # (none of its own: stored from the read)
         ("write", [] if write is None else span(write)),
         ("fsync done", span(fsynced)),
         ("puback", span(*steps[1:])),

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from time import time_ns
 
@@ -125,6 +125,7 @@ class MessagingProcessor:
         self.read = reads.read
         self.tail = reads.tail
         self.watch = reads.watch
+        self.tail_now = reads.tail_now
         self.read_raw = reads.read_raw
         self.latest = reads.latest
         self.latest_items = reads.latest_items
@@ -304,6 +305,71 @@ class MessagingProcessor:
                 )
             )
         return out
+
+    def send_nowait(
+        self, ctx: ClientContext, m: Message, on_done: Callable[[ProcessorError | None], None]
+    ) -> bool:
+        """`send` of one message without a task or coroutine: when nothing but the store has to be
+        awaited (its topic known, no asynchronous authorizer), validate and append it now and call
+        `on_done(None)` once it is durable, or `on_done(error)`, straight from the append's
+        completion (no hop more). False when the send must take `send` (nothing done); a message
+        that fails validation calls `on_done` at once with its error."""
+        if self._access.authorizer is not None and self.security is None:
+            return False
+        topic = m.topic
+        if topic not in self._known_topics:
+            return False
+        limits = self.limits
+        now = time_ns() // 1_000_000
+        try:
+            check_message(m, limits, now, limits.body_sizes.get(ctx.protocol, limits.max_body_size))
+            if m.msg_type == MessageType.FIFO and not m.message_group:
+                raise ProcessorError(ErrorKind.ILLEGAL_MESSAGE_GROUP, "a FIFO message needs a message group")
+            if self.security is not None:
+                path = m.properties.get("mqtt.topic") or (f"{topic}/{m.tag}" if m.tag else topic)
+                if not self._may_publish(ctx.identity, path):
+                    raise ProcessorError(ErrorKind.FORBIDDEN, f"may not publish to {path}")
+        except ProcessorError as e:
+            on_done(e)
+            return True
+        tracer = self.tracer
+        tps = ensure_traceparents([m]) if tracer is not None else None
+        copies = self.dispatchers.copies([m]) if self.dispatchers else None
+        store = self.store
+        try:
+            fut = store.append_many([m, *copies]) if copies else store.append(m)
+        except Exception as e:  # noqa: BLE001
+            on_done(self._send_failed(ctx, topic, e))
+            return True
+        metrics = self.metrics
+
+        def stored(f: asyncio.Future) -> None:
+            if f.cancelled():
+                on_done(ProcessorError(ErrorKind.INTERNAL, "send cancelled"))
+                return
+            e = f.exception()
+            if e is not None:
+                on_done(self._send_failed(ctx, topic, e))
+                return
+            r = f.result()
+            if tracer is not None:
+                tracer.pending.append((STORED, now, ctx, tps, r[:1] if copies else [r]))
+                if len(tracer.pending) >= tracer.max_buffered:
+                    tracer.wake()
+            key = (ctx.protocol, topic)
+            metrics.messages_in[key] += 1
+            metrics.bytes_in[key] += len(m.body)
+            on_done(None)
+
+        asyncio.ensure_future(fut).add_done_callback(stored)
+        return True
+
+    def _send_failed(self, ctx: ClientContext, topic: str, e: BaseException) -> ProcessorError:
+        err = store_error(e)
+        self.metrics.errors[(ctx.protocol, "send", err.kind.value)] += 1
+        if err.kind is ErrorKind.TOPIC_NOT_FOUND:
+            self._known_topics.discard(topic)
+        return err
 
     async def send_internal(
         self, topic: str, messages: Sequence[Message], *, compacted: bool = False, queues: int | None = None

@@ -88,6 +88,23 @@ class Reads:
                 self.tracer.tailed(ctx, group, msgs)
         return msgs
 
+    def tail_now(
+        self, ctx: ClientContext, topic: str, positions: dict[int, int], max_messages: int, *, group: str
+    ) -> list[Message] | None:
+        """`tail` without awaiting, for a reader woken by its watch (run to completion: no task):
+        what is readable now. None when this read must be awaited (an authorizer to ask, a store
+        with no synchronous tail, a tiered range to fetch): use `tail`."""
+        now = getattr(self.store, "tail_now", None)
+        if now is None or self.access.authorizer is not None:
+            return None
+        with StoreCall(None, "", ""):
+            msgs = now(topic, positions, max_messages)
+        if msgs:
+            self.metrics.messages_out[(ctx.protocol, topic)] += len(msgs)
+            if self.tracer is not None:
+                self.tracer.tailed(ctx, group, msgs)
+        return msgs
+
     def watch(self, topic: str, callback: Callable[[], object]) -> Callable[[], None] | None:
         """After a `tail` of `topic` that found nothing (no await in between): call `callback` once
         when the topic next gets a record, holding no task or timer meanwhile; returns the function

@@ -169,6 +169,10 @@ class LocalStoreClient:
     def set_transaction_checker(self, fn: Callable[[Message], Awaitable[None]] | None) -> None:
         self.store.transaction_checker = fn
 
+    def tail_now(self, topic: str, positions: dict[int, int], max_messages: int) -> list[Message] | None:
+        """LOCAL mode only: Store.tail_now."""
+        return self.store.tail_now(topic, positions, max_messages)
+
     def watch(self, topic: str, callback: Callable[[], object]) -> Callable[[], None]:
         """LOCAL mode only (a network store client has none: its readers long-poll): Store.watch."""
         return self.store.watch(topic, callback)

@@ -25,6 +25,7 @@ from .compaction import CompactionStats, Compactor
 from .config import GroupConfig, Metadata, RetryPolicy, StoreConfig, TopicConfig
 from .consumequeue import ConsumeQueue
 from .consumer import ConsumerProgress
+from .dirlock import lock_dir
 from .diskspace import CHECK_INTERVAL_MS
 from .epochs import EpochLog
 from .errors import InvalidReceiptHandle, StoreError, TieredRangeNotCached, TieredStorageUnavailable
@@ -81,7 +82,7 @@ class Store:
         os.makedirs(d, exist_ok=True)
         if not config.tier_endpoint and has_tiered_segments(d):
             raise StoreError(f"the commit log of {d} starts in object storage: tiering must be configured")
-        self._lock_fd = _lock_dir(d)
+        self._lock_fd = lock_dir(d)
         self.meta = Metadata(d)
         self.kv = KeyValueStore(d)
         self._catalog = Catalog(config, self.meta)
@@ -553,6 +554,15 @@ class Store:
         Returns where the committed message landed, or None for a rollback."""
         return await self._transactions.end(transaction_id, commit)
 
+    def tail_now(self, topic: str, positions: dict[int, int], max_messages: int) -> list[Message] | None:
+        """`tail` without a wait, read now: None when it would reach a tiered range not cached
+        (the caller awaits `tail`, which fetches it). TopicNotFound for an unknown topic."""
+        self._catalog.topic(topic, create=False)
+        try:
+            return self._reader.tail(topic, positions, max_messages)
+        except TieredRangeNotCached:
+            return None
+
     def watch(self, topic: str, callback: Callable[[], object]) -> Callable[[], None]:
         """Call `callback` once when `topic` next gets a record (or is deleted, or the store closes),
         for an offset reader that has caught up: no task or timer while it waits (LongPolling.watch:
@@ -646,15 +656,3 @@ class Store:
 def _emptied(cq: ConsumeQueue) -> bool:
     """A sealed queue retention has emptied (it takes no new messages)."""
     return cq.min_offset >= cq.next_offset
-
-
-def _lock_dir(d: str) -> int:
-    import fcntl
-
-    fd = os.open(os.path.join(d, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise StoreError(f"data directory {d} is in use by another process") from None
-    return fd

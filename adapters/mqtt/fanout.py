@@ -110,6 +110,8 @@ class TopicLoop:
         self.ready = asyncio.Event()
         self.task: asyncio.Task | None = None
         self.positions: dict[int, int] = {}  # queue id -> next offset to read (a queue missing: its start)
+        self._unwatch: Callable[[], None] | None = None  # parked: ends the store's watch
+        self._stopped = False
 
     async def start(self, from_now: bool) -> None:
         p = self.processor
@@ -120,7 +122,46 @@ class TopicLoop:
                     _, self.positions[q.queue_id] = await p.queue_offsets(self.topic, q.queue_id)
         finally:
             self.ready.set()
-        self.task = asyncio.get_running_loop().create_task(self._run(), name=f"mqtt fanout {self.topic}")
+        self._start_task()
+
+    def _start_task(self) -> None:
+        if not self._stopped:
+            self.task = asyncio.get_running_loop().create_task(self._run(), name=f"mqtt fanout {self.topic}")
+
+    def _park(self) -> bool:
+        """Caught up (right after a read, no await since): wait on the store's watch, no task."""
+        unwatch = self.processor.watch(self.topic, self._wake)
+        if unwatch is None:
+            return False
+        self._unwatch = unwatch
+        return True
+
+    def _wake(self) -> None:
+        """The watch fired: read and dispatch now, in this callback (run to completion); park
+        again when caught up, or leave the rest to a task (behind, an error, a read to await)."""
+        self._unwatch = None
+        if self._stopped:
+            return
+        try:
+            msgs = self.processor.tail_now(self.ctx, self.topic, self.positions, TAIL_BATCH, group=self.group)
+        except ProcessorError:
+            msgs = None  # (the task meets it again and handles it)
+        if msgs is None:
+            self._start_task()
+            return
+        self._deliver(msgs)
+        if len(msgs) >= TAIL_BATCH or not self._park():
+            self._start_task()
+
+    def _deliver(self, msgs: list[Message]) -> None:
+        positions = self.positions
+        dispatch = self.dispatch
+        for m in msgs:
+            positions[m.queue_id] = m.queue_offset + 1
+            try:
+                dispatch(m)
+            except Exception:  # noqa: BLE001
+                log.exception("mqtt dispatch of %s failed", m.message_id)
 
     async def _run(self) -> None:
         p = self.processor
@@ -129,9 +170,16 @@ class TopicLoop:
         positions = self.positions
         backoff = 0.1
         batch = TAIL_BATCH
+        watches = True
         while True:
             try:
-                msgs = await p.tail(ctx, self.topic, positions, batch, 20_000, group=group)
+                msgs = await p.tail(ctx, self.topic, positions, batch, 0 if watches else 20_000, group=group)
+                if not msgs and watches:  # (no await since the read: nothing appended unseen)
+                    if self._park():
+                        self.task = None
+                        return
+                    watches = False
+                    continue
                 backoff = 0.1
                 # behind (a full batch): read more at a time, so a store a round trip away
                 # (CLUSTER mode, --workers) costs fewer round trips; caught up: back to the start
@@ -154,6 +202,10 @@ class TopicLoop:
                     log.exception("mqtt dispatch of %s failed", m.message_id)
 
     async def stop(self) -> None:
+        self._stopped = True
+        unwatch, self._unwatch = self._unwatch, None
+        if unwatch is not None:
+            unwatch()
         await cancel_and_wait(self.task, errors=True)
 
 

@@ -12,6 +12,7 @@ one first (reading from the topic's start), so the subscription sees the new top
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from messaging_processor import ClientContext, ErrorKind, Message, MessagingProcessor, ProcessorError
@@ -89,6 +90,29 @@ class Publisher:
             log.exception("mqtt %s: publish to %s failed", ctx.client_id, topic)
             return ReasonCode.UNSPECIFIED_ERROR
         return 0
+
+    def publish_nowait(self, ctx: ClientContext, msg: Message, on_done: Callable[[int], None]) -> bool:
+        """`publish` of a non-retained message without a task when nothing but the store has to be
+        awaited (MessagingProcessor.send_nowait); `on_done(reason code)` once stored. False: use
+        `publish` (nothing done)."""
+        path = msg.properties[P_TOPIC]
+        if len(path) > self._short_topic or path.count("/") > self._max_slashes or path.endswith(_SHADOW_OPS):
+            return False
+        fanout = self.fanout
+        if fanout.wild_refs and msg.topic not in fanout.loops:
+            return False
+
+        def done(e: ProcessorError | None) -> None:
+            if e is None:
+                on_done(0)
+                return
+            if e.kind is ErrorKind.FORBIDDEN:
+                log.debug("mqtt %s: publish to %s refused: %s", ctx.client_id, msg.topic, e)
+            else:
+                log.info("mqtt %s: publish to %s refused: %s", ctx.client_id, msg.topic, e)
+            on_done(_ERROR_REASON.get(e.kind, ReasonCode.UNSPECIFIED_ERROR))
+
+        return self.processor.send_nowait(ctx, msg, done)
 
     async def _shadow_request(self, ctx: ClientContext, msg: Message, path: str) -> int | None:
         """Serve a shadow request; its reason code, or None when `path` is no shadow request."""

@@ -18,6 +18,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from messaging_processor import (
@@ -26,6 +27,7 @@ from messaging_processor import (
 from runtime.deadlines import wheel_of
 from runtime.events import LazyEvent
 
+from . import acks
 from .codec import (
     MQTT_5,
     PINGRESP,
@@ -44,7 +46,6 @@ from .codec import (
     Subscribe,
     Unsubscribe,
     encode_disconnect,
-    encode_puback,
     encode_pubcomp,
     encode_publish,
     encode_pubrec,
@@ -353,11 +354,31 @@ class Session:
         msg = to_message(p.topic, p.payload, qos, p.retain, p.properties if self.version == MQTT_5 else None)
         if self.nl_count:
             msg.properties[P_CLIENT] = self.client_id
+        if qos == 1 and not p.retain:
+            r = _Reply()
+            if not self._replies:
+                self._replies = deque()
+            q = self._replies
+            q.append(r)  # type: ignore[union-attr]  # (first: the answer may come at once)
+            if self.broker.publisher.publish_nowait(self.ctx, msg, partial(self._puback, r, pid)):
+                return
+            q.pop()  # type: ignore[union-attr]
+            if not q:
+                self._replies = ()
         send = self.broker.publisher.publish(self.ctx, msg, p.retain)
         if qos == 0:
             self._spawn(send)
         else:
-            self._reply_later(self._ack(send, qos, pid))
+            self._reply_later(acks.answer(self, send, qos, pid, qos2_mark))
+
+    def _puback(self, r: _Reply, pid: int, rc: int) -> None:
+        """The answer to a QoS 1 PUBLISH stored without a task (Publisher.publish_nowait)."""
+        r.data = acks.puback(self.version, pid, rc)
+        r.done = True
+        if r.data is None:
+            self.close(ReasonCode.UNSPECIFIED_ERROR)
+            return
+        self._flush()
 
     def _publish_batch(self, pkts: list[Publish]) -> None:
         """Store consecutive non-retained QoS 0/1 PUBLISHes with one processor send (they share one
@@ -387,40 +408,9 @@ class Session:
             self._spawn(send)
 
     async def _ack_many(
-        self, send: Awaitable[list[int]], acks: list[tuple[int, int]]
+        self, send: Awaitable[list[int]], pids: list[tuple[int, int]]
     ) -> tuple[bytes | None, None]:
-        rcs = await send
-        v = self.version
-        if not any(rcs):  # all stored (the common case): plain PUBACKs
-            return b"".join([encode_puback(pid) for _, pid in acks]), None
-        out = []
-        for i, pid in acks:
-            rc = rcs[i]
-            if rc >= 0x80 and v != MQTT_5:
-                if rc != ReasonCode.NOT_AUTHORIZED:
-                    return None, None  # 3.1.1 has no negative PUBACK: close the connection
-                rc = 0  # denied by the ACL: acknowledged and dropped, as Mosquitto does
-            out.append(encode_puback(pid, rc, v))
-        return b"".join(out), None
-
-    async def _ack(self, send: Awaitable[int], qos: int, pid: int) -> tuple[bytes | None, None]:
-        rc = await send
-        v = self.version
-        if rc >= 0x80:
-            if v != MQTT_5 and rc == ReasonCode.NOT_AUTHORIZED:
-                # denied by the ACL: 3.1.1 has no negative PUBACK/PUBREC, so the message is
-                # acknowledged and dropped (as Mosquitto does); a QoS 2 one then completes normally
-                return (encode_puback(pid) if qos == 1 else encode_pubrec(pid, 0, v)), None
-            if qos == 2 and pid in self.awaiting_rel:
-                self.awaiting_rel.discard(pid)  # type: ignore[union-attr]
-            if v != MQTT_5:
-                return None, None  # 3.1.1 has no negative PUBACK: close the connection
-        if qos == 1:
-            return encode_puback(pid, rc, v), None
-        st = self.pstate
-        if rc < 0x80 and st is not None:  # the packet id must outlive a restart of this process
-            await qos2_mark(self.broker.processor, st, "i", pid, True)
-        return encode_pubrec(pid, rc, v), None
+        return acks.pubacks(self.version, await send, pids), None
 
     def _on_pubrel(self, pid: int) -> None:
         known = pid in self.awaiting_rel
