@@ -28,6 +28,7 @@ COPY remoting/ remoting/
 COPY runtime/ runtime/
 COPY store/ store/
 COPY analytics/ analytics/
+COPY bridge/ bridge/
 RUN uv sync --locked --no-dev
 
 RUN useradd --system --uid 10001 --home-dir /app gateway && mkdir -p /data && chown gateway /data
