@@ -164,11 +164,36 @@ class OffsetDeliveryLoop:
         return self
 
     def _wake(self) -> None:
-        """The parked loop's watch fired: read again."""
+        """The parked loop's watch fired: read and hand out now, in this callback (run to
+        completion: an idle device's lonely message costs no task), and park again when caught up;
+        a task goes on when the read must be awaited, the bound or the gate is shut, or it is behind."""
         self._unwatch = None
-        if not self._stalled:
+        if self._stalled or self._stopped:
+            return
+        bound = self.bound
+        gate = self.gate
+        room = bound.ask() if bound.room.is_set() and (gate is None or gate.is_set()) else 0
+        msgs = None
+        if room:
+            try:
+                msgs = self.processor.tail_now(self.ctx, self.topic, self.positions, room, group=self.group)
+            except ProcessorError:
+                msgs = None  # (the task meets it again and handles it)
+        if msgs is None:
             self._task = None
             self.start()
+            return
+        bound.read([len(m.body) for m in msgs])
+        self._take(msgs)
+        if self._stalled:
+            return
+        if len(msgs) < room:  # all there was (no await since the read): park again
+            unwatch = self.processor.watch(self.topic, self._wake)
+            if unwatch is not None:
+                self._unwatch = unwatch
+                return
+        self._task = None
+        self.start()
 
     async def stop(self, drain_timeout: float = 5.0) -> None:
         """Stop reading; wait up to `drain_timeout` s for running callbacks, cancel the rest (their

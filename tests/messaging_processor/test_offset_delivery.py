@@ -214,9 +214,18 @@ async def test_a_caught_up_loop_parks_without_a_task_and_wakes_on_a_send(proc) -
     await until(lambda: got == [b"a"] and lp._task is None)
     assert lp.running  # parked, not ended
     assert not [t for t in asyncio.all_tasks() if "offset delivery" in t.get_name()]
-    await p.send(CTX, [Message("t", b"b")])
-    await until(lambda: got == [b"a", b"b"])  # long before the 60 s long poll would have ended
-    await until(lambda: lp._task is None)
+    loop = asyncio.get_running_loop()
+    made: list[str] = []
+    loop.set_task_factory(
+        lambda lo, coro, **kw: made.append(coro.__qualname__) or asyncio.Task(coro, loop=lo, **kw)
+    )
+    try:
+        await p.send(CTX, [Message("t", b"b")])
+        await until(lambda: got == [b"a", b"b"])  # long before the 60 s long poll would have ended
+    finally:
+        loop.set_task_factory(None)
+    assert not [n for n in made if "OffsetDeliveryLoop" in n]  # read and handed out in the watch's callback
+    assert lp._task is None and lp.running
     await lp.stop()
     assert not lp.running and "t" not in store._waiters
     await p.send(CTX, [Message("t", b"c")])

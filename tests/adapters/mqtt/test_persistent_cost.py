@@ -90,6 +90,14 @@ def _instrument(env: Env, cost: Cost) -> None:
         return msgs
 
     p.tail = counted_tail  # type: ignore[method-assign]
+    tail_now = p.tail_now
+
+    def counted_tail_now(ctx, topic, positions, max_messages, *, group):  # (a reader woken by its watch)
+        msgs = tail_now(ctx, topic, positions, max_messages, group=group)
+        charge(group, msgs or [])
+        return msgs
+
+    p.tail_now = counted_tail_now  # type: ignore[method-assign]
 
     pop = p.pop
 
