@@ -15,6 +15,7 @@ import signal
 import aiomqtt
 import httpx
 import pytest
+from aiomqtt.exceptions import MqttConnectError
 
 from cluster.nodes import NodeClient
 from conformance.gateway_proc import GatewayProc as Proc
@@ -126,11 +127,24 @@ async def test_users_sessions_and_consumer_progress_survive_a_failover(tmp_path)
             async with mqtt(listeners, "dev1", "wrong", identifier="dev-1"):
                 pass
         later: list[bytes] = []
-        async with mqtt(listeners, "admin", ADMIN_PW, **sub_opts) as sub:
-            with pytest.raises(TimeoutError):
-                async with asyncio.timeout(3):  # every message that was waiting, and nothing else
-                    async for m in sub.messages:
-                        later.append(m.payload)
+
+        async def resumes() -> bool:
+            """The session's reconnect: a resume writes its record, which the new primary may
+            refuse until the dead node has left its SyncStateSet (CONNACK 0x88 Server unavailable,
+            which a device retries, as here); a CONNACK it accepts must bring the waiting messages."""
+            try:
+                async with mqtt(listeners, "admin", ADMIN_PW, **sub_opts) as sub:
+                    with pytest.raises(TimeoutError):
+                        async with asyncio.timeout(3):  # every message that was waiting, and nothing else
+                            async for m in sub.messages:
+                                later.append(m.payload)
+                return True
+            except MqttConnectError as e:
+                if e.rc != 136:
+                    raise
+                return False
+
+        await until(resumes, 20, "the persistent session resumed after the failover")
         assert sorted(later) == sorted(f"later-{i}".encode() for i in range(10)), later
     finally:
         c.close()

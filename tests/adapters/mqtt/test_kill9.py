@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from pathlib import Path
 
 import aiomqtt
 
@@ -18,6 +19,11 @@ from tests.adapters.mqtt.support import V3, next_message, qos1_flood
 from tests.gateway.support import start
 
 EXTRA = ("--protocols", "mqtt,http", "--mqtt-port", "0")
+
+
+def ops_log_bytes(tmp_path: Path) -> int:
+    """Bytes of the store's consumer operations logs (store/consumer.py: offset commits, pops, acks)."""
+    return sum(p.stat().st_size for p in (tmp_path / "data" / "consumers").glob("ops.*.log"))
 
 
 def client(addr: str, ident: str, **kw) -> aiomqtt.Client:
@@ -107,6 +113,12 @@ async def test_a_connected_persistent_session_loses_nothing_across_kill_9(tmp_pa
 
         tasks = [asyncio.ensure_future(qos1_flood(pub, "k9live", acked)), asyncio.ensure_future(keep())]
         while len(acked) < 600 or len(before) < 400:
+            await asyncio.sleep(0.01)
+        # the kill comes once a progress commit made after those deliveries is on disk (the store's
+        # operations log grew: the session reads by offset, so only its commits write there); a
+        # publish faster than the commit interval would otherwise have nothing committed to keep
+        logged = ops_log_bytes(tmp_path)
+        while ops_log_bytes(tmp_path) <= logged:
             await asyncio.sleep(0.01)
         await kill9(proc, tasks, (pub, keeper))
     finally:
