@@ -37,6 +37,11 @@ Phases (`--phases`, all by default), in this order, on one server each group:
   (`telemetry_held_back`: the server did not keep up); then at most `--drain-max` (30) s for the
   rest: every message delivered once and acked (`_drained`, `_undelivered`, `_duplicates`,
   `_unacked`).
+- `devices` (last of its group): the everyday IoT load, `--devices` (10,000) of the connected
+  devices each publish one QoS 1 message a second (`--device-rate`) to `dev/<i>/telemetry`, in
+  turn, so that every message travels alone on its connection; one `dev/+/telemetry` subscriber;
+  figures as in `telemetry` (`devices_cpu_us_per_msg`, `_acks_per_s`, `_p50_ms`, `_p99_ms`, ...),
+  and `devices_cpu_ratio_vs_mosquitto` (gateway / Mosquitto CPU per message, same run).
 - `persistent` (a fresh server): `--sessions` (1,000) connected devices with persistent sessions,
   each subscribed to `dev/<i>/cmd` (`persistent_session_rss_kib`), while
   `--persistent-publishers` (100) other devices publish telemetry at `--persistent-rate` (500)
@@ -73,8 +78,8 @@ from mqtt_servers import start_mosquitto
 from scale_amqp import amqp_queues
 from scale_phases import Run
 
-PHASES = ("idle", "commands", "telemetry", "retained", "reconnect", "persistent", "amqp_queues")
-FLEET_PHASES = ("idle", "commands", "telemetry", "reconnect")
+PHASES = ("idle", "commands", "telemetry", "retained", "reconnect", "devices", "persistent", "amqp_queues")
+FLEET_PHASES = ("idle", "commands", "telemetry", "reconnect", "devices")
 KEYS = (
     "idle_conn_rss_kib",
     "connects_per_s",
@@ -84,6 +89,9 @@ KEYS = (
     "telemetry_cpu_us_per_msg",
     "telemetry_acks_per_s",
     "telemetry_p99_ms",
+    "devices_cpu_us_per_msg",
+    "devices_acks_per_s",
+    "devices_p99_ms",
     "retained_replay_s",
     "persistent_cpu_us_per_msg",
     "persistent_acks_per_s",
@@ -144,9 +152,12 @@ async def fleet_group(server: Server, args: argparse.Namespace) -> dict[str, Any
             out.update(await run.retained())
         if "reconnect" in args.phase_list:
             out.update(await run.reconnect())
-        if "telemetry" in args.phase_list:  # last: a server that fell behind disturbs no other phase
+        if "telemetry" in args.phase_list:  # late: a server that fell behind disturbs no other phase
             pubs = run.fleet[: min(args.telemetry_devices, len(run.fleet))]
             out.update(await run.telemetry("telemetry", pubs, args.telemetry_rate))
+        if "devices" in args.phase_list:  # every device once a second: each message alone
+            pubs = run.fleet[: min(args.devices, len(run.fleet))]
+            out.update(await run.telemetry("devices", pubs, len(pubs) * args.device_rate))
         run.check()
     finally:
         await run.close()
@@ -205,6 +216,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--command-rate", type=float, default=500.0)
     ap.add_argument("--telemetry-devices", type=int, default=1000)
     ap.add_argument("--telemetry-rate", type=float, default=5000.0)
+    ap.add_argument("--devices", type=int, default=10_000, help="devices of phase devices (10,000)")
+    ap.add_argument("--device-rate", type=float, default=1.0, help="phase devices: msg/s of each device (1)")
     ap.add_argument("--retained", type=int, default=10_000)
     ap.add_argument(
         "--retained-max-s",
@@ -291,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     for k in KEYS:
         a, b = g.get(k), m.get(k)
         report[f"{k}_ratio"] = round(a / b, 3) if a is not None and b else None
+    report["devices_cpu_ratio_vs_mosquitto"] = report["devices_cpu_us_per_msg_ratio"]  # (issue 49's name)
     with open("/proc/loadavg") as f:
         load = f.read().split()[:3]
     report["config"] = {

@@ -28,7 +28,7 @@ MQTT_KEYS = (
     "persistent_p99_ms",
 )
 AMQP_KEYS = ("amqp_declare_first_s_per_1k", "amqp_declare_last_s_per_1k", "amqp_restart_s")
-PHASES = ("idle", "commands", "telemetry", "retained", "reconnect", "persistent")
+PHASES = ("idle", "commands", "telemetry", "retained", "reconnect", "devices", "persistent")
 
 
 @pytest.mark.skipif(shutil.which("mosquitto") is None, reason="Mosquitto is not installed")
@@ -46,7 +46,8 @@ def test_scale_bench_quick_json() -> None:
         for phase in ("commands", "resumed_commands"):
             assert d[f"{phase}_delivered"] == d[f"{phase}_sent"] > 0, (name, phase, d)
             assert d[f"{phase}_duplicates"] == d[f"{phase}_misrouted"] == 0, (name, phase)
-        for phase in ("telemetry", "persistent"):
+        assert d["devices_publishers"] == 300 and d["devices_rate"] == 300.0, d  # one msg/s each
+        for phase in ("telemetry", "devices", "persistent"):
             assert d[f"{phase}_sent"] > 0, (name, phase)
             assert d[f"{phase}_drained"] is True, (name, phase, d)
             assert d[f"{phase}_undelivered"] == d[f"{phase}_duplicates"] == d[f"{phase}_unacked"] == 0, d
@@ -56,4 +57,5 @@ def test_scale_bench_quick_json() -> None:
     g = res["gateway"]
     assert g["amqp_queues"] == 200 and g["amqp_queues_found_after_restart"] == 20, g
     assert positive(res["idle_conn_rss_kib_ratio"]) and res["amqp_restart_s_ratio"] is None
+    assert positive(res["devices_cpu_ratio_vs_mosquitto"]), res
     assert "Future exception was never retrieved" not in err
