@@ -407,16 +407,26 @@ def rss_bytes(pid: int) -> int:
     raise ServerError(f"no VmRSS for pid {pid}")
 
 
-def wait_idle(pid: int, max_wait: float = 10.0, interval: float = 0.1, max_ticks: int = 1) -> float:
-    """Wait until the process used at most `max_ticks` clock ticks in one `interval`; return the
-    seconds from the call to the start of that idle interval (capped at `max_wait`)."""
+def wait_idle(
+    pid: int, max_wait: float = 10.0, interval: float = 0.1, max_ticks: int = 1, quiet: float = 0.0
+) -> float:
+    """Wait until the process used at most `max_ticks` clock ticks in one `interval` (with `quiet`,
+    in every interval of `quiet` seconds in a row: past the periodic housekeeping a server does
+    after a burst, such as a garbage collection); return the seconds from the call to the start of
+    that idle stretch (capped at `max_wait`)."""
     start = time.monotonic()
     prev_t, prev_c = start, cpu_s(pid)
+    idle_since: float | None = None
     while True:
         time.sleep(interval)
         t, c = time.monotonic(), cpu_s(pid)
         if (c - prev_c) * CLK_TCK <= max_ticks + 1e-9:
-            return prev_t - start
+            if idle_since is None:
+                idle_since = prev_t
+            if t - idle_since >= quiet:
+                return idle_since - start
+        else:
+            idle_since = None
         if t - start >= max_wait:
             return t - start
         prev_t, prev_c = t, c

@@ -60,19 +60,20 @@ async def test_the_periodic_collection_frees_cyclic_garbage(tuned_gc: None) -> N
     del keep
 
 
-async def test_a_tick_collects_only_past_700_new_objects(tuned_gc: None) -> None:
-    """An idle process is not scanned every period: a tick collects only when more than CPython's
-    default threshold of objects are new."""
+async def test_a_tick_collects_when_objects_are_new(tuned_gc: None) -> None:
+    """An idle process with nothing new is not scanned; a tick collects as soon as anything is new
+    (cheap: only the young generation is small then), so that a burst's objects never wait for the
+    first traffic after it to be scanned."""
     collector = Collector(period=3600)
     collector.start()
     try:
         gc.collect()  # the young generation's count starts at zero
         collector._tick()
         assert collector.collections == 0
-        keep = [[] for _ in range(1000)]
+        keep = [[] for _ in range(10)]
         collector._tick()
         assert collector.collections == 1
-        assert gc.get_count()[0] < 700  # the collection reset the young generation
+        assert gc.get_count()[0] < 10  # the collection reset the young generation
         del keep
     finally:
         collector.stop()
@@ -91,6 +92,25 @@ async def test_take_over_freezes_and_starts_the_periodic_collection(tuned_gc: No
         keep = [[] for _ in range(1000)]
         collector._tick()  # the tick it armed, without waiting its 1 s period
         await asyncio.wait_for(done.wait(), 5)
+        del keep
+    finally:
+        collector.stop()
+
+
+async def test_a_tick_after_a_storm_collects_what_it_left_in_the_middle_generation(tuned_gc: None) -> None:
+    """A connect storm's objects survive young collections into the middle generation; an idle
+    process then has few new objects, but the next tick still collects (and promotes) them, so the
+    first messages after the storm do not wait for that scan (issue 48: commands p99 7 ms at 4,000
+    persistent sessions, 1-2 ms with this)."""
+    collector = Collector(period=3600)
+    collector.start()
+    try:
+        gc.collect()
+        keep = [[] for _ in range(1000)]
+        gc.collect(0)  # what an automatic young collection during the storm does
+        assert gc.get_count()[1] >= 1 and gc.get_count()[0] < 700
+        collector._tick()
+        assert collector.collections == 1 and gc.get_count()[1] == 0  # the middle generation is empty
         del keep
     finally:
         collector.stop()
