@@ -391,29 +391,9 @@ class Gateway:
     def _make_adapter(self, name: str) -> Adapter:
         s = self.settings
         if name == "http":
-            from adapters.cloudevents import CloudEvents
-            from gateway.http import HttpAdapter, create_app
-            from gateway.http.metrics import MetricsOptions
+            from gateway.http.wiring import http_adapter
 
-            ce = CloudEvents(
-                self.processor, dedup_window_s=s.cloudevents_dedup_window_s, limiter=self.limiter
-            )
-            app = create_app(self.processor, [*ce.routers(), *self.extra_routers], listeners=self.listeners)
-            app.state.limiter = self.limiter  # /metrics: gateway_limit_refusals_total
-            app.state.os_limits = self.os_limits  # /metrics: gateway_fd_limit, gateway_accept_errors_total
-            app.state.metrics_options = MetricsOptions(s.metrics_per_object, s.metrics_max_objects)
-            app.state.bridges = lambda: self.bridges  # /metrics: gateway_bridge_* (docs/bridges.md)
-            http = HttpAdapter(
-                app,
-                s.host,
-                s.http_port,
-                access_log=s.log_level == "debug",
-                ssl=self._tls_context(),
-                tls_port=s.https_port,
-                limiter=self.limiter,
-                reuse_port=self.worker is not None,
-            )
-            return ce.serve(http)
+            return http_adapter(self)
         if name == "grpc":
             try:
                 from adapters.grpc import GrpcAdapter
