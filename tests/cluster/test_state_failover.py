@@ -144,7 +144,12 @@ async def test_users_sessions_and_consumer_progress_survive_a_failover(tmp_path)
                     raise
                 return False
 
-        await until(resumes, 20, "the persistent session resumed after the failover")
+        try:
+            # (45 s: one clean-clone run saw more than 20 s of 0x88 here, not seen again in 11 runs
+            # on this machine; on failure the proxy's output says why, issue 51's note)
+            await until(resumes, 45, "the persistent session resumed after the failover")
+        except AssertionError as e:  # (what the proxy said meanwhile, for the reader of the failure)
+            raise AssertionError(f"{e}\nproxy output:\n{c.proxies[0][0].output(80)}") from None
         assert sorted(later) == sorted(f"later-{i}".encode() for i in range(10)), later
     finally:
         c.close()
