@@ -20,14 +20,14 @@
 from __future__ import annotations
 
 import contextlib
-import glob
 import os
 import signal
-import socket
 import time
 from pathlib import Path
 
 from common import Server, ServerError, cpu_s, descendants, free_port, spawn, wait_ready
+
+from conformance.rabbitmq_procs import amqp_ready, comm, epmd_pids, rabbitmq_script
 
 
 class AmqpServer(Server):
@@ -50,39 +50,6 @@ class AmqpServer(Server):
             if p:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(p, signal.SIGKILL)
-
-
-def amqp_ready(port: int) -> bool:
-    """The port answers a protocol header with connection.start."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-            s.sendall(b"AMQP\x00\x00\x09\x01")
-            data = s.recv(64)
-            return len(data) >= 11 and data[0] == 1 and data[7:11] == b"\x00\x0a\x00\x0a"
-    except OSError:
-        return False
-
-
-def rabbitmq_script() -> str | None:
-    found = sorted(glob.glob("/usr/lib/rabbitmq/lib/rabbitmq_server-*/sbin/rabbitmq-server"))
-    return found[-1] if found else None
-
-
-def _epmd_pids(epmd_port: int) -> list[int]:
-    out = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/comm") as f:
-                if f.read().strip() != "epmd":
-                    continue
-            with open(f"/proc/{d}/environ", "rb") as f:
-                if f"ERL_EPMD_PORT={epmd_port}".encode() in f.read().split(b"\0"):
-                    out.append(int(d))
-        except OSError:
-            continue
-    return out
 
 
 def start_rabbitmq(workdir: Path, cpu: int | None, timeout: float = 90.0) -> AmqpServer:
@@ -126,8 +93,8 @@ def start_rabbitmq(workdir: Path, cpu: int | None, timeout: float = 90.0) -> Amq
     try:
         wait_ready(server, ready, timeout)
     finally:
-        server.cleanup_pids = _epmd_pids(epmd_port)
-    beam = [p for p in [proc.pid, *descendants(proc.pid)] if _comm(p) == "beam.smp"]
+        server.cleanup_pids = epmd_pids(epmd_port)
+    beam = [p for p in [proc.pid, *descendants(proc.pid)] if comm(p) == "beam.smp"]
     if not beam:
         server.stop()
         raise ServerError("rabbitmq: no beam.smp process found")
@@ -135,14 +102,6 @@ def start_rabbitmq(workdir: Path, cpu: int | None, timeout: float = 90.0) -> Amq
     server.info["beam_pid"] = beam[0]
     server.info["epmd_pids"] = server.cleanup_pids
     return server
-
-
-def _comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
 
 
 def epmd_cpu_s(server: AmqpServer) -> float:

@@ -21,7 +21,6 @@ epmd."""
 from __future__ import annotations
 
 import contextlib
-import glob
 import itertools
 import os
 import random
@@ -30,6 +29,8 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+
+from conformance.rabbitmq_procs import amqp_ready, comm, epmd_pids, rabbitmq_script
 
 MOSQUITTO = "/usr/sbin/mosquitto"
 _seq = itertools.count()
@@ -158,45 +159,12 @@ class Mosquitto:
                 self.proc.wait()
 
 
-def rabbitmq_script() -> str | None:
-    found = sorted(glob.glob("/usr/lib/rabbitmq/lib/rabbitmq_server-*/sbin/rabbitmq-server"))
-    return found[-1] if found else None
-
-
-def _amqp_ready(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-            s.sendall(b"AMQP\x00\x00\x09\x01")
-            data = s.recv(64)
-            return len(data) >= 11 and data[0] == 1 and data[7:11] == b"\x00\x0a\x00\x0a"
-    except OSError:
-        return False
-
-
 def _children(pid: int) -> list[int]:
     out = []
     for d in os.listdir("/proc"):
         if d.isdigit():
             with contextlib.suppress(OSError, IndexError, ValueError), open(f"/proc/{d}/stat") as f:
                 if int(f.read().split(") ", 1)[1].split()[1]) == pid:
-                    out.append(int(d))
-    return out
-
-
-def _comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-def _epmd_pids(epmd_port: int) -> list[int]:
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit() and _comm(int(d)) == "epmd":
-            with contextlib.suppress(OSError), open(f"/proc/{d}/environ", "rb") as f:
-                if f"ERL_EPMD_PORT={epmd_port}".encode() in f.read().split(b"\0"):
                     out.append(int(d))
     return out
 
@@ -257,10 +225,10 @@ class RabbitMQ:
             self.proc = subprocess.Popen(
                 [self.script], stdout=log, stderr=log, env=self._env(), cwd=self.dir, start_new_session=True
             )
-        _wait(lambda: _amqp_ready(self.port), timeout, "rabbitmq", self.proc, self.log)
+        _wait(lambda: amqp_ready(self.port), timeout, "rabbitmq", self.proc, self.log)
         if self.tls_port:
             _wait(lambda: _connects(self.tls_port), timeout, "rabbitmq TLS", self.proc, self.log)
-        beams = [p for p in [self.proc.pid, *_children(self.proc.pid)] if _comm(p) == "beam.smp"]
+        beams = [p for p in [self.proc.pid, *_children(self.proc.pid)] if comm(p) == "beam.smp"]
         self.beam = beams[0] if beams else self.proc.pid
         return self
 
@@ -286,6 +254,6 @@ class RabbitMQ:
                 self.kill9()
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL) if self.proc else None
-        for pid in _epmd_pids(self.epmd_port):
+        for pid in epmd_pids(self.epmd_port):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
