@@ -32,7 +32,16 @@ from typing import Any
 
 from messaging_processor import ClientContext, ErrorKind, Filter, Message, MessagingProcessor, ProcessorError
 from messaging_processor.client_events import EVENTS_TOPIC
-from messaging_processor.properties import P_USER_PROPERTIES, path_hash, user_property_pairs
+from messaging_processor.properties import (
+    P_CONTENT_TYPE,
+    P_CORRELATION,
+    P_EXPIRY_AT,
+    P_PATH,
+    P_QOS,
+    P_USER_PROPERTIES,
+    path_hash,
+    user_property_pairs,
+)
 
 from .codec import BasicProperties, encode_properties
 from .mapping import P_EXCHANGE, P_RK, base_properties, headers_of, is_amqp, now_ms, parse_expiration, tag_for
@@ -41,11 +50,11 @@ from .routing import Exchange, VHost
 
 log = logging.getLogger("adapters.amqp")
 
-P_MQTT_TOPIC = "mqtt.topic"  # the MQTT adapter's property names (adapters/mqtt/mapping.py)
-P_MQTT_QOS = "mqtt.qos"
-P_MQTT_CONTENT_TYPE = "mqtt.content_type"
-P_MQTT_CORRELATION = "mqtt.correlation_data"
-P_MQTT_EXPIRY_AT = "mqtt.expiry_at"  # absolute epoch ms (MQTT 5 Message Expiry Interval)
+P_MQTT_TOPIC = P_PATH  # the MQTT-style property names (messaging_processor/properties.py)
+P_MQTT_QOS = P_QOS
+P_MQTT_CONTENT_TYPE = P_CONTENT_TYPE
+P_MQTT_CORRELATION = P_CORRELATION
+P_MQTT_EXPIRY_AT = P_EXPIRY_AT  # absolute epoch ms (MQTT 5 Message Expiry Interval)
 GROUP_PREFIX = "amqp|x|"
 EVENT_EXCHANGE = "amq.rabbitmq.event"  # RabbitMQ's event exchange: client events by routing key
 MAX_STORE_TOPIC = 127

@@ -28,14 +28,14 @@ from messaging_processor import (
     Resource,
 )
 from messaging_processor.client_events import ClientEvents
+from messaging_processor.ownership import OwnerLeases, this_process
 
 from .blocking import Blocking
 from .bridge import ExchangeBridge
 from .codec import AMQPError, ReplyCode
-from .owners import OwnerLeases, this_process
 from .queue_store import QueueStore
 from .queue_work import QueueWork
-from .records import Records
+from .records import LEASES_NS, Records
 from .registry import Registry
 from .routing import VHost
 
@@ -80,7 +80,7 @@ class Broker:
         self.work = QueueWork(
             processor, self.ctx, self.vhosts, self.queue_store.ready_count, self.blocking.block, self.spawn
         )
-        self.leases = OwnerLeases(processor, this_process())
+        self.leases = OwnerLeases(processor, this_process(), LEASES_NS)
         self.registry = Registry(
             self.vhosts,
             Records(processor),

@@ -12,32 +12,84 @@ import logging
 import os
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from messaging_processor import Action, ProcessorError, Resource
 
 from . import codec as c
 from . import events
 from .codec import AMQPError, ReplyCode, encode_method
-from .consumer import ACK, CLOSED, CLOSING, OPEN, REJECT, REQUEUE, Consumer, Unacked
-from .declaring import Declaring
+from .consumer import (
+    ACK,
+    CLOSED,
+    CLOSING,
+    OPEN,
+    REJECT,
+    REQUEUE,
+    Consumer,
+    ConsumerBroker,
+    ConsumerConnection,
+    Unacked,
+)
+from .declaring import ChannelDeclaringConnection, Declaring
 from .mapping import expires_at, now_ms, present, store_name
-from .publish import Publisher
+from .publish import PublishAcl, Publisher, PublishingConnection
 from .reply_to import REPLY_TO, DirectReplyTo
 from .streams import check_consume, refuse_get
 
 if TYPE_CHECKING:
-    from .broker import Broker
-    from .session import Connection
+    from messaging_processor.client_events import ClientEvents
+
+    from .lifetimes import QueueLifetimes
+    from .queue_store import QueueStore
+    from .queue_work import QueueWork
+    from .registry import DeclaringConnection, Registry
+    from .routing import VHost
 
 __all__ = ["CLOSED", "CLOSING", "OPEN", "Channel", "Consumer"]
 
 log = logging.getLogger("adapters.amqp")
 
 
+class ChannelBroker(ConsumerBroker, Protocol):
+    """What a channel and its consumers use of the broker (broker.py `Broker`), not imported."""
+
+    work: QueueWork
+    lifetimes: QueueLifetimes
+    queue_store: QueueStore
+    registry: Registry
+    reply_channels: dict[str, DirectReplyTo]  # direct reply-to tokens
+    max_body_size: int
+    consumer_timeout_ms: int
+    events: ClientEvents | None
+
+    async def authorize(
+        self,
+        conn: DeclaringConnection,
+        action: Action,
+        resource: Resource,
+        cls: int,
+        mid: int,
+        what: str = "",
+    ) -> None: ...
+
+
+class ChannelConnection(ConsumerConnection, PublishingConnection, ChannelDeclaringConnection, Protocol):
+    """What a channel and its parts use of its connection (session.py `Connection`), not imported."""
+
+    broker: ChannelBroker  # type: ignore[assignment]  (the declarations' view of it is narrower)
+    vhost_obj: VHost | None
+    publish_acl: PublishAcl | None
+    cancel_notify: bool  # the client takes basic.cancel from the server
+    messages_in: int
+
+    def fail(self, e: AMQPError) -> None: ...
+    def channel_closed(self, ch: Channel) -> None: ...
+
+
 class Channel:
-    def __init__(self, conn: Connection, number: int) -> None:
-        b: Broker = conn.broker
+    def __init__(self, conn: ChannelConnection, number: int) -> None:
+        b = conn.broker
         vh = conn.vhost_obj
         assert vh is not None  # channels are opened on open connections
         self.conn = conn
@@ -56,17 +108,10 @@ class Channel:
         self.global_prefetch = 0
         self.room = asyncio.Event()
         self.replies = DirectReplyTo(b.reply_channels, self._deliver_reply)
+        acl = conn.publish_acl.allows if conn.publish_acl is not None else None
+        ready = b.queue_store.ready_count
         self.publisher = Publisher(
-            conn,
-            number,
-            vh,
-            b.work,
-            b.queue_store.ready_count,
-            self.replies,
-            b.max_body_size,
-            self.fail,
-            conn.publish_acl.allows if conn.publish_acl is not None else None,
-            b.registry,
+            conn, number, vh, b.work, ready, self.replies, b.max_body_size, self.fail, acl, b.registry
         )
         self.declaring = Declaring(conn, vh, b.registry, b.queue_store, self.reply, self.publisher.wait_sends)
         self._publish = self.publisher.publish

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
 from time import time_ns
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from messaging_processor import Action, Delivery, DeliveryLoop, Outcome, ProcessorError, Resource
 
@@ -17,7 +18,9 @@ from .mapping import P_EXPIRES, present
 from .streams import with_offset
 
 if TYPE_CHECKING:
-    from .channel import Channel
+    from messaging_processor import ClientContext, Message, MessagingProcessor
+    from runtime.events import LazyEvent
+
     from .queues import Queue
     from .streams import StreamCursor
 
@@ -44,6 +47,54 @@ class Unacked:
         self.attempt = d.delivery_attempt
 
 
+class ConsumerBroker(Protocol):
+    """What a consumer uses of the broker (broker.py `Broker`)."""
+
+    processor: MessagingProcessor
+    invisible_time_ms: int
+    long_poll_ms: int
+    secured: bool
+
+
+class ConsumerConnection(Protocol):
+    """What a consumer uses of its connection (session.py `Connection`)."""
+
+    ctx: ClientContext
+    pop_ctx: ClientContext
+    frame_max: int
+    max_outbound_bytes: int
+    messages_out: int
+    writable: LazyEvent
+
+    def write(self, data: bytes) -> None: ...
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task: ...
+
+
+class ConsumerWork(Protocol):
+    """What a consumer uses of the broker's work on messages (queue_work.py `QueueWork`)."""
+
+    async def settle(self, ctx: ClientContext, rec: Unacked, action: int) -> None: ...
+    async def requeue(self, ctx: ClientContext, q: Queue, handle: str) -> None: ...
+    async def dead_letter(self, q: Queue, m: Message, reason: str) -> None: ...
+
+
+class ConsumerChannel(Protocol):
+    """What a consumer uses of its channel (channel.py `Channel`): handed in, so that this module
+    does not import the channel's."""
+
+    broker: ConsumerBroker
+    conn: ConsumerConnection
+    work: ConsumerWork
+    number: int
+    state: int
+    delivery_tag: int
+    global_prefetch: int
+    unacked: dict[int, Unacked]
+    room: asyncio.Event
+
+    def server_cancel(self, cons: Consumer) -> None: ...
+
+
 class Consumer:
     __slots__ = (
         "tag",
@@ -63,7 +114,7 @@ class Consumer:
 
     def __init__(
         self,
-        channel: Channel,
+        channel: ConsumerChannel,
         tag: str,
         queue: Queue,
         no_ack: bool,

@@ -4,7 +4,7 @@ broker's registry, and the channel's last declared queue (what the empty queue n
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from messaging_processor import Action, Resource
 
@@ -13,12 +13,23 @@ from .codec import AMQPError, ReplyCode
 from .mapping import store_name
 from .queue_store import QueueStore
 from .queues import Queue
-from .registry import Registry
+from .registry import DeclaringConnection, Registry
 from .routing import VHost
 from .streams import attach, check_declare, declares_stream
 
-if TYPE_CHECKING:
-    from .session import Connection
+
+class _Secured(Protocol):
+    secured: bool  # authentication and the ACL are on (broker.py `Broker`)
+
+
+class ChannelDeclaringConnection(DeclaringConnection, Protocol):
+    """What a channel's declarations use of its connection (session.py `Connection`)."""
+
+    @property
+    def broker(self) -> _Secured: ...
+
+    @property
+    def ended(self) -> bool: ...
 
 
 class Declaring:
@@ -26,7 +37,7 @@ class Declaring:
 
     def __init__(
         self,
-        conn: Connection,
+        conn: ChannelDeclaringConnection,
         vhost: VHost,
         registry: Registry,
         queue_store: QueueStore,

@@ -11,16 +11,36 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..limits import Limiter, ReadThrottle
 
 if TYPE_CHECKING:
-    from .session import Connection
+    from messaging_processor import ClientContext
 
 log = logging.getLogger("adapters.amqp")
 PROTOCOL = "amqp"
 BLOCKED_REASON = "publish rate limit"
+
+
+class _Blocking(Protocol):
+    reason: str | None  # why the store refuses writes now (blocking.py `Blocking`), or None
+
+
+class _Broker(Protocol):
+    blocking: _Blocking
+
+
+class LimitedConnection(Protocol):
+    """What the limits use of a connection (session.py `Connection`)."""
+
+    ctx: ClientContext
+    throttle: ReadThrottle | None
+
+    @property
+    def broker(self) -> _Broker: ...
+
+    def set_blocked(self, reason: str | None) -> None: ...
 
 
 class ConnectionLimits:
@@ -47,7 +67,7 @@ class ConnectionLimits:
             return None
         return f"connection refused: {self.refusal.replace('_', ' ')} reached"
 
-    def login(self, conn: Connection) -> str | None:
+    def login(self, conn: LimitedConnection) -> str | None:
         """After authentication: why the user is refused (None: counted, and the connection gets its
         publish throttle when publish rates are on)."""
         user = conn.ctx.identity.username
@@ -72,7 +92,7 @@ class ConnectionLimits:
             conn.throttle = ReadThrottle(meter, self.limiter, PROTOCOL, pause, resume)
         return None
 
-    def closed(self, conn: Connection) -> None:
+    def closed(self, conn: LimitedConnection) -> None:
         """The connection is gone (idempotent)."""
         if self.counted:
             self.counted = False

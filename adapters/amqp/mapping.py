@@ -32,6 +32,7 @@ import time
 from typing import Any
 
 from messaging_processor import Message
+from messaging_processor.properties import P_CONTENT_TYPE, P_PATH
 from messaging_processor.trace_context import TRACEPARENT
 
 from .codec import BasicProperties, Timestamp, decode_properties, encode_properties
@@ -134,11 +135,11 @@ def present(m: Message) -> tuple[str, str, bytes]:
             m.tag if rk is None else rk,
             raw.encode("latin-1") if raw else EMPTY_PROPS,
         )
-    path = p.get("mqtt.topic")
+    path = p.get(P_PATH)
     rk = path.replace("/", ".") if path else (m.tag or m.topic)
     headers: dict[str, Any] = {k: v for k, v in p.items() if not k.startswith("__")}
     props = BasicProperties(
-        content_type=p.get("mqtt.content_type") or p.get("ce_datacontenttype"),
+        content_type=p.get(P_CONTENT_TYPE) or p.get("ce_datacontenttype"),
         headers=headers or None,
         delivery_mode=2,
         message_id=m.message_id or None,

@@ -20,6 +20,7 @@ from messaging_processor import (
     ProcessorError,
     Resource,
 )
+from messaging_processor.properties import P_PATH
 
 from . import codec as c
 from .codec import AMQPError, ReplyCode, encode_basic_ack, encode_basic_nack, encode_properties
@@ -276,7 +277,7 @@ class Publisher:
                             if self.may_publish is not None:
                                 self._check_stored(bm, ex.name)
                             bridged.append(bm)
-                        elif self.may_bridge is None or self.may_bridge(bm.properties["mqtt.topic"]):
+                        elif self.may_bridge is None or self.may_bridge(bm.properties[P_PATH]):
                             bridged.append(bm)
                 if self.confirm:
                     self.pub_seq += 1
@@ -354,7 +355,7 @@ class Publisher:
 
     def _check_stored(self, m: Message, exchange: str) -> None:
         """403 unless the user may publish to the path of `m`, a publish to a store topic's exchange."""
-        path = m.properties.get("mqtt.topic") or (f"{m.topic}/{m.tag}" if m.tag else m.topic)
+        path = m.properties.get(P_PATH) or (f"{m.topic}/{m.tag}" if m.tag else m.topic)
         allows = self.may_publish
         assert allows is not None
         if not allows(path):

@@ -4,16 +4,54 @@ consumers) and the validation / equivalence rules of queue.declare, as RabbitMQ 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .codec import AMQPError, ReplyCode
 
 if TYPE_CHECKING:
-    from messaging_processor import LocalFeed
+    from messaging_processor import ClientContext, ProcessorError
 
-    from .consumer import Consumer
-    from .routing import Binding
-    from .streams import StreamFeeds
+
+# What a queue holds of the parts above it, typed here so that the queue (every part's common
+# ground) imports none of them.
+class ServerCancel(Protocol):
+    """A consumer's channel, as far as its queue's holders use it (channel.py `Channel`)."""
+
+    def server_cancel(self, consumer: Any) -> None: ...
+
+
+class QueueConsumer(Protocol):
+    """One of a queue's local consumers (consumer.py `Consumer`)."""
+
+    tag: str
+    exclusive: bool
+
+    @property
+    def channel(self) -> ServerCancel: ...
+
+    def start(self) -> None: ...
+
+
+class QueueBinding(Protocol):
+    """A binding to a queue, as the queue keeps it (routing.py `Binding`)."""
+
+    routing_key: str
+    key: str
+
+
+class QueueFeed(Protocol):
+    """What holds a queue's deliveries in this process instead of its group in the store: an
+    exclusive queue's `LocalFeed` (messaging_processor) or a stream's `StreamFeeds` (streams.py).
+    It also pops and settles like the processor (the DeliveryLoop's source)."""
+
+    async def ready(self) -> int: ...
+    async def purge(self) -> int: ...
+    async def close(self) -> None: ...
+    def position(self, queue_id: int) -> int: ...
+    async def ack_many(self, ctx: ClientContext, handles: Sequence[str]) -> list[ProcessorError | None]: ...
+    async def change_invisible_time(self, ctx: ClientContext, handle: str, invisible_time_ms: int) -> str: ...
+
 
 QUEUE_TYPES = ("classic", "quorum", "stream")
 OVERFLOWS = ("drop-head", "reject-publish", "reject-publish-dlx")
@@ -98,8 +136,8 @@ class Queue:
         self.dlrk: str | None = a.get("x-dead-letter-routing-key")
         self.delivery_limit: int | None = a.get("x-delivery-limit")
         self.single_active: bool = bool(a.get("x-single-active-consumer", False))
-        self.consumers: list[Consumer] = []
-        self.bindings: dict[str, Binding] = {}
+        self.consumers: list[QueueConsumer] = []
+        self.bindings: dict[str, QueueBinding] = {}
         self.deleted = False
         self.had_consumer = False
         self.expiry_timer: asyncio.TimerHandle | None = None
@@ -114,7 +152,7 @@ class Queue:
         self.stored: bytes | None = None  # its record in the store (records.py)
         # an exclusive queue's deliveries, kept in memory over offset reads (LocalFeed); None: the
         # queue's consumers pop and ack in the store
-        self.feed: LocalFeed | StreamFeeds | None = None
+        self.feed: QueueFeed | None = None
         self.stream = a.get("x-queue-type") == "stream"  # read by offset per consumer (streams.py)
 
     @property

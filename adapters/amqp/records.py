@@ -8,11 +8,13 @@ through any proxy routes by the bindings made through the others; those with a t
 removed with it), `amqp.meta` (`bindings/<owner>/<nonce>`: one generation per proxy, random
 bytes it writes after each change of `amqp.bindings` and each deletion of an exchange or queue it
 makes; a proxy polls the others' generations, so its own changes do not make it re-read every
-record; a proxy that stops deletes its own, and one that starts those of processes that are gone). Keys are
+record; a proxy that stops deletes its own, and one that starts those of processes that are gone),
+`amqp.leases` (each proxy's lease: messaging_processor/ownership.py). Keys are
 `<len(vhost)>:<vhost><name>` (a binding's name: `<len(source)>:<source><binding key>`), values
 JSON with arguments as base64 of the AMQP field table. A queue record names the user who declared
 it (`user`, for the per-user queue limit); records written before that have none and count for
-nobody. Exchange and queue records name the process that declared them (`owner`, owners.py): a
+nobody. Exchange and queue records name the process that declared them (`owner`,
+messaging_processor/ownership.py): a
 proxy that starts removes only the transient ones whose process is gone. An unreadable exchange or
 queue record is deleted when it is read.
 """
@@ -26,8 +28,9 @@ import secrets
 import time
 from typing import Any, Protocol
 
+from messaging_processor.ownership import this_process
+
 from .codec import AMQPError, decode_table, encode_table
-from .owners import this_process
 from .queues import Queue
 from .routing import Binding, Exchange
 
@@ -37,6 +40,7 @@ EXCHANGES_NS = "amqp.exchanges"
 QUEUES_NS = "amqp.queues"
 BINDINGS_NS = "amqp.bindings"
 META_NS = "amqp.meta"
+LEASES_NS = "amqp.leases"  # key: an owner name; value: its lease (OwnerLeases)
 GENERATIONS = "bindings"  # the prefix of the generation keys in META_NS
 
 
@@ -95,7 +99,7 @@ def _text_field(value: bytes, name: str) -> str | None:
 
 
 def record_owner(value: bytes) -> str | None:
-    """The process that declared a stored exchange or queue (owners.py)."""
+    """The process that declared a stored exchange or queue (messaging_processor/ownership.py)."""
     return _text_field(value, "owner")
 
 

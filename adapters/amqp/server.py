@@ -14,7 +14,7 @@ from messaging_processor.registry import ConsumerRow
 from runtime.tls import peer_common_name
 
 from ..limits import Limiter, host_of
-from ..listener import TcpListeners
+from ..listener import TcpAdapter, TcpListeners
 from .broker import Broker
 from .codec import DEFAULT_FRAME_MAX, AMQPError, ReplyCode
 from .limits import ConnectionLimits
@@ -83,7 +83,7 @@ class AmqpProtocol(asyncio.Protocol):
                 self.conn.limits.closed(self.conn)
 
 
-class AmqpAdapter:
+class AmqpAdapter(TcpAdapter):
     """AMQP 0-9-1 listener (the Adapter protocol of adapters/base.py), RabbitMQ-compatible."""
 
     name = "amqp"
@@ -112,11 +112,14 @@ class AmqpAdapter:
         """`limiter`: connection and publish-rate limits (docs/limits.md). `max_outbound_bytes`: a
         connection's write buffer above it stops its consumers' pops (0: not bounded). `events`:
         client events and the event exchange `amq.rabbitmq.event` (events.py; None: none)."""
-        self.processor = processor
+        super().__init__(
+            processor,
+            host,
+            port,
+            TcpListeners(host, port, ssl=ssl, tls_port=tls_port, tls_name="amqps", reuse_port=reuse_port),
+        )
         self.limiter = limiter
         self.max_outbound_bytes = max_outbound_bytes
-        self.host = host
-        self.port = port
         self.heartbeat = heartbeat
         self.frame_max = frame_max
         self.channel_max = channel_max
@@ -131,31 +134,11 @@ class AmqpAdapter:
         )
         self.connections: set[AmqpProtocol] = set()
         self.conn_ids = itertools.count(1)
-        self.net = TcpListeners(
-            host, port, ssl=ssl, tls_port=tls_port, tls_name="amqps", reuse_port=reuse_port
-        )
 
     async def start(self) -> None:
         await self.broker.start()
         await self.net.start(lambda: AmqpProtocol(self))
         self.processor.clients.add_consumer_report(self.consumers_info)
-
-    @property
-    def listening(self) -> bool:
-        return self.net.listening
-
-    @property
-    def address(self) -> str:
-        return self.net.address
-
-    @property
-    def extra_listeners(self) -> dict[str, str]:
-        """Listeners besides `address` (the TLS one when a certificate is configured)."""
-        return self.net.extra_listeners
-
-    @property
-    def bound_port(self) -> int:
-        return self.net.bound_port
 
     def connections_info(self) -> list[dict[str, object]]:
         """The open connections that logged in, for the console (adapters/base.py)."""

@@ -17,17 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from messaging_processor import (
-    CERTIFICATE_MECHANISM,
     Action,
     ClientContext,
     ErrorKind,
-    Identity,
     ProcessorError,
     Resource,
 )
@@ -38,7 +35,7 @@ from . import codec as c
 from . import events
 from .channel import CLOSED as CH_CLOSED
 from .channel import CLOSING as CH_CLOSING
-from .channel import Channel
+from .channel import Channel, ChannelBroker
 from .codec import (
     HEARTBEAT,
     AMQPError,
@@ -50,12 +47,13 @@ from .codec import (
     ReplyCode,
     encode_method,
 )
+from .login import Refused, log_in, mechanisms, offered
 from .mapping import now_ms
 from .publish import PublishAcl
 
 if TYPE_CHECKING:
     from ..limits import ReadThrottle
-    from .broker import Broker
+    from .blocking import Blocking
     from .limits import ConnectionLimits
     from .queues import Queue
     from .routing import VHost
@@ -83,31 +81,20 @@ SERVER_PROPERTIES = {
 }
 
 
-def credentials(mechanism: str, response: bytes) -> tuple[str, str] | None:
-    """(username, password) of a PLAIN or AMQPLAIN start-ok response; None if malformed."""
-    if mechanism == "PLAIN":
-        parts = response.split(b"\x00")
-        if len(parts) != 3:
-            return None
-        return parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
-    try:  # AMQPLAIN: a field table without its length prefix (some clients send one)
-        if len(response) >= 4 and struct.unpack(">I", response[:4])[0] == len(response) - 4:
-            table = c.decode_table(response, 0, len(response))[0]
-        else:
-            table = c.decode_table(struct.pack(">I", len(response)) + response, 0, len(response) + 4)[0]
-    except (ValueError, IndexError, struct.error):
-        return None
-    login, password = table.get("LOGIN"), table.get("PASSWORD")
-    if login is None or password is None:
-        return None
-    as_str = lambda v: v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)  # noqa: E731
-    return as_str(login), as_str(password)
+class SessionBroker(ChannelBroker, Protocol):
+    """What a connection (and its channels) use of the broker (broker.py `Broker`): handed in by
+    the glue (server.py), so that this module does not import the broker's."""
+
+    blocking: Blocking
+    max_inflight_publishes: int
+
+    def connection_closed(self, conn: Connection) -> None: ...
 
 
 class Connection:
     def __init__(
         self,
-        broker: Broker,
+        broker: SessionBroker,
         write: Callable[[bytes], Any],
         close: Callable[[], Any],
         remote: str = "",
@@ -282,7 +269,13 @@ class Connection:
                 self._connection_method(ev.method)
         elif t is ProtocolHeader:
             self.state = START
-            start = c.ConnectionStart(0, 9, SERVER_PROPERTIES, b" ".join(self._mechanisms()), b"en_US")
+            start = c.ConnectionStart(
+                0,
+                9,
+                SERVER_PROPERTIES,
+                b" ".join(mechanisms(self.broker.processor, self.cert_user)),
+                b"en_US",
+            )
             self.write(encode_method(0, start))
 
     def _channel_method(self, ev: Method) -> None:
@@ -384,72 +377,25 @@ class Connection:
             else:
                 self._handle(ev)
 
-    def _mechanisms(self) -> list[bytes]:
-        """The SASL mechanisms offered: EXTERNAL with a verified client certificate, PLAIN and
-        AMQPLAIN, and ANONYMOUS (RFC 4505, as RabbitMQ 4) when `allow_anonymous` admits clients
-        without credentials under the ACL rules of `anonymous`."""
-        mechs = [b"EXTERNAL"] if self.cert_user is not None else []
-        mechs += [b"PLAIN", b"AMQPLAIN"]
-        sec = self.broker.processor.security
-        if sec is not None and sec.allow_anonymous:
-            mechs.append(b"ANONYMOUS")
-        return mechs
-
     async def _start_ok(self, m: c.ConnectionStartOk) -> None:
         caps = m.client_properties.get("capabilities") if isinstance(m.client_properties, dict) else None
         if isinstance(caps, dict):
             self.cancel_notify = bool(caps.get("consumer_cancel_notify"))
             self.blocked_notify = bool(caps.get("connection.blocked"))
         mech = m.mechanism
-        external = mech == "EXTERNAL" and self.cert_user is not None
-        anonymous = mech == "ANONYMOUS" and b"ANONYMOUS" in self._mechanisms()
-        if mech not in ("PLAIN", "AMQPLAIN") and not external and not anonymous:
+        p = self.broker.processor
+        if not offered(p, self.cert_user, mech):
             self._refuse(ReplyCode.COMMAND_INVALID, f"unknown authentication mechanism '{mech}'")
             return
         if self.limits is not None and (why := self.limits.refused()) is not None:
             self._refuse(ReplyCode.NOT_ALLOWED, why)
             return
-        # ANONYMOUS: the response is optional trace information (RFC 4505), not a credential
-        cred = (self.cert_user, "") if external else None if anonymous else credentials(mech, m.response)
-        # one text for every reason (RabbitMQ's): the client learns nothing about which part was wrong
-        refused = (
-            f"Login was refused using authentication mechanism {mech}. For details see the broker logfile."
-        )
-        p = self.broker.processor
-        if cred is None and p.security is None:
+        try:  # (argon2 runs in a thread meanwhile: what the client sends waits in the backlog)
+            await log_in(self, p, mech, m.response, self.cert_user)
+        except Refused as e:
             if self.broker.events is not None:
-                events.auth_failed(self, mech, None)
-            self._refuse(ReplyCode.ACCESS_REFUSED, refused)
-            return
-        if external:
-            identity = Identity(self.cert_user, None, CERTIFICATE_MECHANISM)
-        elif anonymous:
-            identity = Identity()  # no credentials: processor.authenticate admits it as anonymous
-        else:
-            # malformed credentials are refused as wrong ones (never taken as anonymous)
-            identity = Identity(*cred, mech.lower()) if cred is not None else Identity(mechanism=mech.lower())
-        self.ctx = ClientContext(
-            "amqp", client_id=f"amqp-{self.remote}", identity=identity, remote=self.remote
-        )
-        try:
-            if p.security is not None:
-                # argon2 runs in a thread meanwhile: what the client sends waits in the backlog
-                await p.authenticate(self.ctx)
-                self.publish_acl = PublishAcl(p, self.ctx.identity)
-                self.pop_ctx = ClientContext(
-                    "amqp",
-                    client_id=self.ctx.client_id,
-                    identity=Identity(self.ctx.identity.username, None, "internal"),
-                    remote=self.remote,
-                )
-            else:
-                await p.authorize(identity, Action.CONNECT, Resource("cluster", "amqp"))
-                self.pop_ctx = self.ctx
-        except ProcessorError:
-            log.info("amqp %s: login refused (mechanism %s)", self.remote, mech)
-            if self.broker.events is not None:
-                events.auth_failed(self, mech, identity.username)
-            self._refuse(ReplyCode.ACCESS_REFUSED, refused)
+                events.auth_failed(self, mech, e.user)
+            self._refuse(ReplyCode.ACCESS_REFUSED, e.text)
             return
         if self.state != START:
             return

@@ -6,8 +6,9 @@
         ...
 
 Frames are parsed in place from an immutable `bytes` buffer (a partial frame is kept as a list of
-chunks and joined once, when enough bytes for the whole frame are there). Per channel the decoder
-follows RabbitMQ's command assembler: after a content-bearing method (basic.publish on the server
+chunks and joined once, when enough bytes for the whole frame are there: the rule of
+`adapters/receive_buffer.py`, shared with the MQTT decoder). Per channel the decoder follows
+RabbitMQ's command assembler: after a content-bearing method (basic.publish on the server
 side; deliver, get-ok, return on the client side) it expects one content header frame, then body
 frames until `body_size` bytes have arrived (content.py). With `assemble=True` (default) the three are folded
 into one `Message` event; with `assemble=False` they come out as Method, ContentHeader and
@@ -62,6 +63,8 @@ import struct
 from collections.abc import Iterator
 from typing import Any
 
+from adapters.receive_buffer import ReceiveBuffer
+
 from .arguments import decode_arguments
 from .constants import (
     FRAME_MIN_SIZE,
@@ -105,8 +108,8 @@ _SERVER_ACCEPTS = {k: c for k, c in METHODS.items() if k in CLIENT_METHODS}  # w
 _CLIENT_ACCEPTS = {k: c for k, c in METHODS.items() if k in SERVER_METHODS}  # what servers send
 
 
-class Decoder:
-    """Incremental AMQP 0-9-1 decoder for one connection.
+class Decoder(ReceiveBuffer):
+    """Incremental AMQP 0-9-1 decoder for one connection (its input kept by `ReceiveBuffer`).
 
     role: "server" (decodes what clients send) or "client" (decodes what servers send).
     expect_header: the stream starts with the 8-byte protocol header (default: True for a server).
@@ -135,13 +138,8 @@ class Decoder:
         "_accept",
         "_expect_header",
         "_pending",
-        "_buf",
-        "_pos",
-        "_more",
-        "_more_len",
-        "_need",
-        "_error",
     )
+    _error: AMQPError | None  # a fatal one stops the decoder; another is raised by the next call
 
     def __init__(
         self,
@@ -171,12 +169,7 @@ class Decoder:
         self._accept = _SERVER_ACCEPTS if self._server else _CLIENT_ACCEPTS
         self._expect_header = self._server if expect_header is None else expect_header
         self._pending: dict[int, Content] = {}
-        self._buf = b""
-        self._pos = 0
-        self._more: list[bytes] = []
-        self._more_len = 0
-        self._need = 0
-        self._error: AMQPError | None = None
+        super().__init__()
 
     @property
     def frame_max(self) -> int:
@@ -201,27 +194,7 @@ class Decoder:
         fm = self._frame_max
         self._limit = fm - 8 + self._frame_size_fudge if fm else 0xFFFFFFFF  # largest payload
 
-    # --- input -----------------------------------------------------------------------------------
-
-    def feed(self, data: bytes | bytearray | memoryview) -> None:
-        """Append received bytes (a copy is kept only for bytearray/memoryview or a partial frame)."""
-        if self._error is not None and self._error.fatal:
-            raise self._error
-        if not data:
-            return
-        if self._pos >= len(self._buf) and not self._more:
-            self._buf = data if type(data) is bytes else bytes(data)
-            self._pos = 0
-            self._need = 0
-        else:
-            data = bytes(data)
-            self._more.append(data)
-            self._more_len += len(data)
-
-    @property
-    def buffered(self) -> int:
-        """Bytes received but not yet decoded (a partial frame)."""
-        return len(self._buf) - self._pos + self._more_len
+    # --- input (feed, buffered: ReceiveBuffer) ---------------------------------------------------
 
     @property
     def error(self) -> AMQPError | None:
@@ -268,15 +241,10 @@ class Decoder:
             raise e
         try:
             while True:
+                if self._more and not self._join():
+                    return None
                 buf = self._buf
                 pos = self._pos
-                if self._more:
-                    if len(buf) - pos + self._more_len < self._need:
-                        return None
-                    buf = self._buf = b"".join([buf[pos:], *self._more])
-                    pos = self._pos = 0
-                    self._more = []
-                    self._more_len = 0
                 n = len(buf)
                 if self._expect_header:
                     return self._protocol_header(buf, pos, n)
@@ -328,9 +296,7 @@ class Decoder:
         except AMQPError as e:
             if e.fatal:
                 self._error = e
-                self._buf = b""
-                self._pos = self._more_len = 0
-                self._more = []
+                self._drop()
             else:
                 self.closing = True
                 self._pending.clear()

@@ -1,8 +1,9 @@
-"""Transient declarations of proxies on other hosts (owners.py, registry.py `_reap`): a proxy that
-starts keeps those whose owner's lease moves and removes, once the leases were watched, those whose
-owner's lease stands still. Two proxies over one store in this process, as in test_shared_bindings.py;
-the records declared through the first (aio-pika) are then made another host's by rewriting their
-owner, and another host's proxy beats its lease through the same key-value table."""
+"""Transient declarations of proxies on other hosts (messaging_processor/ownership.py,
+adapters/amqp/declaration_sync.py `_reap`): a proxy that starts keeps those whose owner's lease
+moves and removes, once the leases were watched, those whose owner's lease stands still. Two
+proxies over one store in this process, as in test_shared_bindings.py; the records declared through
+the first (aio-pika) are then made another host's by rewriting their owner, and another
+host's proxy beats its lease through the same key-value table."""
 
 from __future__ import annotations
 
@@ -15,8 +16,7 @@ import aio_pika
 
 from adapters.amqp import AmqpAdapter
 from adapters.amqp.mapping import store_name
-from adapters.amqp.owners import LEASES_NS
-from adapters.amqp.records import BINDINGS_NS, EXCHANGES_NS, QUEUES_NS, Records, vkey
+from adapters.amqp.records import BINDINGS_NS, EXCHANGES_NS, LEASES_NS, QUEUES_NS, Records, vkey
 from messaging_processor import ProcessorError
 from tests.adapters.amqp.support import Env, another_proxy
 from tests.support import T
