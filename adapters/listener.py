@@ -1,7 +1,8 @@
 """The TCP listening sockets of one adapter: a plain server and, when a TLS context is given, a TLS
 one on its own port, or (`permissive`) TLS on the plain port itself. The adapters (MQTT, AMQP,
 remoting) keep their protocols and drain logic; this holds what was the same in all of them:
-binding, the bound addresses, stop accepting, wait.
+binding, the bound addresses, stop accepting, wait (`TcpListeners`), and what each tells the
+gateway of them (`TcpAdapter`, the base of their adapter classes).
 
 Permissive mode (RocketMQ's `tls.server.mode=permissive`) looks at each connection's first byte
 before any protocol sees it: a TLS handshake record (0x16) is served over TLS, anything else in
@@ -18,8 +19,12 @@ import logging
 import socket
 import ssl as ssl_mod
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from runtime.tls import TLS_RECORD_HANDSHAKE
+
+if TYPE_CHECKING:
+    from messaging_processor import MessagingProcessor
 
 log = logging.getLogger("adapters.listener")
 SNIFF_TIMEOUT_S = 30.0  # a connection that sends nothing for this long is closed
@@ -28,6 +33,36 @@ SNIFF_TIMEOUT_S = 30.0  # a connection that sends nothing for this long is close
 def _address(server: asyncio.Server) -> str:
     host, port = server.sockets[0].getsockname()[:2]
     return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+
+class TcpAdapter:
+    """The listener half of the Adapter protocol (adapters/base.py) for an adapter that listens on
+    `net`, its TcpListeners (MQTT, AMQP, remoting): the processor, the configured `host` and `port`,
+    whether it listens, where, and the port it bound. The adapter starts `net` in its `start`,
+    closes it first in its `stop` and waits for it last."""
+
+    def __init__(self, processor: MessagingProcessor, host: str, port: int, net: TcpListeners) -> None:
+        self.processor = processor
+        self.host = host
+        self.port = port
+        self.net = net
+
+    @property
+    def listening(self) -> bool:
+        return self.net.listening
+
+    @property
+    def address(self) -> str:
+        return self.net.address
+
+    @property
+    def extra_listeners(self) -> dict[str, str]:
+        """Listeners besides `address` (the TLS one when a certificate is configured)."""
+        return self.net.extra_listeners
+
+    @property
+    def bound_port(self) -> int:
+        return self.net.bound_port
 
 
 class TcpListeners:

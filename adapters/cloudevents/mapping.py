@@ -36,20 +36,28 @@ import contextlib
 from datetime import UTC, datetime
 
 from messaging_processor import Message
+from messaging_processor.properties import (
+    CE_PREFIX,
+    CE_TYPE_MQTT_PUBLISH,
+    P_CE_ID,
+    P_CE_PARTITION_KEY,
+    P_CONTENT_TYPE,
+    P_PATH,
+)
 from messaging_processor.trace_context import TRACEPARENT
 
 from .event import SPECVERSION, AttrValue, Event, is_json_type
 
-PREFIX = "ce."
-P_ID = "ce.id"
+PREFIX = CE_PREFIX
+P_ID = P_CE_ID
 P_TYPES = "ce._types"
 P_DATA = "ce._data"
-P_PARTITION_KEY = "ce.partitionkey"  # the CloudEvents partitioning extension
+P_PARTITION_KEY = P_CE_PARTITION_KEY  # the CloudEvents partitioning extension
 _FORMS = frozenset({"json", "text", "binary"})
 
-MQTT_TOPIC = "mqtt.topic"
-MQTT_CONTENT_TYPE = "mqtt.content_type"
-MQTT_TYPE = "mqtt.publish"
+MQTT_TOPIC = P_PATH  # (the shared names: messaging_processor/properties.py)
+MQTT_CONTENT_TYPE = P_CONTENT_TYPE
+MQTT_TYPE = CE_TYPE_MQTT_PUBLISH
 ROCKETMQ_TYPE = "org.apache.rocketmq.message"
 
 

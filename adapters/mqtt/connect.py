@@ -1,12 +1,14 @@
 """CONNECT: check the client identifier, credentials and will, take or resume the session
 (registry.py), answer CONNACK and arm keep-alive (a slot of the loop's deadline wheel,
-runtime/deadlines.py). Split from session.py; `s` is the connection's `Session`."""
+runtime/deadlines.py). Split from session.py; `s` is the connection's `Session`, seen here as a
+`ConnectingSession`: the parts of it a CONNECT reads and sets."""
 
 from __future__ import annotations
 
 import logging
 import uuid
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from messaging_processor import (
     CERTIFICATE_MECHANISM,
@@ -20,16 +22,43 @@ from runtime.deadlines import wheel_of
 
 from .codec import MQTT_5, Connect, OutboundAliases, PropertyId, ReasonCode, connack_code, encode_connack
 from .persistence import NEVER
+from .roles import Connection
 from .states import CLOSED, CONNECTED, TOPIC_ALIAS_MAXIMUM
 from .token_expiry import arm as arm_token_expiry
 
 if TYPE_CHECKING:
-    from .session import Session
+    import asyncio
+
+    from .codec import Decoder
+    from .limits import SessionLimits
+    from .roles import SessionHost
 
 log = logging.getLogger("adapters.mqtt")
 
 
-async def handle_connect(s: Session, c: Connect) -> None:
+class ConnectingSession(Connection, Protocol):
+    """What handle_connect reads and sets of the session (session.Session) besides `Connection`."""
+
+    broker: SessionHost
+    cert_user: str | None
+    decoder: Decoder
+    limits: SessionLimits | None
+    will: Any
+    keep_alive: int
+    expiry: int
+    max_out: int
+    aliases_out: OutboundAliases | None
+    _backlog: list[Any] | None
+    _ka_slot: int | None
+
+    def handle(self, pkt: Any) -> None: ...
+
+    def _write(self, data: bytes) -> None: ...
+
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task: ...
+
+
+async def handle_connect(s: ConnectingSession, c: Connect) -> None:
     v = s.version = c.protocol_level
     props: dict = {}
     cid = c.client_id
@@ -113,7 +142,7 @@ async def handle_connect(s: Session, c: Connect) -> None:
         s.handle(pkt)
 
 
-async def authenticate(s: Session, c: Connect) -> int | None:
+async def authenticate(s: ConnectingSession, c: Connect) -> int | None:
     """Check the CONNECT's credentials and will: None when accepted (`s.ctx.identity` then the
     verified one), else the 5.0 reason code to refuse it with. As Mosquitto with
     `allow_anonymous false`, a CONNECT without credentials gets Not authorized (3.1.1: 5), and with
@@ -149,7 +178,7 @@ async def authenticate(s: Session, c: Connect) -> int | None:
     return None
 
 
-def refuse(s: Session, reason: int, text: str) -> None:
+def refuse(s: ConnectingSession, reason: int, text: str) -> None:
     v = s.version
     props = {PropertyId.REASON_STRING: text} if v == MQTT_5 else None
     s._write(encode_connack(False, connack_code(reason, v), v, props))

@@ -28,7 +28,7 @@ from .codec import (
 )
 
 if TYPE_CHECKING:
-    from .session import Session
+    from .roles import Connection
 
 log = logging.getLogger("adapters.mqtt")
 PROTOCOL = "mqtt"
@@ -69,7 +69,7 @@ class SessionLimits:
         self.user: str | None = None
         self.logged_in = False
 
-    def login(self, session: Session) -> bool:
+    def login(self, session: Connection) -> bool:
         """After authentication: False when the user is at its connection limit; else the session
         gets its publish throttle (when publish rates are on)."""
         user = session.ctx.identity.username
@@ -85,7 +85,7 @@ class SessionLimits:
             session.throttle = ReadThrottle(meter, self.limiter, PROTOCOL, t.pause_reading, t.resume_reading)
         return True
 
-    def closed(self, session: Session) -> None:
+    def closed(self, session: Connection) -> None:
         if self.logged_in:
             self.logged_in = False
             self.limiter.logout(self.user)
@@ -93,7 +93,7 @@ class SessionLimits:
             session.throttle.cancel()
 
 
-def admit_publish(session: Session, p: Publish) -> bool:
+def admit_publish(session: Connection, p: Publish) -> bool:
     """Bill one PUBLISH to the session's throttle. False when a 5.0 client is over its hard quota:
     it is then answered 0x97 here (at QoS 0 dropped) and must not be stored."""
     throttle = session.throttle
@@ -109,7 +109,7 @@ def admit_publish(session: Session, p: Publish) -> bool:
     return True
 
 
-def admit_batch(session: Session, pkts: list[Publish]) -> bool:
+def admit_batch(session: Connection, pkts: list[Publish]) -> bool:
     """Bill a read's plain PUBLISHes together. False (nothing billed) when a 5.0 client would go over
     its hard quota: the caller then takes them one by one (`admit_publish`), so that what fits is
     stored and the rest refused, each answered in order."""

@@ -41,20 +41,24 @@ import time
 from messaging_processor import Message
 from messaging_processor.client_events import EVENTS_TOPIC
 from messaging_processor.dispatch import DISPATCHED_FROM
-from messaging_processor.properties import application_pairs
+from messaging_processor.properties import (
+    P_CONTENT_TYPE,
+    P_CORRELATION,
+    P_EXPIRY_AT,
+    P_PATH,
+    P_QOS,
+    P_USER_PROPERTIES,
+    application_pairs,
+)
 from messaging_processor.trace_context import TRACEPARENT
 
 from .codec import PropertyId
 
-P_TOPIC = "mqtt.topic"
-P_QOS = "mqtt.qos"
+P_TOPIC = P_PATH  # (the shared names: messaging_processor/properties.py)
 P_RETAIN = "mqtt.retain"
-P_CONTENT_TYPE = "mqtt.content_type"
 P_RESPONSE_TOPIC = "mqtt.response_topic"
-P_CORRELATION = "mqtt.correlation_data"
 P_PAYLOAD_FORMAT = "mqtt.payload_format"
-P_EXPIRY_AT = "mqtt.expiry_at"
-P_USER = "mqtt.user_properties"
+P_USER = P_USER_PROPERTIES
 P_CLIENT = "mqtt.client_id"
 
 MAX_STORE_TOPIC = 127

@@ -24,12 +24,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from messaging_processor import ClientContext, ErrorKind, Message, MessagingProcessor, ProcessorError
 
-if TYPE_CHECKING:
-    from .persistence import SessionState
+from .persistence import SessionState, SkipWindows
 
 log = logging.getLogger("adapters.mqtt")
 
@@ -37,8 +35,6 @@ DROP_OLDEST = "drop-oldest"
 REFUSE_NEW = "refuse-new"
 WINDOW = 256  # messages read at once while looking for the cut
 
-# (topic, queue id) -> [lo, hi): offsets a session's delivery loop skips (refuse-new)
-SkipWindows = dict[tuple[str, int], tuple[int, int]]
 # (store timestamp, queue offset, payload bytes, topic, queue id)
 _Candidate = tuple[int, int, int, str, int]
 

@@ -46,14 +46,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from messaging_processor import DeliveryLoop, MessagingProcessor
 
-    from .offline_queue import SkipWindows
-    from .session import Session
+    from .roles import Connection
     from .subscription import Sub
 
 SESSIONS_NS = "mqtt.sessions"
 QOS2_NS = "mqtt.qos2"
 NEVER = 0xFFFFFFFF  # Session Expiry Interval meaning "does not expire"
 _GROUP_OK = re.compile(r"[^A-Za-z0-9_.-]")
+# (topic, queue id) -> [lo, hi): offsets a session's delivery loop skips (offline_queue.py refuse-new)
+SkipWindows = dict[tuple[str, int], tuple[int, int]]
 
 
 def session_group(client_id: str) -> str:
@@ -115,7 +116,7 @@ class SessionState:
         self.subs: dict[str, Sub] = {}  # by filter as subscribed ($share/... included)
         self.awaiting_rel: set[int] | frozenset[int] = NO_IDS  # inbound QoS 2: stored, PUBREL not yet
         self.pubrel: set[int] | frozenset[int] = NO_IDS  # outbound QoS 2: PUBREC received, PUBCOMP not yet
-        self.attached: Session | None = None
+        self.attached: Connection | None = None
         self.feeds: dict[str, DeliveryLoop] = {}  # store topic -> loop (while attached)
         self.wild = 0  # subscriptions whose first level is a wildcard (cover every store topic)
         self.queue: str | None = None  # its own store topic (session_routing.py), or None: reads topics

@@ -14,9 +14,10 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from messaging_processor import ClientContext, Message, MessagingProcessor
+from messaging_processor.ownership import Claims
 
 from . import access
 from .caps import DEFAULT_CAPS, MqttCaps
@@ -48,14 +49,11 @@ log = logging.getLogger("adapters.mqtt")
 PERSISTENT_MAX_ATTEMPTS = 1_000_000
 
 
-class ClientIdClaims(Protocol):
-    """Client ids unique across the processes serving one listener (`gateway start --workers`):
-    `claim` returns once no other process holds `client_id` (it was asked to evict it: `evict`);
-    `release` says this process holds it no more (its connection ended, its session is detached)."""
-
-    async def claim(self, client_id: str) -> None: ...
-
-    def release(self, client_id: str) -> None: ...
+# Client ids unique across the processes serving one listener (`gateway start --workers`): the
+# names of ownership claims (messaging_processor/ownership.py). `claim` returns once no other
+# process holds the client id (it was asked to evict it: `evict`); `release` once this process
+# holds it no more (its connection ended, its session is detached).
+ClientIdClaims = Claims
 
 
 EVICT_WAIT_S = 5.0  # how long an eviction waits for the evicted connection to end

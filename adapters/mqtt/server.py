@@ -15,7 +15,7 @@ from messaging_processor.registry import ConsumerRow
 from runtime.tls import peer_common_name
 
 from ..limits import Limiter, host_of
-from ..listener import TcpListeners
+from ..listener import TcpAdapter, TcpListeners
 from .broker import Broker
 from .caps import DEFAULT_CAPS, MqttCaps
 from .codec import ReasonCode
@@ -26,7 +26,7 @@ from .session import Session
 from .shared import share_group_name
 
 if TYPE_CHECKING:
-    from .websocket import MqttWebSockets
+    from .roles import WebSocketListeners
 
 log = logging.getLogger("adapters.mqtt")
 REFUSED_WAIT_S = 5.0  # a refused connection is closed after this if its CONNECT does not come
@@ -117,7 +117,7 @@ def describe(session: Session) -> dict[str, object]:
     }
 
 
-class MqttAdapter:
+class MqttAdapter(TcpAdapter):
     """MQTT 3.1 / 3.1.1 / 5.0 listener (the Adapter protocol of adapters/base.py)."""
 
     name = "mqtt"
@@ -141,7 +141,7 @@ class MqttAdapter:
         claims: ClientIdClaims | None = None,
         session_queues: bool = True,
         shared_sessions: bool = False,
-        websockets: MqttWebSockets | None = None,
+        websockets: WebSocketListeners | None = None,
         events: ClientEvents | None = None,
         sys_interval: float = 0,
     ) -> None:
@@ -153,12 +153,15 @@ class MqttAdapter:
         `websockets`: the MQTT over WebSocket listeners (websocket.py), started and stopped with this one.
         `events`: client events (events.py; None: none); `sys_interval`: seconds between `$SYS`
         updates (sys_topics.py; 0: none)."""
-        self.processor = processor
+        super().__init__(
+            processor,
+            host,
+            port,
+            TcpListeners(host, port, ssl=ssl, tls_port=tls_port, tls_name="mqtts", reuse_port=reuse_port),
+        )
         self.max_outbound_bytes = max_outbound_bytes
         self.limiter = limiter
         self.cert_identity = cert_identity
-        self.host = host
-        self.port = port
         self.broker = Broker(
             processor,
             max_packet_size=max_packet_size,
@@ -175,9 +178,6 @@ class MqttAdapter:
         self.broker.registry.claims = claims  # `reuse_port` workers: client-id takeover across them
         self.connections: set[MqttProtocol] = set()
         self.conn_ids = itertools.count(1)
-        self.net = TcpListeners(
-            host, port, ssl=ssl, tls_port=tls_port, tls_name="mqtts", reuse_port=reuse_port
-        )
         self.websockets = websockets
 
     async def evict(self, client_id: str) -> None:
@@ -196,22 +196,10 @@ class MqttAdapter:
                 raise
 
     @property
-    def listening(self) -> bool:
-        return self.net.listening
-
-    @property
-    def address(self) -> str:
-        return self.net.address
-
-    @property
     def extra_listeners(self) -> dict[str, str]:
         """Listeners besides `address` (the TLS one when a certificate is configured, WebSocket)."""
         ws = self.websockets.extra_listeners if self.websockets is not None else {}
         return {**self.net.extra_listeners, **ws}
-
-    @property
-    def bound_port(self) -> int:
-        return self.net.bound_port
 
     def connections_info(self) -> list[dict[str, object]]:
         """The open connections that sent CONNECT, for the console (adapters/base.py)."""

@@ -28,6 +28,7 @@ from runtime.deadlines import wheel_of
 from runtime.events import LazyEvent
 
 from . import acks
+from .closing import connection_lost, on_disconnect
 from .codec import (
     MQTT_5,
     PINGRESP,
@@ -63,9 +64,9 @@ __all__ = ["AUTHORIZING", "CLOSED", "CONNECTED", "CONNECTING", "Session"]
 
 if TYPE_CHECKING:
     from ..limits import ReadThrottle
-    from .broker import Broker
     from .limits import SessionLimits
     from .persistence import SessionState
+    from .roles import SessionHost
     from .subscription import Sub
     from .token_expiry import TokenExpiry
 
@@ -133,7 +134,7 @@ class Session:
 
     def __init__(
         self,
-        broker: Broker,
+        broker: SessionHost,
         transport: Any,
         remote: str = "",
         cert_user: str | None = None,
@@ -250,7 +251,7 @@ class Session:
         elif t is Unsubscribe:
             self._reply_later(self._unsubscribe(pkt))
         elif t is Disconnect:
-            self._on_disconnect(pkt)
+            on_disconnect(self, pkt)
         elif t is Connect:
             self.state = AUTHORIZING
             self._backlog = []
@@ -550,19 +551,6 @@ class Session:
             codes.append(0 if await self.broker.subscriptions.unsubscribe(self, f) else 0x11)
         return encode_unsuback(u.packet_id, codes, self.version), None
 
-    def _on_disconnect(self, d: Disconnect) -> None:
-        new = d.properties.get(PropertyId.SESSION_EXPIRY_INTERVAL)
-        if new is not None:
-            if self.expiry == 0 and new:  # 5.0 3.14.2.2.2: a session that ends cannot be extended
-                self.close(ReasonCode.PROTOCOL_ERROR)
-                return
-            self.expiry = new
-            if self.pstate is not None:
-                self.pstate.expiry = new
-        if d.reason_code != ReasonCode.DISCONNECT_WITH_WILL_MESSAGE:
-            self._normal_disconnect = True
-        self.close()
-
     # ------------------------------------------------------------------ closing
     def close(self, reason: int | None = None) -> None:
         """Close the connection; for 5.0 send DISCONNECT `reason` first (if given and connected)."""
@@ -575,36 +563,8 @@ class Session:
         self.connection_lost()
 
     def connection_lost(self) -> None:
-        """The transport is gone (idempotent): publish the will unless the client said goodbye,
-        drop subscriptions and in-flight state."""
-        if self.state == CLOSED:
-            return
-        was_connected = self.state == CONNECTED
-        self.state = CLOSED
-        if self._ka_slot is not None:
-            wheel_of(self.loop).cancel(self, self._ka_slot)
-            self._ka_slot = None
-        if self._token_expiry is not None:
-            self._token_expiry.cancel()
-            self._token_expiry = None
-        for e in self.inflight.values():
-            if e[1] is not None and not e[1].done():
-                e[1].set_result(False)
-        for q in self.queue:
-            if q[5] is not None and not q[5].done():
-                q[5].set_result(False)
-        self.inflight.clear()
-        self.queue = ()
-        self._replies = ()
-        if (
-            was_connected
-            or self.pstate is not None
-            or self.broker.registry.sessions.get(self.client_id) is self
-        ):
-            will = self.will if was_connected and not self._normal_disconnect else None
-            self.broker.registry.session_closed(self, will)
-        if self._closed_event is not None:
-            self._closed_event.set()
+        """The transport is gone (idempotent): closing.py's `connection_lost`."""
+        connection_lost(self)
 
     @property
     def writable(self) -> LazyEvent:

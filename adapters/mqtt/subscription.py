@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING
 from .codec import parse_shared
 
 if TYPE_CHECKING:
-    from .session import Session
-    from .shared import ShareMember
+    from .roles import Connection, Stoppable
 
 
 class Sub:
@@ -37,7 +36,7 @@ class Sub:
 
     def __init__(
         self,
-        session: Session | None,
+        session: Connection | None,
         filt: str,
         qos: int,
         rap: bool,
@@ -57,13 +56,13 @@ class Sub:
         first = filt.split("/", 1)[0]
         self.wild = first in ("+", "#")
         self.first = first
-        self.loop: ShareMember | None = None  # a shared subscription's membership
+        self.loop: Stoppable | None = None  # a shared subscription's membership
         self.check = False  # ACL: each delivered path must be checked (access.py)
         self.acl_version = 0  # ... and the rules version it was made on (0: none yet, with auth on)
 
 
 def make_sub(
-    session: Session | None, filt: str, qos: int, rap: bool, nl: bool = False, rh: int = 0, sub_id: int = 0
+    session: Connection | None, filt: str, qos: int, rap: bool, nl: bool = False, rh: int = 0, sub_id: int = 0
 ) -> Sub | None:
     """A Sub for a filter as subscribed (`$share/<name>/<filter>` included); None if invalid."""
     try:

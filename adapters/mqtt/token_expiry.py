@@ -15,7 +15,7 @@ from runtime.deadlines import wheel_of
 from .codec import ReasonCode
 
 if TYPE_CHECKING:
-    from .session import Session
+    from .roles import Connection
 
 log = logging.getLogger("adapters.mqtt")
 
@@ -23,7 +23,7 @@ log = logging.getLogger("adapters.mqtt")
 class TokenExpiry:
     __slots__ = ("session", "slot")
 
-    def __init__(self, session: Session, expires_at: float) -> None:
+    def __init__(self, session: Connection, expires_at: float) -> None:
         self.session = session
         loop = session.loop
         self.slot: int | None = wheel_of(loop).schedule(self, loop.time() + (expires_at - time.time()))
@@ -40,7 +40,7 @@ class TokenExpiry:
             self.slot = None
 
 
-def arm(s: Session) -> None:
+def arm(s: Connection) -> None:
     """After CONNACK: watch the expiry of the token `s` logged in with, if it has one."""
     p = s.ctx.identity.principal
     if p is not None and p.expires_at is not None:

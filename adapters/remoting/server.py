@@ -10,7 +10,7 @@ import ssl as ssl_mod
 from collections.abc import Awaitable
 
 from adapters.limits import ClientMeter, Limiter
-from adapters.listener import TcpListeners
+from adapters.listener import TcpAdapter, TcpListeners
 from adapters.remoting import message_codec as wm
 from adapters.remoting.limits import RemotingLimits
 from adapters.remoting.mapping import to_wire
@@ -142,7 +142,7 @@ class ClientConnection:
         return check
 
 
-class RemotingAdapter:
+class RemotingAdapter(TcpAdapter):
     """RocketMQ 4.x remoting listener: name server and broker for 4.x clients (the Adapter protocol
     of adapters/base.py). Clients use `namesrvAddr=<host>:<port>`."""
 
@@ -168,9 +168,14 @@ class RemotingAdapter:
     ) -> None:
         """`ssl`: TLS on the same port in permissive mode (a client's ClientHello is detected);
         plain clients are refused when `tls_required`. `limiter`: connection and publish limits."""
-        self.processor = processor
-        self.host = host
-        self.port = port
+        super().__init__(
+            processor,
+            host,
+            port,
+            TcpListeners(
+                host, port, ssl=ssl, permissive=True, tls_required=tls_required, reuse_port=reuse_port
+            ),
+        )
         self.max_frame_size = max_frame_size
         self.service = RemotingService(
             processor,
@@ -185,9 +190,6 @@ class RemotingAdapter:
         self.limits = self.service.limits = RemotingLimits(limiter) if limiter is not None else None
         self.frames = FrameServer(
             self, name="remoting", log=log, max_frame_size=max_frame_size, accepting=False
-        )
-        self.net = TcpListeners(
-            host, port, ssl=ssl, permissive=True, tls_required=tls_required, reuse_port=reuse_port
         )
         self._housekeeping: asyncio.Task | None = None
 
@@ -221,18 +223,6 @@ class RemotingAdapter:
         while True:
             await asyncio.sleep(max(min(self.service.clients.expiry_s / 4, 10.0), 0.05))
             self.service.clients.expire()
-
-    @property
-    def listening(self) -> bool:
-        return self.net.listening
-
-    @property
-    def address(self) -> str:
-        return self.net.address
-
-    @property
-    def bound_port(self) -> int:
-        return self.service.port
 
     async def stop(self, grace: float) -> None:
         """Stop accepting; let running requests finish for up to `grace` s (held pulls are answered

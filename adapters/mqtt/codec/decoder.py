@@ -9,7 +9,8 @@ A packet is decoded in one pass over an immutable `bytes` buffer with integer in
 no per-byte loops over data, no copies but the final ones (topic string, payload bytes). Bytes fed
 while no partial frame is pending are parsed in place; a partial frame is kept as a list of chunks
 and joined only once enough bytes for the whole frame have arrived (so a large payload arriving in
-many reads costs one join, not a quadratic re-concatenation).
+many reads costs one join, not a quadratic re-concatenation): `adapters/receive_buffer.py`'s rule,
+shared with the AMQP decoder.
 
 Limits and checks: the maximum packet size (whole packet, fixed header included) is enforced as
 soon as the fixed header is complete, before the body is buffered (0x95 Packet too large);
@@ -25,6 +26,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
+
+from adapters.receive_buffer import ReceiveBuffer
 
 from .constants import (
     MAX_PACKET_SIZE,
@@ -66,8 +69,8 @@ _ACKS = {4: Puback, 5: Pubrec, 6: Pubrel, 7: Pubcomp}
 ALL_VERSIONS = frozenset((MQTT_3_1, MQTT_3_1_1, MQTT_5))  # shared by every decoder that takes them all
 
 
-class Decoder:
-    """Incremental MQTT decoder for one connection.
+class Decoder(ReceiveBuffer):
+    """Incremental MQTT decoder for one connection (its input kept by `ReceiveBuffer`).
 
     role: "server" (decodes what clients send; the first packet must be CONNECT, and it sets
       `version`) or "client" (decodes what servers send; pass the `version` the client connects with;
@@ -95,13 +98,8 @@ class Decoder:
         "_ready",
         "_connect_level",
         "_aliases",
-        "_buf",
-        "_pos",
-        "_more",
-        "_more_len",
-        "_need",
-        "_error",
     )
+    _error: MQTTCodecError | None
 
     def __init__(
         self,
@@ -129,37 +127,9 @@ class Decoder:
         self._ready = self._server and version is not None
         self._connect_level: int | None = None
         self._aliases: dict[int, str] | None = None  # made by the first alias set
-        self._buf = b""
-        self._pos = 0
-        self._more: list[bytes] | tuple = ()  # later reads of a partial frame
-        self._more_len = 0
-        self._need = 0
-        self._error: MQTTCodecError | None = None
+        super().__init__()
 
-    # --- input -----------------------------------------------------------------------------------
-
-    def feed(self, data: bytes | bytearray | memoryview) -> None:
-        """Append received bytes (a copy is kept only for bytearray/memoryview or a partial frame)."""
-        if self._error is not None:
-            raise self._error
-        if not data:
-            return
-        if self._pos >= len(self._buf) and not self._more:
-            self._buf = data if type(data) is bytes else bytes(data)
-            self._pos = 0
-            self._need = 0
-        else:
-            data = bytes(data)
-            if self._more:
-                self._more.append(data)  # type: ignore[union-attr]
-            else:
-                self._more = [data]
-            self._more_len += len(data)
-
-    @property
-    def buffered(self) -> int:
-        """Bytes received but not yet decoded (a partial frame)."""
-        return len(self._buf) - self._pos + self._more_len
+    # --- input (feed, buffered: ReceiveBuffer) ---------------------------------------------------
 
     @property
     def error(self) -> MQTTCodecError | None:
@@ -193,16 +163,10 @@ class Decoder:
         if self._error is not None:
             raise self._error
         try:
+            if self._more and not self._join():
+                return None
             buf = self._buf
             pos = self._pos
-            if self._more:
-                if len(buf) - pos + self._more_len < self._need:
-                    return None
-                buf = self._buf = b"".join([buf[pos:], *self._more])
-                pos = self._pos = 0
-                self._more = ()
-                self._more_len = 0
-                self._need = 0
             n = len(buf)
             if n - pos < 2:
                 self._need = 2
@@ -251,9 +215,7 @@ class Decoder:
                 e.version = self.version or self._connect_level or 0
                 e.in_connect = self._server and not self._ready and self._connect_level is not None
             self._error = e
-            self._buf = b""
-            self._pos = self._more_len = 0
-            self._more = ()
+            self._drop()
             raise
 
     # --- PUBLISH (hot path) ------------------------------------------------------------------------
