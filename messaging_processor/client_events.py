@@ -39,6 +39,18 @@ from typing import TYPE_CHECKING, Any
 
 from store import Message
 
+from .properties import (
+    P_CE_DATACONTENTTYPE,
+    P_CE_ID,
+    P_CE_SOURCE,
+    P_CE_SUBJECT,
+    P_CE_TIME,
+    P_CE_TYPE,
+    P_CONTENT_TYPE,
+    P_PATH,
+    P_QOS,
+)
+
 if TYPE_CHECKING:
     from .model import ClientInfo
     from .processor import MessagingProcessor
@@ -121,14 +133,14 @@ def event_message(kind: Kind, body: dict[str, Any]) -> Message:
     ms = body["timestamp"]
     host, port = split_peer(body["peer"])
     props = {
-        "mqtt.topic": "$events/" + kind.mqtt,
-        "mqtt.qos": "1",
-        "mqtt.content_type": "application/json",
-        "ce.id": uuid.uuid4().hex,
-        "ce.source": f"/gateway/{body['node']}",
-        "ce.type": kind.ce_type,
-        "ce.time": rfc3339(ms),
-        "ce.datacontenttype": "application/json",
+        P_PATH: "$events/" + kind.mqtt,
+        P_QOS: "1",
+        P_CONTENT_TYPE: "application/json",
+        P_CE_ID: uuid.uuid4().hex,
+        P_CE_SOURCE: f"/gateway/{body['node']}",
+        P_CE_TYPE: kind.ce_type,
+        P_CE_TIME: rfc3339(ms),
+        P_CE_DATACONTENTTYPE: "application/json",
         "timestamp_in_ms": str(ms),
         "name": body["client_id"],
         "protocol": body["protocol"],
@@ -136,7 +148,7 @@ def event_message(kind: Kind, body: dict[str, Any]) -> Message:
         "peer_port": port,
     }
     if body["client_id"]:
-        props["ce.subject"] = body["client_id"]
+        props[P_CE_SUBJECT] = body["client_id"]
     if body["user"] is not None:
         props["user"] = body["user"]
     for k, v in body.items():

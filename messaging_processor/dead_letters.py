@@ -17,6 +17,7 @@ from store import Message, MessageType
 from .errors import ErrorKind, ProcessorError, StoreCall
 from .metrics import Metrics
 from .model import ClientContext, SendReceipt
+from .ordering import order_key
 from .store_client import StoreClient
 from .tracing import GATEWAY_TRACEPARENT, TRACEPARENT, TraceRecorder, context_of, traceparent_of
 from .transactions import INTERNAL_PROPS
@@ -79,6 +80,8 @@ class DeadLetters:
             if await self.store.get_topic(topic) is None:
                 await self.store.create_topic(topic, None, None, None)
                 log.info("topic %s created on first use", topic)
+            if not msg.order_key:  # (the queue choice, ordering.py)
+                msg.order_key = order_key(msg)
             r = await self.store.append(msg)
         if topic.startswith("%DLQ%"):
             self.metrics.dlq[(ctx.protocol, topic)] += 1
@@ -178,6 +181,7 @@ class DeadLetters:
             born_host=dead.born_host,
             msg_type=MessageType.FIFO if dead.message_group else MessageType.NORMAL,
         )
+        copy.order_key = order_key(copy)
         try:
             if await self.store.get_topic(origin) is None:
                 raise ProcessorError(ErrorKind.TOPIC_NOT_FOUND, f"topic {origin} does not exist")

@@ -27,7 +27,7 @@ from store import ALL, Filter
 from .commit_schedule import CommitSchedule
 from .errors import ErrorKind, ProcessorError
 from .model import ClientContext, Delivery, Message
-from .offset_delivery import QueueProgress
+from .offset_delivery import QueueProgress, begin_at_committed, commit_progress
 from .processor import MessagingProcessor
 
 COMMIT_INTERVAL_S = 1.0
@@ -72,17 +72,9 @@ class LocalFeed:
     async def _begin(self) -> None:
         """Positions at the group's committed offsets (never committed: the queue's start)."""
         async with self._begin_lock:
-            if self._begun:
-                return
-            p = self.processor
-            route = await p.query_route(self.ctx, self.topic)
-            for r in route.queues:
-                at = await p.committed_offset(self.group, self.topic, r.queue_id)
-                if at < 0:
-                    at = (await p.queue_offsets(self.topic, r.queue_id))[0]
-                self.positions[r.queue_id] = at
-                self.queues[r.queue_id] = QueueProgress(at)
-            self._begun = True
+            if not self._begun:
+                await begin_at_committed(self, from_start=True)
+                self._begun = True
 
     async def pop(
         self,
@@ -250,11 +242,7 @@ class LocalFeed:
     # ------------------------------------------------------------------ progress
     async def commit(self) -> None:
         """Per queue id, the first offset not done (else the next to read) to the store."""
-        for qid, qp in list(self.queues.items()):
-            point = qp.point(self.positions.get(qid, qp.committed))
-            if point != qp.committed and point >= 0:
-                await self.processor.commit_offset(self.ctx, self.group, self.topic, qid, point)
-                qp.committed = point
+        await commit_progress(self)
 
     async def close(self) -> None:
         """Stop: pops fail from now on; what is held is forgotten (the queue is going away)."""

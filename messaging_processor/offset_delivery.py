@@ -23,6 +23,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from functools import partial
+from typing import Protocol
 
 from runtime.tasks import cancel_and_wait
 
@@ -79,6 +80,45 @@ class QueueProgress:
     def point(self, next_read: int) -> int:
         """The offset to commit: the first not done, else the next to read."""
         return self.outstanding[0] if self.outstanding else next_read
+
+
+class OffsetReader(Protocol):
+    """A reader of `topic` by offset for `group` that keeps its own progress (OffsetDeliveryLoop,
+    local_feed.py's LocalFeed): per queue id, the next offset to read and what is out."""
+
+    processor: MessagingProcessor
+    ctx: ClientContext
+    group: str
+    topic: str
+    positions: dict[int, int]
+    queues: dict[int, QueueProgress]
+
+
+async def begin_at_committed(r: OffsetReader, *, from_start: bool = False) -> None:
+    """Each queue of the topic at the group's committed offset. A queue never committed has no
+    position (the read starts at its start) or, `from_start`, the position of its first offset."""
+    p = r.processor
+    route = await p.query_route(r.ctx, r.topic)
+    for q in route.queues:
+        at = await p.committed_offset(r.group, r.topic, q.queue_id)
+        if at < 0 and from_start:
+            at = (await p.queue_offsets(r.topic, q.queue_id))[0]
+        r.queues[q.queue_id] = QueueProgress(at)
+        if at >= 0:
+            r.positions[q.queue_id] = at
+
+
+async def commit_progress(r: OffsetReader) -> None:
+    """Commit, per queue read, the first offset not done, else the next to read (only forward)."""
+    p = r.processor
+    for qid, qp in list(r.queues.items()):
+        nxt = r.positions.get(qid)
+        if nxt is None:
+            continue
+        at = qp.point(nxt)
+        if at > qp.committed:
+            await p.commit_offset(r.ctx, r.group, r.topic, qid, at)
+            qp.committed = at
 
 
 class OffsetDeliveryLoop:
@@ -214,16 +254,6 @@ class OffsetDeliveryLoop:
             log.info("final commit of %s/%s failed: %s", self.group, self.topic, e)
 
     # ------------------------------------------------------------------ reading
-    async def _begin(self) -> None:
-        """Positions at the group's committed offsets (a queue never committed: from its start)."""
-        p = self.processor
-        route = await p.query_route(self.ctx, self.topic)
-        for q in route.queues:
-            at = await p.committed_offset(self.group, self.topic, q.queue_id)
-            self.queues[q.queue_id] = QueueProgress(at)
-            if at >= 0:
-                self.positions[q.queue_id] = at
-
     def _unpark(self) -> None:
         unwatch, self._unwatch = self._unwatch, None
         if unwatch is not None:
@@ -238,7 +268,7 @@ class OffsetDeliveryLoop:
         while True:
             try:
                 if not self._begun:
-                    await self._begin()
+                    await begin_at_committed(self)  # (a queue never committed: from its start)
                     self._begun = True
                 await bound.room.wait()
                 gate = self.gate
@@ -335,12 +365,4 @@ class OffsetDeliveryLoop:
     # ------------------------------------------------------------------ progress
     async def commit(self) -> None:
         """Commit, per queue, the first offset not done (only forward)."""
-        p = self.processor
-        for qid, qp in list(self.queues.items()):
-            nxt = self.positions.get(qid)
-            if nxt is None:
-                continue
-            at = qp.point(nxt)
-            if at > qp.committed:
-                await p.commit_offset(self.ctx, self.group, self.topic, qid, at)
-                qp.committed = at
+        await commit_progress(self)

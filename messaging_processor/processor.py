@@ -32,6 +32,8 @@ from .dispatch import Dispatcher, Dispatchers
 from .errors import ErrorKind, ProcessorError, StoreCall, store_error, store_failed
 from .metrics import Metrics
 from .model import Action, ClientContext, Delivery, Resource, SendReceipt
+from .ordering import order_key, set_order_keys
+from .properties import P_PATH
 from .reads import Reads
 from .registry import ClientRegistry
 from .security import Security
@@ -240,6 +242,8 @@ class MessagingProcessor:
             check_message(m, limits, now, max_body)
             if m.msg_type == MessageType.FIFO and not m.message_group:
                 raise ProcessorError(ErrorKind.ILLEGAL_MESSAGE_GROUP, "a FIFO message needs a message group")
+            if not m.order_key:  # (the queue choice, ordering.py)
+                m.order_key = order_key(m)
             topics.add(m.topic)
         if not messages:
             raise ProcessorError(ErrorKind.BAD_REQUEST, "no messages to send")
@@ -248,7 +252,7 @@ class MessagingProcessor:
         if self.security is not None:
             allowed: set[str] = set()  # a batch's messages mostly share a path: check each path once
             for m in messages:  # the ACL path: the MQTT topic, else <topic> or <topic>/<tag>
-                path = m.properties.get("mqtt.topic") or (f"{m.topic}/{m.tag}" if m.tag else m.topic)
+                path = m.properties.get(P_PATH) or (f"{m.topic}/{m.tag}" if m.tag else m.topic)
                 if path in allowed:
                     continue
                 if not self._may_publish(ctx.identity, path):
@@ -326,12 +330,14 @@ class MessagingProcessor:
             if m.msg_type == MessageType.FIFO and not m.message_group:
                 raise ProcessorError(ErrorKind.ILLEGAL_MESSAGE_GROUP, "a FIFO message needs a message group")
             if self.security is not None:
-                path = m.properties.get("mqtt.topic") or (f"{topic}/{m.tag}" if m.tag else topic)
+                path = m.properties.get(P_PATH) or (f"{topic}/{m.tag}" if m.tag else topic)
                 if not self._may_publish(ctx.identity, path):
                     raise ProcessorError(ErrorKind.FORBIDDEN, f"may not publish to {path}")
         except ProcessorError as e:
             on_done(e)
             return True
+        if not m.order_key:  # (the queue choice, ordering.py)
+            m.order_key = order_key(m)
         tracer = self.tracer
         tps = ensure_traceparents([m]) if tracer is not None else None
         copies = self.dispatchers.copies([m]) if self.dispatchers else None
@@ -389,6 +395,7 @@ class MessagingProcessor:
                     log.info("topic %s created (compacted: %s)", topic, compacted)
                 self._known_topics.add(topic)
             if messages:
+                set_order_keys(messages)
                 await self.store.append_many(list(messages))
 
     # ------------------------------------------------------------------ consume

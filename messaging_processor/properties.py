@@ -12,7 +12,14 @@ ones (`__*`) and the RocketMQ system properties the store and the processor keep
 client's `traceparent` is an application property like any other.
 
 `mqtt.topic` holds a message's MQTT-style path. The store keeps `path_hash(path)` as the consume
-queue hash of an untagged message, so a `Filter.skip` can pass over the paths a consumer rejects.
+queue hash of an untagged message, so a `Filter.skip` can pass over the paths a consumer rejects,
+and the path is a message's order key when it has no message group (ordering.py). Its name is part
+of the store's record format (store/message.py `PATH_PROPERTY`); this module is its home above it.
+
+This module is the one home of the property names more than one protocol reads or writes (the
+MQTT-style ones every protocol maps to its own, the CloudEvents attributes the gateway's own events
+carry); names only one adapter uses stay in that adapter's mapping. A string of a protocol's prefix
+(`mqtt.`, `amqp.`, `ce.`, ...) anywhere else fails tests/architecture/test_property_vocabulary.py.
 """
 
 from __future__ import annotations
@@ -21,8 +28,23 @@ import json
 
 from store.message import PATH_PROPERTY, path_hash
 
-P_USER_PROPERTIES = "mqtt.user_properties"
 P_PATH = PATH_PROPERTY  # `mqtt.topic`: the MQTT-style path; an untagged message's entry hash is its hash
+P_USER_PROPERTIES = "mqtt.user_properties"
+P_QOS = "mqtt.qos"  # the MQTT QoS a message was published (or is to be delivered) with
+P_CONTENT_TYPE = "mqtt.content_type"  # MQTT 5 Content Type
+P_CORRELATION = "mqtt.correlation_data"  # MQTT 5 Correlation Data
+P_EXPIRY_AT = "mqtt.expiry_at"  # absolute epoch ms (MQTT 5 Message Expiry Interval)
+
+# CloudEvents attributes, as properties `ce.<name>` (adapters/cloudevents/mapping.py)
+CE_PREFIX = "ce."
+P_CE_ID = "ce.id"
+P_CE_SOURCE = "ce.source"
+P_CE_TYPE = "ce.type"
+P_CE_SUBJECT = "ce.subject"
+P_CE_TIME = "ce.time"
+P_CE_DATACONTENTTYPE = "ce.datacontenttype"
+P_CE_PARTITION_KEY = "ce.partitionkey"  # the CloudEvents partitioning extension
+CE_TYPE_MQTT_PUBLISH = "mqtt.publish"  # the CloudEvent type of a message an MQTT client published
 
 # not application properties (`application_pairs`)
 _OWN_PREFIXES = ("mqtt.", "amqp.", "ce.", "__")
@@ -40,7 +62,26 @@ _SYSTEM = frozenset(
     }
 )
 
-__all__ = ["P_PATH", "P_USER_PROPERTIES", "application_pairs", "path_hash", "user_property_pairs"]
+__all__ = [
+    "CE_PREFIX",
+    "CE_TYPE_MQTT_PUBLISH",
+    "P_CE_DATACONTENTTYPE",
+    "P_CE_ID",
+    "P_CE_PARTITION_KEY",
+    "P_CE_SOURCE",
+    "P_CE_SUBJECT",
+    "P_CE_TIME",
+    "P_CE_TYPE",
+    "P_CONTENT_TYPE",
+    "P_CORRELATION",
+    "P_EXPIRY_AT",
+    "P_PATH",
+    "P_QOS",
+    "P_USER_PROPERTIES",
+    "application_pairs",
+    "path_hash",
+    "user_property_pairs",
+]
 
 
 def application_pairs(props: dict[str, str]) -> list[tuple[str, str]]:

@@ -32,9 +32,9 @@ from store import Message
 from .errors import ErrorKind, ProcessorError
 from .model import Action, ClientContext, Identity, Resource
 from .processor import MessagingProcessor
+from .properties import P_PATH
 
 P_VERSION = "shadow.version"
-P_PATH = "mqtt.topic"
 SECTIONS = ("desired", "reported")
 MAX_KEY_LENGTH = 128
 SHADOW_IDENTITY = Identity("$shadows", mechanism="internal")

@@ -19,10 +19,8 @@ from store import (
     Store,
     TopicConfig,
 )
-from store.errors import TieredRangeNotCached, TieredStorageUnavailable
 from store.raw_range import RawRange, read_range
-
-MAX_TIER_FETCHES = 3  # misses of a range a read already fetched before it gives up
+from store.tier_reads import read_through
 
 T = TypeVar("T")
 
@@ -106,47 +104,17 @@ class LocalStoreClient:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        # The hot calls are the store's own (no delegating frame); `append` returns a future:
-        # awaiting it is the same as awaiting a coroutine.
+        # The hot calls are the store's own (no delegating frame): append (a future: awaiting it is
+        # the same as awaiting a coroutine), append_many, pop and tail are the Store's methods.
         self.append = store.append
         self.append_many = store.append_many
         self.pop = store.pop
         self.tail = store.tail
 
-    async def pop(
-        self,
-        group: str,
-        topic: str,
-        max_messages: int = 32,
-        invisible_time_ms: int = 30_000,
-        filter: Filter = ALL,
-        wait_ms: int = 0,
-    ) -> list[PoppedMessage]:
-        return await self.store.pop(group, topic, max_messages, invisible_time_ms, filter, wait_ms)
-
-    async def tail(
-        self, topic: str, positions: dict[int, int], max_messages: int = 128, wait_ms: int = 0
-    ) -> list[Message]:
-        return await self.store.tail(topic, positions, max_messages, wait_ms)
-
     async def _tiered(self, fn: Callable[..., T], *args: object) -> T:
-        """`fn(*args)`, a synchronous read of the store; a read of a tiered range that is not cached
-        fetches it from object storage and reads again. TieredStorageUnavailable when that fails, or
-        when ranges this read fetched keep being evicted (its span does not fit tier_cache_bytes)."""
-        fetched: set[int] = set()
-        again = 0
-        while True:
-            try:
-                return fn(*args)
-            except TieredRangeNotCached as miss:
-                if miss.offset in fetched:
-                    again += 1
-                    if again >= MAX_TIER_FETCHES:
-                        raise TieredStorageUnavailable(
-                            f"tiered range {miss.offset} keeps leaving the cache: read less at a time"
-                        ) from None
-                fetched.add(miss.offset)
-                await self.store.fetch_tiered(miss)
+        """`fn(*args)`, a synchronous read of the store, read through the tier's cache
+        (store/tier_reads.py: a tiered range not cached is fetched and the read tried again)."""
+        return await read_through(fn, self.store.fetch_tiered, *args)
 
     async def ack(self, handle: str) -> None:
         self.store.ack(handle)
@@ -243,12 +211,22 @@ class LocalStoreClient:
         max_messages: int = 32,
         filter: Filter = ALL,
     ) -> list[Message]:
-        return await self._tiered(self.store.read, topic, queue_id, start, end, max_messages, filter)
+        args = (topic, queue_id, start, end, max_messages, filter)
+        cold = self.store.cold
+        if cold.is_cold(topic, queue_id, start):  # old data: its own turn (store/cold_reads.py)
+            return await cold.read(self.store.read, self.store.fetch_tiered, *args)
+        return await self._tiered(self.store.read, *args)
 
     async def read_raw(
         self, topic: str, queue_id: int, start: int, end: int, max_records: int, max_bytes: int
     ) -> RawRange:
-        return await self._tiered(read_range, self.store, topic, queue_id, start, end, max_records, max_bytes)
+        """The read API's raw ranges; a cold one takes at most the cold reads' step a call."""
+        store, cold = self.store, self.store.cold
+        if cold.is_cold(topic, queue_id, start):
+            max_records, max_bytes = cold.step(topic, queue_id, start, max_records, max_bytes)
+            args = (store, topic, queue_id, start, end, max_records, max_bytes)
+            return await cold.read(read_range, store.fetch_tiered, *args)
+        return await self._tiered(read_range, store, topic, queue_id, start, end, max_records, max_bytes)
 
     async def search_offset(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         return self.store.search_offset(topic, queue_id, timestamp_ms)
