@@ -26,6 +26,8 @@ import asyncio
 import contextlib
 import logging
 
+from runtime.tasks import cancel_and_wait
+
 from .controller import Controller, ControllerError, ControllerUnavailable, GroupState, NotPrimary
 from .replication import STALL_S, Follower, Primary
 from .state_replication import StateFeed, StateFollower
@@ -79,10 +81,8 @@ class GroupMember:
 
     async def stop(self, resign: bool = True) -> None:
         """Stop the role; a primary gives up its claim (`resign`) so a replica takes over at once."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await cancel_and_wait(self._task, errors=True)
+        self._task = None
         await self._stop_following()
         if resign and self.role == "primary" and self.state is not None:
             with contextlib.suppress(ControllerError):

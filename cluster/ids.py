@@ -19,6 +19,7 @@ from typing import Protocol
 
 from store import AppendResult, InvalidReceiptHandle, Message, TopicNotFound
 
+from .chains import Chain
 from .nodes import NodeClient, NodeUnavailable
 
 CLO_SHIFT = 48
@@ -50,12 +51,32 @@ class NodeDirectory(Protocol):
     def node_count(self) -> int: ...
 
 
-class IdMap:
-    """Local <-> global ids over the nodes of `members`, with each topic's stride cached."""
+class ChainLookup(Protocol):
+    """The logic queue tables (chain_table.ChainTable): a chained topic's queue ids are logical."""
 
-    def __init__(self, members: NodeDirectory) -> None:
+    chains: dict[str, Chain]
+
+
+class IdMap:
+    """Local <-> global ids over the nodes of `members`, with each topic's stride cached. A topic
+    with a logic queue table (`chains`) has logical queue ids and offsets instead (chains.py)."""
+
+    def __init__(self, members: NodeDirectory, chains: ChainLookup | None = None) -> None:
         self.members = members
+        self._table = chains
         self._stride: dict[str, int] = {}  # topic -> queues per node
+
+    def _logical(self, node: NodeClient, m: Message) -> bool:
+        """Give `m` its logical queue id and offset if its topic is chained (in place)."""
+        table = self._table
+        c = table.chains.get(m.topic) if table is not None and table.chains else None
+        at = None if c is None else c.where(node.name, m.queue_id)
+        if at is None:
+            return False
+        m.queue_id = at[0]
+        if m.queue_offset >= 0:
+            m.queue_offset = at[1].logical(m.queue_offset)
+        return True
 
     # ------------------------------------------------------------------ strides
     def remember(self, topic: str, queues_per_node: int) -> None:
@@ -94,7 +115,7 @@ class IdMap:
     def globalize(self, node: NodeClient, m: Message) -> Message:
         """`m`, read from `node`, with global commit log offset and queue id (in place)."""
         m.commitlog_offset = self.global_clo(node, m.commitlog_offset)
-        if m.queue_id >= 0:
+        if m.queue_id >= 0 and not self._logical(node, m):
             m.queue_id = self.global_queue(node, m.queue_id)
         return m
 
@@ -102,10 +123,13 @@ class IdMap:
         """`globalize` of each of `msgs` (in place), the node's shift and ordinal looked up once."""
         shift = node.tag << CLO_SHIFT
         count, ordinal = self.members.node_count(), None
+        chained = self._table is not None and bool(self._table.chains)
         for m in msgs:
             if m.commitlog_offset >= 0:
                 m.commitlog_offset |= shift
             if m.queue_id >= 0:
+                if chained and self._logical(node, m):
+                    continue
                 if ordinal is None:
                     ordinal = self.members.ordinal[node.name]
                 m.queue_id = m.queue_id * count + ordinal
@@ -118,6 +142,13 @@ class IdMap:
         """An append result of `node` with global queue id and commit log offset."""
         if r is None:
             return None
+        c = self._table.chains.get(r.topic) if self._table is not None and self._table.chains else None
+        at = None if c is None or r.queue_id < 0 else c.where(node.name, r.queue_id)
+        if at is not None:
+            qid, qoff = at[0], at[1].logical(r.queue_offset)
+            return r._replace(
+                queue_id=qid, queue_offset=qoff, commitlog_offset=self.global_clo(node, r.commitlog_offset)
+            )
         qid = self.global_queue(node, r.queue_id) if r.queue_id >= 0 else r.queue_id
         return r._replace(queue_id=qid, commitlog_offset=self.global_clo(node, r.commitlog_offset))
 
@@ -127,11 +158,21 @@ class IdMap:
         shift = node.tag << CLO_SHIFT
         count, ordinal = self.members.node_count(), None
         out: list[AppendResult | None] = []
+        chains = self._table.chains if self._table is not None else None
         for v in raw:
             if v is None:
                 out.append(None)
                 continue
             mid, topic, qid, qoff, clo, size, ts = v
+            c = chains.get(topic) if chains else None
+            at = None if c is None or qid < 0 else c.where(node.name, qid)
+            if at is not None:
+                out.append(
+                    AppendResult(
+                        mid, topic, at[0], at[1].logical(qoff), clo | shift if clo >= 0 else clo, size, ts
+                    )
+                )
+                continue
             if qid >= 0:
                 if ordinal is None:
                     ordinal = self.members.ordinal[node.name]

@@ -93,6 +93,13 @@ class Membership:
         self._refresher: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
         self._refresh_lock = asyncio.Lock()
+        # logic queues (chain_table.py): told the nodes seen so far before a new one is counted
+        # (a join), and after each refresh
+        self.before_join: Callable[[list[str]], Awaitable[None]] | None = None
+        self.after_refresh: Callable[[], Awaitable[None]] | None = None
+        # ... and a node that joined, once it is live and has the topics (the automatic extend)
+        self.joined: Callable[[NodeClient], Awaitable[None]] | None = None
+        self._joining: set[str] = set()
 
     async def start(self, wait_s: float = 0.0) -> None:
         """First refresh (retried for up to `wait_s` until a node is live), then refresh every
@@ -157,6 +164,12 @@ class Membership:
             for name, (addr, replicas) in sorted(listed.items()):
                 node = self.nodes.get(name)
                 if node is None:
+                    if self.before_join is not None and any(n.alive for n in self.nodes.values()):
+                        try:
+                            await self.before_join(sorted(self.nodes))
+                        except Exception:  # noqa: BLE001 - the node joins all the same
+                            log.exception("preparing the topics for store node %s failed", name)
+                        self._joining.add(name)
                     node = self._add(name, addr)
                 elif node.addr != addr:
                     await node.close()
@@ -184,7 +197,8 @@ class Membership:
                         node.info.version,
                         "" if node.info.version else " (before HELLO: its base operations only)",
                     )
-                    self.spawn(self._sync_node(node))
+                    self.spawn(self._sync_node(node, name in self._joining))
+                    self._joining.discard(name)
             for name, node in self.nodes.items():
                 if name in listed:
                     self._kept.discard(name)
@@ -196,6 +210,8 @@ class Membership:
                     )
                     await node.close_all()
             self.spawn(self._refresh_stats())
+            if self.after_refresh is not None:
+                self.spawn(self.after_refresh())
 
     async def _reconnect_known(self) -> None:
         """While no name server answers: connect again the listed nodes whose connection broke, at
@@ -291,11 +307,20 @@ class Membership:
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
 
-    async def _sync_node(self, node: NodeClient) -> None:
-        """Give a (re)joining node the topics and groups the other live nodes have."""
+    async def _sync_node(self, node: NodeClient, joined: bool = False) -> None:
+        """Give a (re)joining node the topics and groups the other live nodes have (then, for a
+        node that joined, tell `joined`)."""
         others = [n for n in self.live() if n is not node]
         if not others:
             return
+        await self._copy_catalog(node, others)
+        if joined and self.joined is not None:
+            try:
+                await self.joined(node)
+            except Exception:  # noqa: BLE001 - logged; an operator can extend by hand
+                log.exception("extending topics onto store node %s failed", node.name)
+
+    async def _copy_catalog(self, node: NodeClient, others: list[NodeClient]) -> None:
         try:
             mine = {t["name"] for t in await node.value("list_topics")}
             theirs = await others[0].value("list_topics")

@@ -17,6 +17,7 @@ from typing import Any
 from store import ALL, Filter, PoppedMessage, TopicNotFound
 
 from . import store_wire as w
+from .chain_table import ChainTable, FifoGate
 from .ids import IdMap
 from .long_poll import first_answer
 from .membership import Membership
@@ -26,11 +27,25 @@ from .nodes import NodeClient, NodeUnavailable
 class Pops:
     """`pop` of the cluster's StoreClient."""
 
-    def __init__(self, members: Membership, ids: IdMap, request_timeout_s: float) -> None:
+    def __init__(self, members: Membership, ids: IdMap, request_timeout_s: float, chains: ChainTable) -> None:
         self.members = members
         self.ids = ids
         self.request_timeout_s = request_timeout_s
+        self.chains = chains
+        self.gate = FifoGate(members, chains)
         self._rr = itertools.count()
+
+    async def _nodes(self, args: dict[str, Any]) -> list[NodeClient]:
+        """The live nodes to pop for this group and topic (a chained topic's FIFO gate applied)."""
+        live = self.members.need_live()
+        if self.chains.chains and args["topic"] in self.chains.chains:
+            args["chain"] = self.chains.epoch(args["topic"])
+            skipped = await self.gate.skipped(args["group"], args["topic"])
+            if skipped:
+                return [n for n in live if n.name not in skipped]
+        else:
+            args["chain"] = 0
+        return live
 
     async def _pop_node(
         self,
@@ -41,7 +56,15 @@ class Pops:
     ) -> list[PoppedMessage]:
         a = {**args, "wait_ms": wait_ms}
         sent = None if opaques is None else (lambda o: opaques.__setitem__(node.name, o))
-        r = await node.call("pop", a, timeout=wait_ms / 1000 + self.request_timeout_s, sent=sent)
+        try:
+            r = await node.call("pop", a, timeout=wait_ms / 1000 + self.request_timeout_s, sent=sent)
+        except w.StaleChain:  # the node took part in a newer table: read it, then pop again
+            await self.chains.reload()
+            a["chain"] = self.chains.epoch(a["topic"])
+            try:
+                r = await node.call("pop", a, timeout=self.request_timeout_s)
+            except w.StaleChain:  # a switch under way: its table is not written yet
+                return []
         out = w.decode_popped(r.body)
         for p in out:
             self.ids.globalize(node, p.message)
@@ -56,7 +79,10 @@ class Pops:
                 await node.call("change_invisible_time", {"handle": local, "invisible_ms": 0})
 
     async def _pop_once(self, args: dict[str, Any], max_n: int, wait_ms: int) -> list[PoppedMessage]:
-        live = self.members.need_live()
+        live = await self._nodes(args)
+        if not live:  # every node waits for older segments: poll again shortly
+            await asyncio.sleep(min(wait_ms, 100) / 1000)
+            return []
         start = next(self._rr)
         out: list[PoppedMessage] = []
         errors: list[BaseException] = []
@@ -73,14 +99,18 @@ class Pops:
             raise errors[0]
         if out or wait_ms <= 0:
             return out
-        return await self._long_poll(args, max_n, wait_ms)
+        if len(live) < len(self.members.live()):  # a FIFO gate is closed: short polls until it opens
+            wait_ms = min(wait_ms, 200)
+        return await self._long_poll(args, max_n, wait_ms, live)
 
-    async def _long_poll(self, args: dict[str, Any], max_n: int, wait_ms: int) -> list[PoppedMessage]:
-        """Long poll every live node at once; the first non-empty answer wins, whatever the
-        others hand out is released."""
+    async def _long_poll(
+        self, args: dict[str, Any], max_n: int, wait_ms: int, nodes: list[NodeClient]
+    ) -> list[PoppedMessage]:
+        """Long poll every live node at once (of `nodes`); the first non-empty answer wins,
+        whatever the others hand out is released."""
         a = {**args, "max": max_n}
         return await first_answer(
-            self.members,
+            _Only(self.members, nodes),
             lambda node, slice_ms, opaques: self._pop_node(node, a, slice_ms, opaques),
             wait_ms,
             lambda extra: self.members.spawn(self._release(extra)),
@@ -124,3 +154,19 @@ class Pops:
                     await node.call("ack", {"handle": local})
             if keep or left <= 0:
                 return keep
+
+
+class _Only:
+    """The members `first_answer` polls, limited to `nodes` (a FIFO gate leaves some out)."""
+
+    def __init__(self, members: Membership, nodes: list[NodeClient]) -> None:
+        self._members = members
+        self._names = {n.name for n in nodes}
+        self._all = len(nodes) == len(members.live())
+
+    def need_live(self) -> list[NodeClient]:
+        live = self._members.need_live()
+        return live if self._all else [n for n in live if n.name in self._names]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._members, name)

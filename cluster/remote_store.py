@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
+import os
+import socket
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -34,13 +37,19 @@ from store import (
     compaction_key,
 )
 
+from . import logic_admin
 from . import store_wire as w
+from .chain_reads import ChainReads
+from .chain_table import ChainTable
+from .chains import CHAINS_NS
 from .ids import IdMap
 from .membership import Membership, StaticNodes
 from .nodes import NodeClient, NodeUnavailable
 from .pops import Pops
 from .sends import Sends
 from .tails import Tails
+
+log = logging.getLogger("cluster")
 
 
 class ClusterStoreClient:
@@ -69,11 +78,16 @@ class ClusterStoreClient:
             auth=auth,
             tls=tls,
         )
-        self.ids = IdMap(self.members)
+        self.chains = ChainTable(self.members)  # logic queues spanning nodes (chains.py)
+        self.members.before_join = self.chains.freeze
+        self.members.after_refresh = self._reload_chains
+        self.members.joined = self._joined
+        self.ids = IdMap(self.members, self.chains)
         self.request_timeout_s = request_timeout_s
-        self.sends = Sends(self.members, self.ids, request_timeout_s)
-        self.pops = Pops(self.members, self.ids, request_timeout_s)
-        self.tails = Tails(self.members, self.ids, request_timeout_s)
+        self.sends = Sends(self.members, self.ids, request_timeout_s, self.chains)
+        self.pops = Pops(self.members, self.ids, request_timeout_s, self.chains)
+        self.tails = Tails(self.members, self.ids, request_timeout_s, self.chains)
+        self.chain_reads = ChainReads(self.members, self.ids, request_timeout_s)
         self.tail = self.tails.tail
         self.append = self.sends.append
         self.append_many = self.sends.append_many
@@ -84,6 +98,21 @@ class ClusterStoreClient:
         """First route refresh (retried for up to `wait_s` until a node is live), then refresh
         in the background."""
         await self.members.start(wait_s)
+        await self._reload_chains()
+
+    async def _joined(self, node: NodeClient) -> None:
+        """A node joined: the automatic mode extends the topics onto it (logic_admin.py)."""
+        moved = await logic_admin.auto_extend(
+            self, node.name, f"{socket.gethostname()}-{os.getpid()}-{id(self)}"
+        )
+        if moved:
+            log.info("store node %s joined: open queues moved onto it %s", node.name, moved)
+
+    async def _reload_chains(self) -> None:
+        try:
+            await self.chains.reload()
+        except Exception:  # noqa: BLE001 - the tables of the last reload stay in use
+            return
 
     async def refresh(self) -> None:
         await self.members.refresh()
@@ -196,6 +225,12 @@ class ClusterStoreClient:
         t = w.topic_from_json(d)
         assert t is not None
         self.ids.remember(t.name, t.queues)
+        chain = self.chains.get(t.name)
+        if chain is not None:  # its logical queues, wherever their segments are
+            t.queues = len(chain)
+            t.read_queues = 0
+            t.epochs = []
+            return t
         t.queues *= self.store_count()
         t.read_queues *= self.store_count()
         return t
@@ -241,12 +276,16 @@ class ClusterStoreClient:
 
     async def resize_topic(self, name: str, queues: int) -> TopicConfig:
         """Logic queues: `queues` per node from now on, on every node (docs/store.md)."""
+        if self.chains.get(name) is not None:
+            raise ValueError(f"topic {name} has logical queues over store nodes: its count stays")
         self.ids.forget(name)
         return self._topic((await self._all("resize_topic", {"name": name, "queues": queues}))[0])
 
     async def delete_topic(self, name: str) -> None:
         self.ids.forget(name)
         await self._all("delete_topic", {"name": name})
+        if self.chains.chains.pop(name, None) is not None:
+            await self._all("kv_delete", {"ns": CHAINS_NS, "key": name})
 
     async def list_topics(self) -> list[TopicConfig]:
         seen: dict[str, TopicConfig] = {}
@@ -296,10 +335,16 @@ class ClusterStoreClient:
 
     # ------------------------------------------------------------------ offsets
     async def min_offset(self, topic: str, queue_id: int) -> int:
+        chain = self.chains.get(topic)
+        if chain is not None:
+            return await self.chain_reads.min_offset(chain, self._lq(chain, queue_id))
         node, local = await self.ids.locate(topic, queue_id)
         return await node.value("min_offset", {"topic": topic, "queue_id": local})
 
     async def max_offset(self, topic: str, queue_id: int) -> int:
+        chain = self.chains.get(topic)
+        if chain is not None:
+            return await self.chain_reads.max_offset(chain, self._lq(chain, queue_id))
         node, local = await self.ids.locate(topic, queue_id)
         return await node.value("max_offset", {"topic": topic, "queue_id": local})
 
@@ -312,6 +357,10 @@ class ClusterStoreClient:
         max_messages: int = 32,
         filter: Filter = ALL,
     ) -> list[Message]:
+        chain = self.chains.get(topic)
+        if chain is not None:
+            lq = self._lq(chain, queue_id)
+            return await self.chain_reads.read(chain, lq, start, end, max_messages, filter)
         node, local = await self.ids.locate(topic, queue_id)
         args = {
             "topic": topic,
@@ -332,20 +381,35 @@ class ClusterStoreClient:
         return None
 
     async def search_offset(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        chain = self.chains.get(topic)
+        if chain is not None:
+            return await self.chain_reads.search_offset(chain, self._lq(chain, queue_id), timestamp_ms)
         node, local = await self.ids.locate(topic, queue_id)
         return await node.value(
             "search_offset", {"topic": topic, "queue_id": local, "timestamp_ms": timestamp_ms}
         )
 
     async def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        chain = self.chains.get(topic)
+        if chain is not None:
+            return await self.chain_reads.commit_offset(chain, group, self._lq(chain, queue_id), offset)
         node, local = await self.ids.locate(topic, queue_id)
         await node.call(
             "commit_offset", {"group": group, "topic": topic, "queue_id": local, "offset": offset}
         )
 
     async def committed_offset(self, group: str, topic: str, queue_id: int) -> int:
+        chain = self.chains.get(topic)
+        if chain is not None:
+            return await self.chain_reads.committed_offset(chain, group, self._lq(chain, queue_id))
         node, local = await self.ids.locate(topic, queue_id)
         return await node.value("committed_offset", {"group": group, "topic": topic, "queue_id": local})
+
+    @staticmethod
+    def _lq(chain: Any, queue_id: int) -> int:
+        if not 0 <= queue_id < len(chain):
+            raise ValueError(f"topic {chain.topic} has no queue {queue_id}")
+        return queue_id
 
     async def backlog(self, group: str, topic: str) -> int:
         return sum(await self._all("backlog", {"group": group, "topic": topic}))

@@ -26,7 +26,8 @@ send. A send that waits `stall_s` for a replica sets `stalled`: the member then 
 it waits for out of the SyncStateSet at once (as long as `min_insync` still holds), and waiters
 re-evaluate when `required` shrinks (`required_changed`), so the sends in flight when a replica
 pauses are acknowledged by the remaining in-sync replicas, within the wait. `Follower` is a
-replica's side: one task that pulls and applies, reconnecting after errors.
+replica's side: one task that pulls and applies, reconnecting after errors (the loop of
+cluster/following.py, which state replication runs too).
 """
 
 from __future__ import annotations
@@ -40,12 +41,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from remoting import RemotingCommand, ResponseCode, parse_host_port
-from remoting.client import RemotingClient, RemotingClientError
+from remoting import RemotingCommand, ResponseCode
+from remoting.client import RemotingClient
 from remoting.cluster_auth import ClusterAuth
 from store import Store, StoreError
 from store.epochs import divergence
-from store.errors import TieredRangeNotCached
+from store.tier_reads import read_through
+
+from .following import FollowerLoop
 
 log = logging.getLogger("cluster.replication")
 
@@ -223,26 +226,18 @@ class Primary:
 
 async def _read_chunk(store: Store, start: int, max_bytes: int) -> bytes:
     """`store.read_log_chunk`, fetching a tiered range from object storage when it is not cached
-    (a replica far behind catches up through the primary's tier cache)."""
-    for _ in range(8):  # (a chunk lies in one segment: a few blocks)
-        try:
-            return store.read_log_chunk(start, max_bytes)
-        except TieredRangeNotCached as miss:
-            await store.fetch_tiered(miss)
-    return store.read_log_chunk(start, max_bytes)
+    (a replica far behind catches up through the primary's tier cache: store/tier_reads.py)."""
+    return await read_through(store.read_log_chunk, store.fetch_tiered, start, max_bytes)
 
 
-async def connect_primary(
-    primary: str, auth: ClusterAuth | None, tls: ssl.SSLContext | None
-) -> RemotingClient:
-    """A replica's connection to its primary's store protocol (`host:port`), proving the cluster
-    secret and speaking TLS when configured (log and state replication each keep one)."""
-    host, port = parse_host_port(primary, 10911)
-    return await RemotingClient.connect(host, port, timeout=5.0, auth=auth, ssl=tls)
+class Follower(FollowerLoop):
+    """A replica's side: pulls the primary's log into `store` until stopped (`connected`: aligned
+    with the primary and pulling)."""
 
-
-class Follower:
-    """A replica's side: pulls the primary's log into `store` until stopped."""
+    stream = "replication"
+    task = "follow"
+    log = log
+    errors = (*FollowerLoop.errors, StoreError)
 
     def __init__(
         self,
@@ -256,53 +251,36 @@ class Follower:
         auth: ClusterAuth | None = None,
         tls: ssl.SSLContext | None = None,
     ) -> None:
-        self.store = store
-        self.name = name
-        self.primary = primary  # host:port of the primary's store protocol
+        super().__init__(store, name, primary, wait_ms=wait_ms, retry_s=retry_s, auth=auth, tls=tls)
         self.chunk = chunk
-        self.wait_ms = wait_ms
-        self.retry_s = retry_s
-        self.auth = auth  # the cluster secret: the connection to the primary proves it
-        self.tls = tls  # a client context: the primary is spoken to over TLS
-        self.connected = asyncio.Event()  # set while aligned with the primary and pulling
         self.truncated: list[int] = []  # offsets truncated to on (re)joins (for tests and logs)
         self.rebased: list[int] = []  # offsets its empty log was re-based at (for tests and logs)
         self.behind: int | None = None  # the primary's log start when this replica cannot catch up
-        self._task: asyncio.Task | None = None
 
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"follow {self.primary}")
+    @property
+    def connected(self) -> asyncio.Event:
+        """Set while aligned with the primary and pulling."""
+        return self.ready
 
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+    async def _session(self, client: RemotingClient) -> None:
+        await self._align(client)
+        self.ready.set()
+        await self._pull(client)
 
-    async def _run(self) -> None:
-        while True:
-            client = None
-            try:
-                client = await connect_primary(self.primary, self.auth, self.tls)
-                await self._align(client)
-                self.connected.set()
-                await self._pull(client)
-            except ReplicaBehind as e:
-                log.error(
-                    "replica %s cannot catch up from %s: %s; stop it, wipe its data directory and start"
-                    " it again (docs/cluster.md, 'Lost disk')",
-                    self.name,
-                    self.primary,
-                    e,
-                )
-            except (OSError, RemotingClientError, TimeoutError, ValueError, StoreError) as e:
-                log.warning("replica %s: replication from %s: %s", self.name, self.primary, e)
-            finally:
-                self.connected.clear()
-                if client is not None:
-                    with contextlib.suppress(Exception):
-                        await client.close()
-            await asyncio.sleep(BEHIND_RETRY_S if self.behind is not None else self.retry_s)
+    def _failed(self, e: Exception) -> None:
+        if not isinstance(e, ReplicaBehind):
+            super()._failed(e)
+            return
+        log.error(
+            "replica %s cannot catch up from %s: %s; stop it, wipe its data directory and start"
+            " it again (docs/cluster.md, 'Lost disk')",
+            self.name,
+            self.primary,
+            e,
+        )
+
+    def _retry_delay(self) -> float:
+        return BEHIND_RETRY_S if self.behind is not None else self.retry_s
 
     async def _align(self, client: RemotingClient) -> None:
         """Truncate what the primary does not have; take its epochs."""

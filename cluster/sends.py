@@ -17,9 +17,15 @@ from typing import Any
 from store import AppendResult, Message
 from store.message import PATH_PROPERTY
 
+from . import store_wire as w
+from .chain_table import ChainTable
+from .chains import Chain
 from .ids import IdMap
 from .membership import Membership
 from .nodes import AppendBatcher, NodeClient, NodeUnavailable
+
+MAX_RESOLVES = 40  # a send refused by a sealed queue or a draining node: tables reloaded this often
+RESOLVE_PAUSE_S = 0.05  # between two reloads that found no newer table (a switch under way)
 
 log = logging.getLogger("cluster")
 
@@ -27,18 +33,23 @@ log = logging.getLogger("cluster")
 class Sends:
     """`append` / `append_many` of the cluster's StoreClient."""
 
-    def __init__(self, members: Membership, ids: IdMap, request_timeout_s: float) -> None:
+    def __init__(self, members: Membership, ids: IdMap, request_timeout_s: float, chains: ChainTable) -> None:
         self.members = members
         self.ids = ids
+        self.chains = chains
         self.request_timeout_s = request_timeout_s
         self._batchers: dict[tuple[str, str], AppendBatcher] = {}  # (node, topic) -> its sends, in order
         self._rr = itertools.count()
 
     def _target(self, msg: Message, stride: int | None, exclude: set[str]) -> tuple[NodeClient, int]:
         """(node, local queue id or -1) for one message."""
-        live = [n for n in self.members.need_live() if n.name not in exclude]
+        draining = self.chains.draining
+        live = [n for n in self.members.need_live() if n.name not in exclude and n.name not in draining]
         if not live:
             raise NodeUnavailable("no store node is available")
+        chain = self.chains.get(msg.topic)
+        if chain is not None:
+            return self._chain_target(chain, msg, live)
         if msg.queue_id >= 0 and stride:
             local, ordinal = divmod(msg.queue_id, self.members.node_count())
             for n in live:
@@ -55,18 +66,53 @@ class Sends:
                     return n, -1
         return live[next(self._rr) % len(live)], -1
 
+    def _chain_target(self, chain: Chain, msg: Message, live: list[NodeClient]) -> tuple[NodeClient, int]:
+        """A chained topic's message goes to the open segment of its logical queue: the one it
+        names, its message group's (MQTT path's), else the next in rotation on a live node."""
+        ok = {n.name: n for n in live}
+        key = msg.message_group or (msg.properties.get(PATH_PROPERTY) if msg.properties else None)
+        n = len(chain)
+        if msg.queue_id >= 0:
+            first = msg.queue_id % n
+        elif key:
+            first = chain.key_queue(key)
+        else:
+            first = next(self._rr) % n
+        for k in range(n):  # (the next logical queue while that one's node is down: as above)
+            head = chain.head((first + k) % n)
+            node = ok.get(head.node)
+            if node is not None:
+                return node, head.queue
+        raise NodeUnavailable(f"no live store node holds an open queue of {msg.topic}")
+
     async def _append_on(self, msgs: list[Message], exclude: set[str] | None = None) -> list[AppendResult]:
-        """Append `msgs` (all bound for one node) with failover to other nodes when it is down."""
+        """Append `msgs` (all bound for one node) with failover to other nodes when it is down,
+        and to a queue's next segment when it was sealed or its node drains (tables reloaded)."""
         exclude = set() if exclude is None else exclude
-        stride = await self.ids.stride(msgs[0].topic) if any(m.queue_id >= 0 for m in msgs) else None
+        topic = msgs[0].topic
+        stride = await self.ids.stride(topic) if any(m.queue_id >= 0 for m in msgs) else None
+        resolves = 0
         while True:
             node, local = self._target(msgs[0], stride, exclude)
             wire = [m if m.queue_id == local else dataclasses.replace(m, queue_id=local) for m in msgs]
+            if local >= 0 and topic in self.chains.chains and any(m.topic != topic for m in msgs):
+                wire = [m if m.topic == topic else dataclasses.replace(m, queue_id=-1) for m in wire]
             try:
                 raw = await self._submit(node, wire)
             except NodeUnavailable as e:
                 log.warning("send failed on %s, trying another store node: %s", node.name, e)
                 exclude.add(node.name)
+                continue
+            except (w.QueueSealed, w.NodeDraining) as e:
+                resolves += 1
+                if resolves > MAX_RESOLVES:
+                    raise NodeUnavailable(f"{topic}: no open queue to write ({e})") from e
+                epoch = self.chains.epoch(topic)
+                await self.chains.reload()
+                if isinstance(e, w.NodeDraining):
+                    self.chains.draining.add(node.name)
+                elif self.chains.epoch(topic) == epoch:
+                    await asyncio.sleep(RESOLVE_PAUSE_S)  # sealed, the new table not written yet
                 continue
             return self.ids.results(node, raw)  # type: ignore[return-value]
 
@@ -99,14 +145,17 @@ class Sends:
         return (await self._append_on([msg]))[0]
 
     async def append_many(self, msgs: list[Message]) -> list[AppendResult]:
-        if not any(m.queue_id >= 0 or m.message_group for m in msgs):
+        chains = self.chains.chains
+        chained = bool(chains) and any(m.topic in chains for m in msgs)
+        if not chained and not any(m.queue_id >= 0 or m.message_group for m in msgs):
             return await self._append_on(msgs)
-        # Messages bound for particular queues or groups: one sub-batch per target node.
+        # Messages bound for particular queues, groups or logical queues: one sub-batch per target
+        # node and queue (a chained topic's per topic too: its queue is its logical queue's).
         stride = await self.ids.stride(msgs[0].topic)
-        parts: dict[str, list[int]] = {}
+        parts: dict[tuple[str, int, str], list[int]] = {}
         for i, m in enumerate(msgs):
-            node, _ = self._target(m, stride, set())
-            parts.setdefault(node.name, []).append(i)
+            node, local = self._target(m, stride, set())
+            parts.setdefault((node.name, local, m.topic if m.topic in chains else ""), []).append(i)
         out: list[AppendResult | None] = [None] * len(msgs)
         for idxs in parts.values():
             for i, r in zip(idxs, await self._append_on([msgs[i] for i in idxs]), strict=True):

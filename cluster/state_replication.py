@@ -30,7 +30,6 @@ import base64
 import contextlib
 import json
 import logging
-import ssl
 import struct
 import time
 import uuid
@@ -38,12 +37,11 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from remoting import RemotingCommand, ResponseCode
-from remoting.client import RemotingClient, RemotingClientError
-from remoting.cluster_auth import ClusterAuth
+from remoting.client import RemotingClient
 from store import Store
 from store.state_replica import catalog_digest
 
-from .replication import connect_primary
+from .following import FollowerLoop
 
 log = logging.getLogger("cluster.state_replication")
 
@@ -225,58 +223,28 @@ class StateFeed:
         return cmd.response(ResponseCode.SUCCESS, None, ext, _pack(header, snapshot))
 
 
-class StateFollower:
-    """A replica's side: pulls the primary's state into `store` until stopped."""
+class StateFollower(FollowerLoop):
+    """A replica's side: pulls the primary's state into `store` until stopped (`synced`: a full
+    copy taken in this connection)."""
 
-    def __init__(
-        self,
-        store: Store,
-        name: str,
-        primary: str,
-        *,
-        wait_ms: int = 1000,
-        retry_s: float = 0.5,
-        auth: ClusterAuth | None = None,
-        tls: ssl.SSLContext | None = None,
-    ) -> None:
-        self.store = store
-        self.name = name
-        self.primary = primary
-        self.wait_ms = wait_ms
-        self.retry_s = retry_s
-        self.auth = auth  # the cluster secret: the connection to the primary proves it
-        self.tls = tls  # a client context: the primary is spoken to over TLS
-        self.synced = asyncio.Event()  # set once a full copy is taken (cleared on reconnects)
-        self.session = ""
-        self.cpos = 0
-        self.kpos = 0
-        self.digest = ""
-        self._task: asyncio.Task | None = None
+    stream = "state replication"
+    task = "state"
+    log = log
+    errors = (*FollowerLoop.errors, KeyError, struct.error)
+    # where the stream stands: the primary's session and the positions its answers gave
+    session = ""
+    cpos = 0
+    kpos = 0
+    digest = ""
 
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"state {self.primary}")
+    @property
+    def synced(self) -> asyncio.Event:
+        """Set once a full copy is taken (cleared on reconnects)."""
+        return self.ready
 
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
-
-    async def _run(self) -> None:
+    async def _session(self, client: RemotingClient) -> None:
         while True:
-            client = None
-            try:
-                client = await connect_primary(self.primary, self.auth, self.tls)
-                while True:
-                    await self._pull(client)
-            except (OSError, RemotingClientError, TimeoutError, ValueError, KeyError, struct.error) as e:
-                log.warning("replica %s: state replication from %s: %s", self.name, self.primary, e)
-            finally:
-                self.synced.clear()
-                if client is not None:
-                    with contextlib.suppress(Exception):
-                        await client.close()
-            await asyncio.sleep(self.retry_s)
+            await self._pull(client)
 
     async def _pull(self, client: RemotingClient) -> None:
         ext = {
@@ -297,7 +265,7 @@ class StateFollower:
         if header.get("full"):
             await kv.replace_all([(ns, k, base64.b64decode(v)) for ns, k, v in header["rows"]])
             await state.replace_progress(data)
-            self.synced.set()
+            self.ready.set()
         else:
             for ns, items in header["kv"]:
                 await kv.put_many(

@@ -22,6 +22,8 @@ import ssl
 import time
 from dataclasses import dataclass, field
 
+import orjson
+
 from messaging_processor import LocalStoreClient
 from namesrv.client import NameServerClient
 from namesrv.routeinfo import TopicQueues
@@ -32,6 +34,8 @@ from runtime.tasks import cancel_and_wait
 from store import Message, Store, StoreError
 
 from . import store_wire as w
+from .chains import CHAINS_NS
+from .fence import NodeFence
 from .ids import replica_broker_id
 from .replication import CODES as REPLICATION_CODES
 from .replication import Primary
@@ -41,6 +45,7 @@ log = logging.getLogger("cluster.store_node")
 POP = w.OPS["pop"]
 LONG_POLLS = frozenset({POP, w.OPS["tail"]})  # may wait for messages: answered at once on stop
 APPEND = w.OPS["append"]
+FENCED = frozenset({APPEND, POP, w.OPS["tail"]})  # checked against seals and draining (fence.py)
 KV_WRITES = frozenset({"kv_put", "kv_put_many", "kv_delete", "kv_put_if_absent"})
 CATALOG_WRITES = frozenset({"create_topic", "resize_topic", "delete_topic", "create_group", "delete_group"})
 
@@ -98,6 +103,7 @@ class StoreNode:
         # ... and of its consumer progress, key-value data and catalog (cluster/state_replication.py)
         self.state_feed: StateFeed | None = None
         self.accepts_writes = True  # False on a replica: only reads are served
+        self.fence = NodeFence(store)  # logic queue seals and draining (cluster/fence.py)
         store.transaction_checker = self._check_transaction
 
     @property
@@ -159,6 +165,10 @@ class StoreNode:
             for t in self.store.topics()
             if not t.name.startswith("%") or t.name.startswith(("%RETRY%", "%DLQ%"))
         }
+        tables = None
+        if master:  # its logic queue tables (cluster/chains.py) are listed in the routes too
+            rows = await self.store.kv.scan(CHAINS_NS, "")
+            tables = {t: orjson.loads(raw) for t, raw in rows if t in topics} or None
         await self.namesrv.register_broker(
             cluster=self.config.cluster_name,
             name=self.config.group or self.name,
@@ -166,6 +176,7 @@ class StoreNode:
             topics=topics,
             broker_id=0 if master else replica_broker_id(self.name),
             timeout_ms=int(self.config.lease_expiry_s * 1000),
+            logic_queues=tables,
         )
 
     # ------------------------------------------------------------------ FrameHandler
@@ -197,6 +208,14 @@ class StoreNode:
                 f"store node {self.name} is a replica of group {self.config.group}: it serves reads only",
                 {"error": "StoreError"},
             )
+        if name in w.NODE_OPS:
+            return await self._node_op(cmd, name)
+        if cmd.code in FENCED:
+            if not self.fence.loaded(self.accepts_writes):
+                await self.fence.load(self.accepts_writes)
+            refused = self._fenced(cmd)
+            if refused is not None:
+                return refused
         if cmd.code == APPEND and self._sync_policy():
             refused = self._refuse_unreplicated(cmd)
             if refused is not None:
@@ -234,6 +253,43 @@ class StoreNode:
             body = result if type(result) is w.EncodedMessages else w.encode_messages(result)
             return cmd.response(ResponseCode.SUCCESS, None, None, body)
         return cmd.response(ResponseCode.SUCCESS, None, None, w.reply_body(result))
+
+    async def _node_op(self, cmd: RemotingCommand, name: str) -> RemotingCommand:
+        """The node's own operations of logic queues and draining (cluster/fence.py)."""
+        await self.fence.load(self.accepts_writes)
+        args = w.loads(cmd.ext_fields["a"]) if "a" in cmd.ext_fields else {}
+        state = {"name": self.name, "group": self.config.group, "role": self._role()}
+        try:
+            result = await self.fence.serve(name, args, state)
+        except StoreError as e:
+            kind, msg = w.error_fields(e)
+            return cmd.response(ResponseCode.SYSTEM_ERROR, msg, {"error": kind})
+        return cmd.response(ResponseCode.SUCCESS, None, None, w.reply_body(result))
+
+    def _fenced(self, cmd: RemotingCommand) -> RemotingCommand | None:
+        """An append to a sealed queue (any while draining) and a pop or tail read with an older
+        chain table are refused (cluster/fence.py); an append let through is counted until it is
+        answered (a seal waits for it)."""
+        fence = self.fence
+        try:
+            if cmd.code == APPEND:
+                if fence.active:
+                    fence.check_append(cmd.body)
+                task = asyncio.current_task()
+                assert task is not None
+                fence.appending.add(task)
+                task.add_done_callback(fence.appending.discard)
+            elif fence.epochs and "a" in cmd.ext_fields:
+                fence.check_read(w.loads(cmd.ext_fields["a"]))
+        except StoreError as e:
+            kind, msg = w.error_fields(e)
+            return cmd.response(ResponseCode.SYSTEM_ERROR, msg, {"error": kind})
+        return None
+
+    def _role(self) -> str:
+        if self.config.group is None:
+            return "standalone"
+        return "primary" if self.accepts_writes and self.replication is not None else "replica"
 
     def _sync_policy(self) -> bool:
         """Whether this primary acknowledges a send only once its SyncStateSet holds it (with

@@ -36,6 +36,7 @@ from typing import Any
 import orjson
 
 from messaging_processor import LocalStoreClient, StoreClient
+from messaging_processor.ordering import order_key
 from remoting import ResponseCode
 from runtime.speedups import load as load_speedups
 from store import (
@@ -103,18 +104,22 @@ V0_OPS: tuple[str, ...] = (
     "ack_many",
     "tail",
 )
-ADDED_OPS: tuple[str, ...] = ()  # operations of later versions, in order (none yet)
+# operations of later versions, in order: version 2 adds logic queues and draining (feature
+# `logic_queues`: chain_fence, set_draining, node_state, and the `chain` argument of pop and tail)
+ADDED_OPS: tuple[str, ...] = ("chain_fence", "set_draining", "node_state")
 OPS: dict[str, int] = {name: 9100 + i for i, name in enumerate(V0_OPS + ADDED_OPS)}
 OP_NAMES = {code: name for name, code in OPS.items()}
 # HELLO, proxy -> node, once per connection: extFields `version` and `features` (comma separated)
 # of the proxy; the node answers with its own as a JSON body (`hello_reply`). A node of version 0
 # answers REQUEST_CODE_NOT_SUPPORTED: the proxy then uses BASE_FEATURES with it.
 HELLO = 9197
-VERSION = 1
+VERSION = 2
 BASE_FEATURES = frozenset(V0_OPS)  # what a node of version 0 serves: its operations
 # version 1: HELLO itself; `not_replicated`: a write stored on the primary but not replicated in
 # time is the error NotReplicated (version 0 nodes send StoreError for it)
-FEATURES = frozenset(OPS) | {"hello", "not_replicated"}
+# version 2: `logic_queues` (docs/cluster.md, "Logic queues across nodes")
+FEATURES = frozenset(OPS) | {"hello", "not_replicated", "logic_queues"}
+NODE_OPS = frozenset(ADDED_OPS)  # served by the node itself (cluster/fence.py), not by SERVE
 OLD_NOT_REPLICATED = "not replicated to the SyncStateSet within"  # a version 0 node's remark for it
 CANCEL = 9198  # oneway: extField `opaque` = a pending request of this connection to abandon
 TXN_CHECK = 9199  # store node -> proxy, oneway: body = one encoded message (a half message)
@@ -148,9 +153,24 @@ READS = frozenset(
         "ping",
         "latest",
         "latest_items",
+        "node_state",
     }
 )
 READ_CODES = frozenset(OPS[n] for n in READS) | {CANCEL}
+
+
+class QueueSealed(StoreError):
+    """An append to a physical queue whose logical queue continues on another node (reload the
+    chain table and send it there)."""
+
+
+class StaleChain(StoreError):
+    """A pop or tail read made with an older chain table than the node took part in."""
+
+
+class NodeDraining(StoreError):
+    """The store node drains: it takes no new writes from proxies."""
+
 
 _ERRORS: dict[str, type[BaseException]] = {
     c.__name__: c
@@ -162,6 +182,9 @@ _ERRORS: dict[str, type[BaseException]] = {
         TransactionNotFound,
         StoreFullError,
         NotReplicated,
+        QueueSealed,
+        StaleChain,
+        NodeDraining,
         StoreError,
         ValueError,
         KeyError,
@@ -273,12 +296,21 @@ def filter_from_json(tags: list[str] | None) -> Filter:
     return Filter() if tags is None else Filter(tags=frozenset(tags))
 
 
+# the topic fields of version 0: a newer field is sent only when it is set, so that a proxy of
+# that release (which builds TopicConfig(**fields)) reads the topics of a newer node
+V0_TOPIC_FIELDS = frozenset(
+    {"name", "queues", "retention_ms", "retention_bytes", "compacted", "read_queues", "epochs"}
+)
+
+
 def topic_json(t: TopicConfig | None) -> dict[str, Any] | None:
-    return None if t is None else asdict(t)
+    if t is None:
+        return None
+    return {k: v for k, v in asdict(t).items() if k in V0_TOPIC_FIELDS or v is not None}
 
 
 def topic_from_json(d: dict[str, Any] | None) -> TopicConfig | None:
-    return None if d is None else TopicConfig(**d)
+    return None if d is None else TopicConfig.from_dict(d)
 
 
 def group_json(g: GroupConfig | None) -> dict[str, Any] | None:
@@ -409,6 +441,7 @@ async def _append(c: StoreClient, a: dict[str, Any], body: bytes) -> Any:
     msgs = decode_messages(body)
     for m in msgs:  # the node assigns what a fresh message must not carry
         m.commitlog_offset, m.queue_offset, m.store_timestamp, m.size = -1, -1, 0, 0
+        m.order_key = order_key(m)  # (not on the record wire: the proxy's rule again, from group and path)
     if len(msgs) == 1:
         return [result_json(await c.append(msgs[0]))]
     return [result_json(r) for r in await c.append_many(msgs)]

@@ -13,21 +13,25 @@ import asyncio
 from store import Message, TopicNotFound
 
 from . import store_wire as w
+from .chain_table import ChainTable
+from .chains import Chain
 from .ids import IdMap
 from .long_poll import first_answer
 from .membership import Membership
 from .nodes import NodeClient, NodeUnavailable
 
 MAX_CALLERS = 4096  # positions dicts whose layout is remembered (one per fan-out loop and topic)
+PAST = 1 << 62  # the position of a node's queue no logical queue reads now (nothing is at or past it)
 
 
 class Tails:
     """`tail` of the cluster's StoreClient."""
 
-    def __init__(self, members: Membership, ids: IdMap, request_timeout_s: float) -> None:
+    def __init__(self, members: Membership, ids: IdMap, request_timeout_s: float, chains: ChainTable) -> None:
         self.members = members
         self.ids = ids
         self.request_timeout_s = request_timeout_s
+        self.chains = chains
         # (topic, id of a caller's positions) -> the node ordinals its global queue ids were made with
         self._layouts: dict[tuple[str, int], dict[str, int]] = {}
 
@@ -54,6 +58,26 @@ class Tails:
         positions.clear()
         positions.update(moved)
 
+    def _chain_positions(self, chain: Chain, positions: dict[int, int]) -> dict[str, dict[str, int]]:
+        """Per node, the physical positions of the segments the caller's logical positions are in
+        (a logical queue missing from `positions` is read from its first segment); every other
+        queue of the topic on that node is given a position past its end."""
+        out: dict[str, dict[str, int]] = {}
+        for lq in range(len(chain)):
+            off = positions.get(lq)
+            if off is None:
+                s = chain.queues[lq][0]
+                phys = 0 if s.start == 0 else s.start
+            else:
+                _, s = chain.segment_at(lq, max(off, chain.queues[lq][0].base))
+                phys = s.physical(max(off, s.base))
+            out.setdefault(s.node, {})[str(s.queue)] = phys
+        for name, mine in out.items():
+            count = self.chains.node_queues.get((name, chain.topic), 0)
+            for q in range(max(count, max(int(k) for k in mine) + 1)):
+                mine.setdefault(str(q), PAST)
+        return out
+
     def _local_positions(self, node: NodeClient, positions: dict[int, int]) -> dict[str, int]:
         n = self.members.node_count()
         ordinal = self.members.ordinal.get(node.name, -1)
@@ -68,17 +92,42 @@ class Tails:
         wait_ms: int,
         opaques: dict[str, int] | None = None,
     ) -> list[Message]:
-        local = self._local_positions(node, positions)
-        args = {"topic": topic, "positions": local, "max": max_n, "wait_ms": wait_ms}
+        chain = self.chains.get(topic)
+        if chain is None:
+            local = self._local_positions(node, positions)
+            args = {"topic": topic, "positions": local, "max": max_n, "wait_ms": wait_ms, "chain": 0}
+        else:
+            local = self._chain_positions(chain, positions).get(node.name)
+            if local is None:  # no logical queue reads this node now
+                return []
+            args = {
+                "topic": topic,
+                "positions": local,
+                "max": max_n,
+                "wait_ms": wait_ms,
+                "chain": chain.epoch,
+            }
         sent = None if opaques is None else (lambda o: opaques.__setitem__(node.name, o))
-        r = await node.call("tail", args, timeout=wait_ms / 1000 + self.request_timeout_s, sent=sent)
-        return self.ids.globalize_all(node, w.decode_messages(r.body))
+        try:
+            r = await node.call("tail", args, timeout=wait_ms / 1000 + self.request_timeout_s, sent=sent)
+        except w.StaleChain:  # the caller reads again with the newer table
+            await self.chains.reload()
+            return []
+        msgs = w.decode_messages(r.body)
+        if chain is not None:  # nothing past a sealed segment's end (the node's own later writes)
+            msgs = [m for m in msgs if _within(chain, node.name, m)]
+        return self.ids.globalize_all(node, msgs)
 
     async def tail(
         self, topic: str, positions: dict[int, int], max_messages: int = 128, wait_ms: int = 0
     ) -> list[Message]:
-        self._rekey(topic, positions)
-        live = self.members.need_live()
+        chain = self.chains.get(topic)
+        if chain is None:
+            self._rekey(topic, positions)
+            live = self.members.need_live()
+        else:  # only the nodes of the segments the positions are in
+            names = self._chain_positions(chain, positions)
+            live = [n for n in self.members.need_live() if n.name in names]
         got = await asyncio.gather(
             *(self._tail_node(n, topic, positions, max_messages, 0) for n in live), return_exceptions=True
         )
@@ -108,3 +157,8 @@ class Tails:
             lambda extra: None,
             lambda t: t.cancel(),
         )
+
+
+def _within(chain: Chain, node: str, m: Message) -> bool:
+    at = chain.where(node, m.queue_id)
+    return at is not None and (at[1].end is None or m.queue_offset < at[1].end)

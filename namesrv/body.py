@@ -6,7 +6,11 @@
 - compressed (`compressed=true` in the header): deflate of `int32 len + dataVersion JSON,
   int32 topic count, (int32 len + TopicConfig.encode())*, int32 len + filter server list JSON`,
   where TopicConfig.encode() is `name read write perm filterType [attributes JSON]` joined by
-  spaces."""
+  spaces.
+
+The JSON form may carry `logicQueues` ({topic: chain table}, docs/cluster.md "Logic queues across
+nodes"): a CLUSTER store node's logic queue tables, as RocketMQ 5 brokers send their static
+topics' `topicQueueMappingInfoMap`; other name servers ignore the key."""
 
 from __future__ import annotations
 
@@ -53,6 +57,17 @@ def decode_register_body(body: bytes, compressed: bool) -> tuple[dict[str, Topic
         raise BodyError(f"REGISTER_BROKER body does not decode: {e}") from None
 
 
+def decode_logic_queues(body: bytes, compressed: bool) -> dict[str, dict[str, Any]]:
+    """The `logicQueues` of a JSON REGISTER_BROKER body ({} when absent or compressed)."""
+    if not body or compressed:
+        return {}
+    try:
+        tables = jsonx.loads(body).get("logicQueues") or {}
+        return {str(t): dict(c) for t, c in tables.items() if isinstance(c, dict) and "epoch" in c}
+    except (ValueError, TypeError, AttributeError):
+        return {}
+
+
 def _decode_compressed(body: bytes) -> tuple[dict[str, TopicQueues], dict[str, Any]]:
     z = zlib.decompressobj()
     raw = z.decompress(body, MAX_INFLATED)
@@ -83,9 +98,13 @@ def _decode_compressed(body: bytes) -> tuple[dict[str, TopicQueues], dict[str, A
 
 
 def encode_register_body(
-    topics: dict[str, TopicQueues], data_version: dict[str, Any] | None = None, compressed: bool = False
+    topics: dict[str, TopicQueues],
+    data_version: dict[str, Any] | None = None,
+    compressed: bool = False,
+    logic_queues: dict[str, dict[str, Any]] | None = None,
 ) -> bytes:
-    """The body a broker (store node) sends; what `decode_register_body` reads back."""
+    """The body a broker (store node) sends; what `decode_register_body` reads back (and
+    `decode_logic_queues`, for the JSON form)."""
     version = data_version or {"counter": 0, "timestamp": 0}
     if compressed:
         parts = [jsonx.dumps(version).encode()]
@@ -107,12 +126,13 @@ def encode_register_body(
         }
         for name, q in topics.items()
     }
-    return jsonx.dumps_bytes(
-        {
-            "filterServerList": [],
-            "topicConfigSerializeWrapper": {"dataVersion": version, "topicConfigTable": table},
-        }
-    )
+    out: dict[str, Any] = {
+        "filterServerList": [],
+        "topicConfigSerializeWrapper": {"dataVersion": version, "topicConfigTable": table},
+    }
+    if logic_queues:
+        out["logicQueues"] = logic_queues
+    return jsonx.dumps_bytes(out)
 
 
 def body_crc32(body: bytes) -> int:

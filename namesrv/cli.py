@@ -7,13 +7,13 @@ cannot be bound; 2 for bad settings, an unusable cluster secret file or TLS file
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
-import sys
+from collections.abc import Coroutine
 from typing import Any
 
-from runtime import EVENT_LOOPS, LOG_LEVELS, ConfigError, loop_factory, setup_logging
+from runtime import ConfigError
+from runtime.settings import SHARED_FLAGS, Process, add_flags, serve
 
 from .config import load
 
@@ -32,54 +32,52 @@ _FLAGS: dict[str, dict[str, Any]] = {
         "help": "every connection must prove this secret first (docs/security.md, 'Closed cluster')",
     },
     "tls_cert": {"metavar": "PEM", "help": "PEM certificate chain: the port serves TLS only"},
-    "tls_key": {"metavar": "PEM", "help": "private key of --tls-cert (default: inside the cert file)"},
-    "tls_client_ca": {"metavar": "PEM", "help": "CA to ask for and verify client certificates with"},
+    "tls_key": SHARED_FLAGS["tls_key"],
+    "tls_client_ca": SHARED_FLAGS["tls_client_ca"],
     "tls_require_client_cert": {
         "action": argparse.BooleanOptionalAction,
         "help": "refuse a TLS handshake without a certificate signed by --tls-client-ca",
     },
-    "event_loop": {"choices": EVENT_LOOPS, "help": "asyncio event loop (default uvloop)"},
-    "log_level": {"choices": LOG_LEVELS, "help": "log level (default info)"},
+    "event_loop": SHARED_FLAGS["event_loop"],
+    "log_level": SHARED_FLAGS["log_level"],
 }
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser("namesrv", help="run a standalone RocketMQ-compatible name server")
     p.add_argument("--config", metavar="FILE", help="TOML settings file (keys at top level or in [namesrv])")
-    for field, opts in _FLAGS.items():
-        p.add_argument("--" + field.replace("_", "-"), dest=field, default=None, **opts)
+    add_flags(p, ((field, field, opts) for field, opts in _FLAGS.items()))
     return p
 
 
 def run(args: argparse.Namespace, env: dict[str, str] | None = None) -> int:
-    try:
-        settings = load(
+    def prepare() -> Process:
+        s = load(
             {f: getattr(args, f, None) for f in _FLAGS}, dict(os.environ) if env is None else env, args.config
         )
         auth = None
-        if settings.cluster_secret_file is not None:
+        if s.cluster_secret_file is not None:
             from remoting.cluster_auth import ClusterAuth, ClusterSecretError
 
             try:
-                auth = ClusterAuth.from_file(settings.cluster_secret_file)
+                auth = ClusterAuth.from_file(s.cluster_secret_file)
             except ClusterSecretError as e:
                 raise ConfigError(str(e)) from None
         tls = None
-        if settings.tls_cert is not None:
+        if s.tls_cert is not None:
             from runtime.tls import ServerTls, TlsError, TlsFiles
 
-            s = settings
             files = TlsFiles(s.tls_cert, s.tls_key, s.tls_client_ca, s.tls_require_client_cert)
             try:
                 tls = ServerTls(files, logging.getLogger("namesrv.tls")).context()
             except TlsError as e:
                 raise ConfigError(str(e)) from None
-    except ConfigError as e:
-        print(f"gateway: {e}", file=sys.stderr)
-        return 2
-    setup_logging(settings.log_level)
-    from .server import serve
 
-    factory = loop_factory(settings.event_loop, logging.getLogger("namesrv"))
-    with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(serve(settings, auth, tls))
+        def main() -> Coroutine[Any, Any, int]:
+            from .server import serve as serve_namesrv
+
+            return serve_namesrv(s, auth, tls)
+
+        return Process(s.log_level, s.event_loop, main)
+
+    return serve(prepare, logging.getLogger("namesrv"))

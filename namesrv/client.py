@@ -152,8 +152,9 @@ class NameServerClient:
         ha_addr: str = "",
         timeout_ms: int = 0,
         compressed: bool = False,
+        logic_queues: dict[str, dict[str, Any]] | None = None,
     ) -> list[RemotingCommand]:
-        body = encode_register_body(topics, compressed=compressed)
+        body = encode_register_body(topics, compressed=compressed, logic_queues=logic_queues)
         ext: dict[str, Any] = {
             "brokerName": name,
             "brokerAddr": addr,
@@ -236,6 +237,14 @@ class NameServerClient:
             return None
         _ok([r])
         return rd.parse_route(loads(r.body))
+
+    async def logic_queues(self, topic: str) -> dict[str, Any] | None:
+        """The topic's logic queue table in its route (CLUSTER mode, docs/cluster.md), if any."""
+        r = await self._invoke_any(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
+        if r.code == ResponseCode.TOPIC_NOT_EXIST:
+            return None
+        _ok([r])
+        return loads(r.body).get("logicQueues")
 
     async def cluster_info(self) -> dict[str, Any]:
         r = _ok([await self._invoke_any(RequestCode.GET_BROKER_CLUSTER_INFO, {})])[0]

@@ -6,14 +6,13 @@ GATEWAY_NAMESRV_* one is not set."""
 
 from __future__ import annotations
 
-import dataclasses
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime import EVENT_LOOPS, LOG_LEVELS, ConfigError
+from runtime import EVENT_LOOPS, LOG_LEVELS
+from runtime import settings as shared
 
 ENV_PREFIX = "GATEWAY_NAMESRV_"
 
@@ -36,57 +35,24 @@ class NamesrvSettings:
     log_level: str = "info"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.host, str) or not self.host:
-            raise ConfigError(f"host must be a non-empty string, got {self.host!r}")
-        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
-            raise ConfigError(f"port must be an integer in [0, 65535], got {self.port!r}")
-        for name in ("lease_period_s", "lease_expiry_s", "scan_interval_s"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 86400:
-                raise ConfigError(f"{name} must be a number of seconds in (0, 86400], got {v!r}")
-            object.__setattr__(self, name, float(v))
-        if self.lease_expiry_s < self.lease_period_s:
-            raise ConfigError(
-                f"lease_expiry_s ({self.lease_expiry_s:g}) must not be shorter than lease_period_s "
-                f"({self.lease_period_s:g})"
-            )
-        for name in ("cluster_secret_file", "tls_cert", "tls_key", "tls_client_ca"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, str) or not value):
-                raise ConfigError(f"{name} must be a file path, got {value!r}")
-        if not isinstance(self.tls_require_client_cert, bool):
-            v = self.tls_require_client_cert
-            raise ConfigError(f"tls_require_client_cert must be true or false, got {v!r}")
-        for name in ("tls_key", "tls_client_ca", "tls_require_client_cert"):
-            if getattr(self, name) not in (None, False) and self.tls_cert is None:
-                raise ConfigError(f"{name} needs tls_cert")
-        if self.tls_require_client_cert and self.tls_client_ca is None:
-            raise ConfigError("tls_require_client_cert needs tls_client_ca")
-        if self.event_loop not in EVENT_LOOPS:
-            raise ConfigError(f"event_loop must be one of {', '.join(EVENT_LOOPS)}, got {self.event_loop!r}")
-        if self.log_level not in LOG_LEVELS:
-            raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
+        shared.check_strings(self, ("host",))
+        shared.check_int("port", self.port, 0, 65535)
+        shared.check_leases(self, ("lease_period_s", "lease_expiry_s", "scan_interval_s"))
+        shared.check_file_paths(self, ("cluster_secret_file", "tls_cert", "tls_key", "tls_client_ca"))
+        shared.check_bools(self, ("tls_require_client_cert",))
+        shared.check_needs(self, ("tls_key", "tls_client_ca", "tls_require_client_cert"), "tls_cert")
+        shared.check_needs(self, ("tls_require_client_cert",), "tls_client_ca")
+        shared.check_choices(self, (("event_loop", EVENT_LOOPS), ("log_level", LOG_LEVELS)))
 
 
-FIELDS = tuple(f.name for f in dataclasses.fields(NamesrvSettings))
-_TYPES = {f.name: f.type for f in dataclasses.fields(NamesrvSettings)}
-
-
-def _from_text(name: str, text: str, source: str) -> Any:
-    kind = _TYPES[name]
-    try:
-        if kind == "int":
-            return int(text.strip())
-        if kind == "float":
-            return float(text.strip())
-        if kind == "bool":
-            if text.strip().lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-                raise ValueError
-            return text.strip().lower() in ("1", "true", "yes", "on")
-    except ValueError:
-        what = "boolean" if kind == "bool" else "number"
-        raise ConfigError(f"{source} must be a {what}, got {text!r}") from None
-    return text
+FIELDS = tuple(shared.field_types(NamesrvSettings))
+_TYPES = shared.field_types(NamesrvSettings)
+# GATEWAY_NAMESRV_HOST, ...; the secret and TLS files also from the variable every process reads
+ENV_VARS = {ENV_PREFIX + name.upper(): name for name in FIELDS}
+SHARED_VARS = {
+    "GATEWAY_" + name.upper(): name
+    for name in ("cluster_secret_file", "tls_cert", "tls_key", "tls_client_ca")
+}
 
 
 def load(
@@ -96,29 +62,10 @@ def load(
 ) -> NamesrvSettings:
     values: dict[str, Any] = {}
     if toml_path is not None:
-        try:
-            with open(toml_path, "rb") as fh:
-                data = tomllib.load(fh)
-        except OSError as e:
-            raise ConfigError(f"cannot read config file {toml_path}: {e.strerror or e}") from e
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"invalid TOML in {toml_path}: {e}") from e
-        data = data.get("namesrv", data)
-        unknown = sorted(set(data) - set(FIELDS))
-        if unknown:
-            raise ConfigError(f"unknown key(s) in {toml_path}: {', '.join(unknown)}")
-        values.update(data)
-    for name in FIELDS:
-        var = ENV_PREFIX + name.upper()
-        if env and env.get(var):
-            values[name] = _from_text(name, env[var], var)
-    for name in ("cluster_secret_file", "tls_cert", "tls_key", "tls_client_ca"):
-        shared = "GATEWAY_" + name.upper()
-        if env and env.get(shared) and not env.get(ENV_PREFIX + name.upper()):
-            values[name] = env[shared]
-    for k, v in (overrides or {}).items():
-        if k not in FIELDS:
-            raise ConfigError(f"unknown setting {k!r}")
-        if v is not None:
-            values[k] = v
+        values.update(shared.read_toml(toml_path, FIELDS, table="namesrv"))
+    if env:
+        values.update(shared.from_env(env, ENV_VARS, _TYPES))
+        common = shared.from_env(env, SHARED_VARS, _TYPES)
+        values.update({k: v for k, v in common.items() if not env.get(ENV_PREFIX + k.upper())})
+    shared.overlay(values, overrides, FIELDS)
     return NamesrvSettings(**values)

@@ -72,6 +72,8 @@ class RouteInfo:
         self.topics: dict[str, dict[str, TopicQueues]] = {}  # topic -> broker name -> queues
         self.leases: dict[str, BrokerLease] = {}  # broker address -> lease
         self.proxies: dict[str, ProxyLease] = {}
+        # topic -> its logic queue table (CLUSTER mode: the highest epoch a store node registered)
+        self.logic_queues: dict[str, dict[str, Any]] = {}
 
     # ------------------------------------------------------------------ brokers
     def register_broker(
@@ -86,6 +88,7 @@ class RouteInfo:
         timeout_s: float | None = None,
         conn: object = None,
         data_version: dict[str, Any] | None = None,
+        logic_queues: dict[str, dict[str, Any]] | None = None,
         now: float,
     ) -> tuple[str, str]:
         """Register or renew a broker; a master (id 0) that sends topic configs replaces its queue
@@ -119,6 +122,10 @@ class RouteInfo:
                 self._drop_queue(t, name)
             for t, q in topics.items():
                 self.topics.setdefault(t, {})[name] = q
+        for t, table in (logic_queues or {}).items():
+            have = self.logic_queues.get(t)
+            if t in self.topics and (have is None or int(table["epoch"]) > int(have["epoch"])):
+                self.logic_queues[t] = table
         if first:
             log.info("broker %s (%s id %d, cluster %s) registered", addr, name, broker_id, cluster)
         master = bd.addrs.get(MASTER_ID, "")
@@ -163,6 +170,7 @@ class RouteInfo:
             per.pop(broker, None)
             if not per:
                 del self.topics[topic]
+                self.logic_queues.pop(topic, None)
 
     # ------------------------------------------------------------------ proxies
     def register_proxy(

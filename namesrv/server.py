@@ -33,7 +33,7 @@ from remoting.cluster_auth import ClusterAuth
 from remoting.server import FrameConnection, FrameServer, close_tcp, serve_tcp
 from runtime.tasks import cancel_and_wait
 
-from .body import BodyError, body_crc32, decode_register_body
+from .body import BodyError, body_crc32, decode_logic_queues, decode_register_body
 from .config import NamesrvSettings
 from .routeinfo import RouteInfo
 from .version import HELLO, hello_fields
@@ -157,6 +157,7 @@ async def _register_broker(ns: NameServer, conn: FrameConnection, cmd: RemotingC
     if crc and body_crc32(cmd.body) != crc:
         return cmd.response(R.SYSTEM_ERROR, "crc32 not match")
     topics, version = decode_register_body(cmd.body, e.bool("compressed"))
+    logic_queues = decode_logic_queues(cmd.body, e.bool("compressed"))
     timeout = _timeout_s(e)
     master, ha = ns.routes.register_broker(
         cluster=_required(e, "clusterName"),
@@ -168,6 +169,7 @@ async def _register_broker(ns: NameServer, conn: FrameConnection, cmd: RemotingC
         timeout_s=timeout,
         conn=conn,
         data_version=version,
+        logic_queues=logic_queues,
         now=ns.clock(),
     )
     ext = {"masterAddr": master, "haServerAddr": ha, **_lease_ext(ns, timeout)}
@@ -205,6 +207,9 @@ async def _get_route(ns: NameServer, conn: FrameConnection, cmd: RemotingCommand
     if found is None:
         return cmd.response(R.TOPIC_NOT_EXIST, f"No topic route info in name server for the topic: {topic}")
     data = rd.route_data(*found)
+    table = ns.routes.logic_queues.get(topic)
+    if table is not None:  # CLUSTER mode: the topic's logical queues over store nodes
+        data["logicQueues"] = table
     body = rd.encode(data, wants_standard_json(cmd.version, cmd.ext_fields))
     return cmd.response(R.SUCCESS, None, None, body)
 

@@ -25,6 +25,7 @@ import pytest
 
 from adapters.grpc.generated import definition_pb2 as d
 from adapters.grpc.generated import service_pb2_grpc
+from cluster import store_wire as w
 from conformance.gateway_proc import GatewayProc as Proc
 from conformance.runner import REPO
 from namesrv.client import NameServerClient
@@ -98,7 +99,7 @@ def li(cluster) -> dict[str, str]:
 def test_the_proxy_uses_the_old_node_as_version_0(cluster, li):
     logs = cluster.proxies[0][0].output(100_000)
     assert "store node store-b (" in logs and "is live, store protocol version 0 (before HELLO" in logs
-    assert "store node store-a (" in logs and "is live, store protocol version 1" in logs
+    assert "store node store-a (" in logs and f"is live, store protocol version {w.VERSION}" in logs
     r = httpx.get(f"http://{li['http']}/healthz", timeout=5).json()
     assert r["status"] == "ok" and r["cluster"]["store_nodes_live"] == ["store-a", "store-b"]
 
