@@ -402,7 +402,7 @@ cdef object _index_encode = None
 cdef object _TRANSACTION = None
 cdef object _SCHEDULE_TOPIC = None
 cdef object _HALF_TOPIC = None
-cdef str _PATH_PROPERTY = "mqtt.topic"
+cdef str _PATH_PROPERTY = None  # the record property of a path (bound: store/message.py)
 cdef object _new_tuple = tuple.__new__
 DEF PATH_HASH_BIT = 1 << 62
 
@@ -545,10 +545,10 @@ cdef list _place(object self, object msgs, object now, object fut, object real):
                     qid = _crc_str(group) % nq
                 elif compacted and topic in compacted and (key := _compaction_key(msg)) is not None:
                     qid = _key_queue(key, nq)  # a key's records stay in one queue
-                elif (ps := msg.properties) and (path := ps.get(_PATH_PROPERTY)) is not None:
+                elif okey := msg.order_key:  # (set above the store: messaging_processor/ordering.py)
                     if nq == 0:
                         raise ZeroDivisionError("integer modulo by zero")
-                    qid = _crc_str(path) % nq  # one queue per MQTT path: its order
+                    qid = _crc_str(okey) % nq  # one queue per order key: its order
                 else:
                     if nq == 0:
                         raise ZeroDivisionError("integer modulo by zero")

@@ -232,8 +232,8 @@ class Appender:
                         qid = zlib.crc32(msg.message_group.encode()) % len(qs)
                     elif compacted and topic in compacted and (key := compaction_key(msg)) is not None:
                         qid = key_queue(key, len(qs))  # a key's records stay in one queue
-                    elif (ps := msg.properties) and (path := ps.get(PATH_PROPERTY)) is not None:
-                        qid = _crc32(path.encode()) % len(qs)  # one queue per MQTT path: its order
+                    elif key := msg.order_key:  # (set above the store: messaging_processor/ordering.py)
+                        qid = _crc32(key.encode()) % len(qs)  # one queue per order key: its order
                     else:
                         qid = rr.get(topic, 0) % len(qs)  # (% : the topic may have shrunk)
                         rr[topic] = (qid + 1) % len(qs)

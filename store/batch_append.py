@@ -24,7 +24,7 @@ from .commitlog import CommitLog
 from .consumequeue import ENTRY, ConsumeQueue
 from .errors import MessageTooLarge
 from .index import ID32, KIND_ID, MessageIndex
-from .message import PATH_PROPERTY, AppendResult, Message, entry_hash
+from .message import AppendResult, Message, entry_hash
 from .writer import GroupCommitWriter, Record
 
 _crc32 = zlib.crc32
@@ -81,15 +81,15 @@ class _BatchResults:
 
 def one_queue(msgs: Sequence[Message], compacted: set[str]) -> bool:
     """Whether the messages can share batch records: one topic (not a system one) and one queue
-    choice (the same `queue_id` and message group, no MQTT path), not a compacted one (its records go to their
-    key's queue). (Held messages, delayed or transactional, never get here: `append_many` sends those
+    choice (the same `queue_id` and message group, no other order key), not a compacted one (its records go to
+    their key's queue). (Held messages, delayed or transactional, never get here: `append_many` sends those
     one record each.)"""
     first = msgs[0]
     topic, qid, group = first.topic, first.queue_id, first.message_group
     if topic[0] == "%" or topic in compacted:
         return False
-    if qid < 0 and not group and any(m.properties and PATH_PROPERTY in m.properties for m in msgs):
-        return False  # each MQTT path goes to its own queue (appending.py `Appender.place`)
+    if qid < 0 and not group and any(m.order_key for m in msgs):
+        return False  # each order key (a path) goes to its own queue (appending.py `Appender.place`)
     return all(m.topic == topic and m.queue_id == qid and m.message_group == group for m in msgs)
 
 

@@ -35,11 +35,16 @@ class Catalog:
         retention_ms: int | None = None,
         retention_bytes: int | None = None,
         compacted: bool = False,
+        tier_retention_ms: int | None = None,
     ) -> TopicConfig:
         """Create a topic or change its settings; more queues than it has grow it (`resize`),
         fewer are ignored (a shrink is `resize`'s explicit decision)."""
         check_name("topic", name)
+        for v in (retention_ms, retention_bytes, tier_retention_ms):
+            if v is not None and v < 1:
+                raise ValueError("retention limits must be positive (None: the default)")
         t = TopicConfig(name, queues or self.config.default_queues, retention_ms, retention_bytes, compacted)
+        t.tier_retention_ms = tier_retention_ms
         _check_count(t.queues)
         old = self.topic_configs.get(name)
         if old is not None:

@@ -42,11 +42,27 @@ class TopicConfig:
     # one [old queue count, [end offset of each old queue]] per change of `queues`: a message
     # group's (or MQTT path's) messages after a change wait for its previous queue (popping.py)
     epochs: list = field(default_factory=list)
+    # age limit of this topic's records once their segment is tiered (tiering.py); None: retention_ms
+    tier_retention_ms: int | None = None
+
+    def keep_ms(self, default_ms: int, tiered: bool) -> int:
+        """How old a record of this topic may get (retention.py): in a tiered segment
+        `tier_retention_ms` when set, else `retention_ms`, else the store's `default_ms`."""
+        if tiered and self.tier_retention_ms is not None:
+            return self.tier_retention_ms
+        return self.retention_ms if self.retention_ms is not None else default_ms
 
     @property
     def readable(self) -> int:
         """Queues that may hold messages: the writable ones plus the sealed ones."""
         return max(self.queues, self.read_queues)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TopicConfig:
+        """From `asdict` of this or another version (meta.db, a replica group's state): fields this
+        version does not know are left out, so a newer node's settings do not stop an older one."""
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in d.items() if k in known})
 
 
 @dataclass(slots=True)
@@ -103,6 +119,12 @@ class StoreConfig:
     tier_interval_ms: int = 5000  # how often a tiering pass runs
     tier_part_size: int = 8 * 1024 * 1024  # multipart part size (S3: at least 5 MiB but the last)
     tier_timeout_ms: int = 10_000  # read timeout of one object store request (connect: 2 s at most)
+    tier_fetch_threads: int = 2  # threads of the tier's GETs of blocks read back (their own pool)
+    # cold reads (cold_reads.py): offset reads of tiered data or of data this far behind the log's
+    # end take at most `cold_read_chunk_bytes` a step, `cold_read_buffer_bytes` of them at once
+    cold_read_lag_bytes: int = 512 * 1024 * 1024
+    cold_read_chunk_bytes: int = 256 * 1024
+    cold_read_buffer_bytes: int = 1024 * 1024
 
     def __post_init__(self) -> None:
         if self.flush not in ("sync", "async"):
@@ -115,6 +137,8 @@ class StoreConfig:
             raise ValueError("tier_bucket is required when tier_endpoint is set")
         if self.tier_part_size < 1 or self.tier_interval_ms < 1 or self.tier_timeout_ms < 1:
             raise ValueError("tier_part_size, tier_interval_ms and tier_timeout_ms must be positive")
+        if self.tier_fetch_threads < 1 or self.cold_read_chunk_bytes < 1 or self.cold_read_buffer_bytes < 1:
+            raise ValueError("tier_fetch_threads and the cold read sizes must be positive")
 
 
 def check_name(kind: str, name: str) -> None:
@@ -175,7 +199,8 @@ class Metadata:
         await asyncio.shield(self._committed)
 
     def load_topics(self) -> dict[str, TopicConfig]:
-        return {n: TopicConfig(**json.loads(c)) for n, c in self.db.execute("SELECT name, conf FROM topics")}
+        rows = self.db.execute("SELECT name, conf FROM topics")
+        return {n: TopicConfig.from_dict(json.loads(c)) for n, c in rows}
 
     def load_groups(self) -> dict[str, GroupConfig]:
         out = {}

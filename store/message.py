@@ -39,6 +39,9 @@ class Message:
     commitlog_offset: int = -1
     size: int = 0
     reconsume_times: int = 0
+    # Not stored: the key whose messages keep their order (one queue), set above the store at send
+    # (messaging_processor/ordering.py); "" = none (round robin). A message group outranks it.
+    order_key: str = ""
 
 
 class AppendResult(NamedTuple):
@@ -71,7 +74,10 @@ def tag_hash(tag: str) -> int:
     return zlib.crc32(tag.encode()) + 1 if tag else 0
 
 
-PATH_PROPERTY = "mqtt.topic"  # the MQTT-style path of a message (adapters/mqtt/mapping.py)
+# The record property that holds a message's path (the MQTT-style `a/b/c`). Its name is part of the
+# record format (records on disk carry it); messaging_processor/properties.py is its home above the
+# store (`P_PATH`). The store reads a path for entry hashes and compaction keys, never for a queue.
+PATH_PROPERTY = "mqtt.topic"
 PATH_HASH_BIT = 1 << 62  # set in every path hash, never in a tag hash (at most 2**32)
 
 
@@ -111,6 +117,7 @@ def copy_with(msg: Message, **changes: object) -> Message:
         msg.queue_id,
         msg.msg_type,
     )
+    m.order_key = msg.order_key
     for k, v in changes.items():
         setattr(m, k, v)
     return m

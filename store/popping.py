@@ -4,7 +4,8 @@ group's DLQ); `ack`, `change_invisible_time`, `nack`, `forward_to_dlq` act on a 
 FIFO message groups hold their queue while in flight. Long polling: pops wait in `LongPolling`
 until a matching append, an ack or invisible time change, or a retry deadline. A record in a
 tiered segment that is not cached (TieredRangeNotCached) ends a scan with what was handed out so
-far; with nothing handed out, the pop fetches the range (`fetch_tiered`) and scans again."""
+far; with nothing handed out, the pop fetches the range (`fetch_tiered`) and scans again, by the
+rule of tier_reads.py."""
 
 from __future__ import annotations
 
@@ -21,13 +22,12 @@ from .catalog import Catalog
 from .config import DLQ_PREFIX, GroupConfig
 from .consumequeue import ConsumeQueue
 from .consumer import ConsumerProgress, GroupTopic, Inflight, QueueProgress
-from .errors import InvalidReceiptHandle, StoreError, TieredRangeNotCached, TieredStorageUnavailable
+from .errors import InvalidReceiptHandle, StoreError, TieredRangeNotCached
 from .filters import ALL, Filter
 from .message import PATH_PROPERTY, AppendResult, Message, PoppedMessage, copy_with, now_ms
+from .tier_reads import TierFetches
 
 log = logging.getLogger("store")
-
-MAX_TIER_FETCHES = 8  # a pop's fetches of one tiered range before it gives up (fetched blocks are cached)
 
 PROP_ORIGIN_TOPIC = "ORIGIN_TOPIC"
 PROP_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
@@ -228,16 +228,13 @@ class Popper:
         gconf = self.catalog.group(group)
         self.catalog.topic(topic, create=False)
         give_up = time.monotonic() + wait_ms / 1000
-        last_miss, same = -1, 0
+        fetches: TierFetches | None = None
         while True:
             try:
                 out, dlq = self._pop_now(gconf, topic, max_messages, invisible_time_ms, filter)
             except TieredRangeNotCached as miss:  # nothing handed out: fetch the range, scan again
-                same = same + 1 if miss.offset == last_miss else 0
-                last_miss = miss.offset
-                if self.fetch_tiered is None or same >= MAX_TIER_FETCHES:
-                    raise TieredStorageUnavailable(f"tiered range {miss.offset} not cached") from None
-                await self.fetch_tiered(miss)
+                fetches = fetches or TierFetches()
+                await fetches.fetch(miss, self.fetch_tiered)
                 continue
             for st, qid, offset, msg in dlq:
                 try:
@@ -454,16 +451,15 @@ class Popper:
         return self.change_invisible_time(handle, delay)
 
     async def forward_to_dlq(self, handle: str, reason: str = "forwarded") -> AppendResult:
-        for fetches in range(MAX_TIER_FETCHES + 1):
+        fetches = TierFetches()
+        while True:
             st, qid, offset, inf = self._resolve(handle)
             clo, size, _th, _ts = self.catalog.queue(st.topic, qid).entry(offset)
             try:
                 msg = self.read_message(clo, size)
                 break
             except TieredRangeNotCached as miss:  # an old message: read it before the handle ends
-                if self.fetch_tiered is None or fetches == MAX_TIER_FETCHES:
-                    raise TieredStorageUnavailable(f"tiered range {miss.offset} not cached") from None
-                await self.fetch_tiered(miss)
+                await fetches.fetch(miss, self.fetch_tiered)
         inf.seq = self.progress.next_seq()  # the handle stops working now, not after the append
         return await self._to_dlq(st.group, st, qid, offset, msg, reason)
 

@@ -41,8 +41,15 @@ class Reader:
         return [m for m in self._live(self.index.by_key(key)) if key in m.keys]
 
     def _live(self, offsets: Iterable[int]) -> list[Message]:
-        low = self.commitlog.min_offset
-        return [self.get_message(o) for o in offsets if o >= low]
+        """The messages at these offsets still stored and still retained by their topic (per-topic
+        retention moves a queue's min offset past records whose segment stays: retention.py)."""
+        low, cqs = self.commitlog.min_offset, self.catalog.cqs
+        out = []
+        for m in [self.get_message(o) for o in offsets if o >= low]:
+            cq = cqs.get((m.topic, m.queue_id))
+            if cq is None or m.queue_offset >= cq.min_offset or cq.compacted is not None:
+                out.append(m)
+        return out
 
     def read(
         self,

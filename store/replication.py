@@ -311,7 +311,9 @@ class LogReplica:
             default = 1 if topic.startswith("%") else self.config.default_queues
             catalog.create_topic(topic, max(queue_id + 1, default))
         elif t.queues <= queue_id:
-            catalog.create_topic(topic, queue_id + 1, t.retention_ms, t.retention_bytes)
+            catalog.create_topic(
+                topic, queue_id + 1, t.retention_ms, t.retention_bytes, t.compacted, t.tier_retention_ms
+            )
         return catalog.cq(topic, queue_id)
 
     # ----- reset ----------------------------------------------------------------------------

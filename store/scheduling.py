@@ -23,6 +23,7 @@ log = logging.getLogger("store")
 
 PROP_REAL_TOPIC = "__REAL_TOPIC"
 PROP_REAL_QUEUE = "__REAL_QID"
+PROP_REAL_ORDER_KEY = "__REAL_ORDER_KEY"  # its `order_key` (not a record field), when it has one
 PROP_TXN_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
 
 Submit = Callable[..., asyncio.Future[AppendResult]]  # the append path's `submit(msg, now)`
@@ -30,12 +31,14 @@ Submit = Callable[..., asyncio.Future[AppendResult]]  # the append path's `submi
 
 def hold(msg: Message, catalog: Catalog) -> Message:
     """A transactional message as a half message, a message due later as a scheduled one, each
-    carrying its real topic and queue as properties."""
+    carrying its real topic, queue and order key as properties."""
     txn = msg.msg_type == MessageType.TRANSACTION
     catalog.topic(msg.topic)  # the real topic must exist (or be auto-created) now
     props = dict(msg.properties)
     props[PROP_REAL_TOPIC] = msg.topic
     props[PROP_REAL_QUEUE] = str(msg.queue_id)
+    if msg.order_key and msg.order_key != msg.message_group:  # (a group is stored: it is its own key)
+        props[PROP_REAL_ORDER_KEY] = msg.order_key
     return Message(
         topic=HALF_TOPIC if txn else SCHEDULE_TOPIC,
         body=msg.body,
@@ -57,6 +60,7 @@ def release(held: Message, catalog: Catalog) -> Message:
     props = dict(held.properties)
     topic = props.pop(PROP_REAL_TOPIC)
     qid = int(props.pop(PROP_REAL_QUEUE, "-1"))
+    key = props.pop(PROP_REAL_ORDER_KEY, None) or held.message_group
     if topic not in catalog.topic_configs:
         catalog.topic(topic, create=True)
     return copy_with(
@@ -65,6 +69,7 @@ def release(held: Message, catalog: Catalog) -> Message:
         properties=props,
         queue_id=qid,
         msg_type=MessageType.NORMAL if not held.message_group else MessageType.FIFO,
+        order_key=key,
     )
 
 

@@ -112,7 +112,7 @@ class StateReplica:
                 takes the primary's queue count even when it made more for a record that came
         before the settings (the primary's records never use a queue beyond its count)."""
         c = self.catalog
-        topics = {t["name"]: TopicConfig(**t) for t in state["topics"]}
+        topics = {t["name"]: TopicConfig.from_dict(t) for t in state["topics"]}
         groups = {}
         for g in state["groups"]:
             g = dict(g)

@@ -20,6 +20,7 @@ from typing import TypeVar
 from .appending import Appender
 from .catalog import Catalog
 from .checkpoint import Checkpointer
+from .cold_reads import ColdReads
 from .commitlog import CommitLog, StoreFullError
 from .compaction import CompactionStats, Compactor
 from .config import GroupConfig, Metadata, RetryPolicy, StoreConfig, TopicConfig
@@ -33,13 +34,14 @@ from .filters import ALL, Filter
 from .index import MessageIndex
 from .kv import KeyValueStore
 from .message import AppendResult, Message, PoppedMessage
-from .popping import MAX_TIER_FETCHES, LongPolling, Popper
+from .popping import LongPolling, Popper
 from .reading import Reader
 from .recovery import Recovery
 from .replication import LogReplica
 from .retention import Retention, SegmentStats
 from .scheduling import DelayedMessages, Transactions
 from .state_replica import StateReplica
+from .tier_reads import TierFetches
 from .tiering import TieredLog, has_tiered_segments
 from .writer import GroupCommitWriter
 
@@ -161,9 +163,11 @@ class Store:
             config, catalog, cl, index, segments, delays, transactions, checkpoints, run_io
         )
         self._retention.uncompacted_floor = compactor.uncompacted_floor
+        self._retention.expire()  # (what per-topic retention hid stays hidden after a restart)
+        self.cold = ColdReads(config, catalog, cl)  # old data's reads, apart from the live tail
         if self._tier is not None:
             self._tier.run_io = run_io
-            self._tier.floor = self._tier_floor
+            self._tier.floor = self._retention.held_floor  # (read synchronously: stays local)
             self._pops.fetch_tiered = self.fetch_tiered
         self.state = StateReplica(run_io, catalog, progress, self.kv, checkpoints)
         self._replica = LogReplica(
@@ -278,6 +282,8 @@ class Store:
         await self._run_io(self._close_files)
         self._writer.close()
         self._io.shutdown(wait=True)
+        if self._tier is not None:
+            self._tier.close()
         self.meta.close()
         self.kv.close()
         os.close(self._lock_fd)
@@ -309,10 +315,12 @@ class Store:
         retention_ms: int | None = None,
         retention_bytes: int | None = None,
         compacted: bool = False,
+        tier_retention_ms: int | None = None,
     ) -> TopicConfig:
         """Create a topic or change its settings (queues are never removed). `compacted`: the
-        latest record per key wins (compaction.py)."""
-        return self._catalog.create_topic(name, queues, retention_ms, retention_bytes, compacted)
+        latest record per key wins (compaction.py). Retention per topic: retention.py."""
+        args = (queues, retention_ms, retention_bytes, compacted, tier_retention_ms)
+        return self._catalog.create_topic(name, *args)
 
     def resize_topic(self, name: str, queues: int) -> TopicConfig:
         """Logic queues: `queues` take new messages from now on; no message moves. Queues left
@@ -425,15 +433,13 @@ class Store:
             raise ValueError("max_messages must be positive")
         self._catalog.topic(topic, create=False)
         give_up = time.monotonic() + wait_ms / 1000
-        misses = 0
+        fetches: TierFetches | None = None
         while True:
             try:
                 out = read(topic, positions, max_messages)
             except TieredRangeNotCached as miss:  # a queue read from its start reached a tiered range
-                misses += 1
-                if misses > MAX_TIER_FETCHES:
-                    raise TieredStorageUnavailable(f"tiered range {miss.offset} not cached") from None
-                await self.fetch_tiered(miss)
+                fetches = fetches or TierFetches()
+                await fetches.fetch(miss, self.fetch_tiered)
                 continue
             if out or self._pops.closed or time.monotonic() >= give_up:
                 return out
@@ -475,15 +481,6 @@ class Store:
         """Tiered segments and bytes, cached bytes, and whether the object store answers (empty
         when tiering is off)."""
         return {} if self._tier is None else self._tier.describe()
-
-    def _tier_floor(self) -> int | None:
-        """The lowest commit log offset that must stay local (read synchronously by delayed and half
-        messages and by compaction): as retention's held offsets."""
-        held = self._delays.held() + self._transactions.held()
-        floor = self._compactor.uncompacted_floor()
-        if floor is not None:
-            held.append(floor)
-        return min(held) if held else None
 
     @property
     def segment_size(self) -> int:

@@ -30,6 +30,7 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from .errors import StoreError, TieredRangeNotCached, TieredStorageUnavailable
@@ -206,6 +207,7 @@ class TieredLog:
         self.after_part: Callable[[int, int], None] | None = None  # test hook: (base, part number)
         self._client_obj: Any = None
         self._fetching: dict[tuple[int, int], asyncio.Future[bytes]] = {}
+        self._gets: ThreadPoolExecutor | None = None
         self._failures = 0
         self._next_try = 0.0
         self._reachable = True
@@ -273,41 +275,63 @@ class TieredLog:
         pos = miss.offset - base
         first, last = pos // BLOCK, (pos + max(miss.size, 1) - 1) // BLOCK
         last = min(last + READ_AHEAD, (self.segments[base]["size"] - 1) // BLOCK)
-        waits = []
-        for i in range(first, last + 1):
+        waits: list[asyncio.Future] = []
+        run: list[int] = []  # blocks neither cached nor being fetched, in a row: one GET for them
+        for i in range(first, last + 2):
             key = (base, i)
-            if key in self.cache.blocks:
+            if i <= last and key not in self.cache.blocks and key not in self._fetching:
+                run.append(i)
                 continue
-            fut = self._fetching.get(key)
-            if fut is None:
-                fut = self._fetching[key] = asyncio.ensure_future(self._fetch_block(key))
-                fut.add_done_callback(lambda _f, key=key: self._fetching.pop(key, None))
-            waits.append(fut)
+            if run:
+                waits.append(self._start_fetch(base, run))
+                run = []
+            if i <= last and key in self._fetching:
+                waits.append(self._fetching[key])
         if waits:  # (the GETs run side by side)
             await asyncio.shield(asyncio.gather(*waits))
 
-    async def _fetch_block(self, key: tuple[int, int]) -> bytes:
-        base, i = key
-        lo = i * BLOCK
-        hi = min(lo + BLOCK, self.segments[base]["size"]) - 1
+    def _start_fetch(self, base: int, blocks: list[int]) -> asyncio.Future:
+        """One ranged GET of consecutive blocks (fewer requests: each costs the threads' Python
+        work, which the event loop waits for the GIL behind); every block's fetch is that one."""
+        fut = asyncio.ensure_future(self._fetch_blocks(base, blocks[0], blocks[-1]))
+        for i in blocks:
+            self._fetching[(base, i)] = fut
+            fut.add_done_callback(lambda _f, key=(base, i): self._fetching.pop(key, None))
+        return fut
+
+    async def _fetch_blocks(self, base: int, first: int, last: int) -> None:
+        lo = first * BLOCK
+        hi = min((last + 1) * BLOCK, self.segments[base]["size"]) - 1
         try:
-            data = await asyncio.wait_for(
-                asyncio.to_thread(self._get_range, base, lo, hi), 4 * self.config.tier_timeout_ms / 1000
-            )
+            get = asyncio.get_running_loop().run_in_executor(self._get_pool(), self._get_range, base, lo, hi)
+            data = await asyncio.wait_for(get, 4 * self.config.tier_timeout_ms / 1000)
         except Exception as e:  # noqa: BLE001 - any failure of the object store is "unavailable"
             raise TieredStorageUnavailable(f"tiered storage unreachable: {_describe(e)}") from None
         if len(data) != hi - lo + 1:
             raise TieredStorageUnavailable(f"tiered storage returned {len(data)} bytes of {hi - lo + 1}")
         if base in self.segments:
-            self.cache.add(key, data)
-        return data
+            for i in range(first, last + 1):
+                self.cache.add((base, i), data[(i - first) * BLOCK : (i - first + 1) * BLOCK])
+
+    def _get_pool(self) -> ThreadPoolExecutor:
+        """The GETs' own threads (cold_reads.py): reads back never queue behind other threads' work."""
+        if self._gets is None:
+            n = self.config.tier_fetch_threads
+            self._gets = ThreadPoolExecutor(n, thread_name_prefix="store-tier-get")
+        return self._gets
+
+    def close(self) -> None:
+        if self._gets is not None:
+            self._gets.shutdown(wait=False, cancel_futures=True)
 
     def _get_range(self, base: int, lo: int, hi: int) -> bytes:
+        """(Thread) bytes [lo, hi] of a tiered segment (whole blocks), each block's cache file written."""
         r = self._client().get_object(
             Bucket=self.config.tier_bucket, Key=self.key(base), Range=f"bytes={lo}-{hi}"
         )
         data = r["Body"].read()
-        self.cache.write_file((base, lo // BLOCK), data)
+        for at in range(0, len(data), BLOCK):
+            self.cache.write_file((base, (lo + at) // BLOCK), data[at : at + BLOCK])
         return data
 
     # ----- uploading ---------------------------------------------------------------------------

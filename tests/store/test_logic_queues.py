@@ -134,11 +134,11 @@ async def test_mqtt_path_order_and_a_new_group_after_a_change(make_store):
     path = "dev/7/temp"
     props = {PATH_PROPERTY: path}
     for i in range(10):
-        r = await s.append(Message("t", str(i).encode(), properties=dict(props)))
-        assert r.queue_id == zlib.crc32(path.encode()) % 2  # the store places a path's messages
+        r = await s.append(Message("t", str(i).encode(), properties=dict(props), order_key=path))
+        assert r.queue_id == zlib.crc32(path.encode()) % 2  # the store places an order key's messages
     s.resize_topic("t", 7)
     for i in range(10, 20):
-        await s.append(Message("t", str(i).encode(), properties=dict(props)))
+        await s.append(Message("t", str(i).encode(), properties=dict(props), order_key=path))
     # pops of one at a time, round robin over queues: the new queue's messages wait for the old one
     order = []
     while len(order) < 20:

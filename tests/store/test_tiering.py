@@ -133,9 +133,17 @@ async def test_tiered_segments_read_back_exactly(tmp_path, s3, bucket):
         first = before[0][0]
         assert view(await client.get_by_id(first.message_id)) == view([first])
         assert view([await client.get_message(first.commitlog_offset)]) == view([first])
-        raw = await client.read_raw("t", 0, 0, 10_000, 10_000, 1 << 30)
-        assert raw.first == raw_before.first and list(raw.starts) == list(raw_before.starts)
-        assert raw.data == raw_before.data
+        # a cold raw read takes a step at a time (store/cold_reads.py); read on, as the read API does
+        records, at = [], 0
+        while at < len(raw_before):
+            raw = await client.read_raw("t", 0, at, 10_000, 10_000, 1 << 30)
+            assert raw.first == at and 0 < len(raw) <= len(raw_before) - at
+            records += [raw.data[a : a + n] for a, n in zip(raw.starts, raw.sizes, strict=True)]
+            at += len(raw)
+        assert records == [
+            raw_before.data[a : a + n] for a, n in zip(raw_before.starts, raw_before.sizes, strict=True)
+        ]
+        assert store.cold.reads > 1
         store._tier.cache.drop_segment(0)
         assert await replication_chunk(store, 0, 1 << 16) == chunk_before
     finally:
@@ -273,8 +281,9 @@ async def test_retention_deletes_tiered_objects(tmp_path, s3, bucket):
         await store.tier_now()
         assert objects(s3, bucket) == []
         assert store.tier_stats()["tiered_segments"] == 0
-        msgs = await LocalStoreClient(store).read("t", 0, 0, None, 10_000)
-        assert msgs and all(m.commitlog_offset >= n * SEG for m in msgs)
+        # the topic's own retention hides the rest too (the active segment stays, unreadable)
+        assert await LocalStoreClient(store).read("t", 0, 0, None, 10_000) == []
+        assert store.min_offset("t", 0) == store.max_offset("t", 0) == 1800
     finally:
         await store.close()
 
