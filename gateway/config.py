@@ -9,13 +9,25 @@ import dataclasses
 import ipaddress
 import os
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from runtime import EVENT_LOOPS, LOG_LEVELS, ConfigError
+from runtime.settings import (
+    check_bools,
+    check_choices,
+    check_file_paths,
+    check_int,
+    check_leases,
+    check_needs,
+    check_strings,
+    field_types,
+    from_env,
+    overlay,
+    read_toml,
+)
 
 FLUSH_POLICIES = ("sync", "async")
 REPLICATION_POLICIES = ("sync", "async")
@@ -41,9 +53,7 @@ PORT_FIELDS = (
 MIB = 1024 * 1024
 MAX_BODY_LIMIT = 100 * MIB  # a record must fit one 128 MiB commit log segment
 
-_TRUE = ("true", "1", "yes", "on")
 _NODE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
-_FALSE = ("false", "0", "no", "off")
 
 
 def parse_protocols(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
@@ -201,28 +211,23 @@ class Settings:
     bridge: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
-        for name, choices in (
-            ("mode", MODES),
-            ("flush", FLUSH_POLICIES),
-            ("replication", REPLICATION_POLICIES),
-            ("event_loop", EVENT_LOOPS),
-            ("log_level", LOG_LEVELS),
-            ("mqtt_queue_full_policy", MQTT_QUEUE_FULL_POLICIES),
-        ):
-            if getattr(self, name) not in choices:
-                raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
-        for name in ("data_dir", "host"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or not value:
-                raise ConfigError(f"{name} must be a non-empty string, got {value!r}")
-        if self.advertise_host is not None and (
-            not isinstance(self.advertise_host, str) or not self.advertise_host
-        ):
-            raise ConfigError(f"advertise_host must be a non-empty string, got {self.advertise_host!r}")
+        check_choices(
+            self,
+            (
+                ("mode", MODES),
+                ("flush", FLUSH_POLICIES),
+                ("replication", REPLICATION_POLICIES),
+                ("event_loop", EVENT_LOOPS),
+                ("log_level", LOG_LEVELS),
+                ("mqtt_queue_full_policy", MQTT_QUEUE_FULL_POLICIES),
+            ),
+        )
+        check_strings(self, ("data_dir", "host"))
+        check_strings(self, ("advertise_host",), optional=True)
         for name in (*PORT_FIELDS, "store_port"):
-            _check_int(name, getattr(self, name), 0, 65535)
-        _check_int("mqtt_max_keep_alive", self.mqtt_max_keep_alive, 0, 65535)
-        _check_int("sys_interval", self.sys_interval, 0, 86400)
+            check_int(name, getattr(self, name), 0, 65535)
+        check_int("mqtt_max_keep_alive", self.mqtt_max_keep_alive, 0, 65535)
+        check_int("sys_interval", self.sys_interval, 0, 86400)
         if not isinstance(self.mqtt_ws_path, str) or not self.mqtt_ws_path.startswith("/"):
             raise ConfigError(f"mqtt_ws_path must start with '/', got {self.mqtt_ws_path!r}")
         parse_disk_free_limit(self.disk_free_limit)
@@ -242,8 +247,8 @@ class Settings:
         if self.tier_s3_endpoint and not self.tier_s3_endpoint.startswith(("http://", "https://")):
             raise ConfigError(f"tier_s3_endpoint must be an http(s) URL, got {self.tier_s3_endpoint!r}")
         for name in ("mqtt_max_client_id_length", "mqtt_max_topic_length"):
-            _check_int(name, getattr(self, name), 1, 65535)
-        _check_int("mqtt_max_topic_levels", self.mqtt_max_topic_levels, 1, 65535)
+            check_int(name, getattr(self, name), 1, 65535)
+        check_int("mqtt_max_topic_levels", self.mqtt_max_topic_levels, 1, 65535)
         for name in (
             "mqtt_max_retained_messages",
             "mqtt_max_retained_bytes",
@@ -254,12 +259,12 @@ class Settings:
             "max_outbound_bytes_per_connection",
             "metrics_max_objects",
         ):
-            _check_int(name, getattr(self, name), 0, None)
-        _check_int("amqp_channel_max", self.amqp_channel_max, 1, 65535)
-        _check_int("amqp_frame_max", self.amqp_frame_max, 4096, 1 << 30)
-        _check_int("cloudevents_dedup_window_s", self.cloudevents_dedup_window_s, 0, 30 * 86400)
+            check_int(name, getattr(self, name), 0, None)
+        check_int("amqp_channel_max", self.amqp_channel_max, 1, 65535)
+        check_int("amqp_frame_max", self.amqp_frame_max, 4096, 1 << 30)
+        check_int("cloudevents_dedup_window_s", self.cloudevents_dedup_window_s, 0, 30 * 86400)
         for name in ("max_connections", "max_connections_per_user", "connection_burst", "publish_rate_bytes"):
-            _check_int(name, getattr(self, name), 0, None)
+            check_int(name, getattr(self, name), 0, None)
         for name in ("max_connection_rate", "publish_rate_msgs", "publish_burst"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 1e12:
@@ -267,24 +272,12 @@ class Settings:
             object.__setattr__(self, name, float(v))
         if self.publish_burst <= 0:
             raise ConfigError(f"publish_burst must be > 0 seconds, got {self.publish_burst:g}")
-        for name in ("tls_cert", "tls_key", "tls_client_ca", "cluster_secret_file", "cluster_tls_ca"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, str) or not value):
-                raise ConfigError(f"{name} must be a file path, got {value!r}")
-        for name in ("tls_key", "tls_client_ca", "tls_required", "tls_require_client_cert"):
-            if getattr(self, name) not in (None, False) and self.tls_cert is None:
-                raise ConfigError(f"{name} needs tls_cert")
-        for name in (
-            "jwt_jwks",
-            "jwt_public_key",
-            "jwt_secret_file",
-            "jwt_device_claim",
-            "jwt_audience",
-            "jwt_issuer",
-        ):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, str) or not value):
-                raise ConfigError(f"{name} must be a non-empty string, got {value!r}")
+        check_file_paths(
+            self, ("tls_cert", "tls_key", "tls_client_ca", "cluster_secret_file", "cluster_tls_ca")
+        )
+        check_needs(self, ("tls_key", "tls_client_ca", "tls_required", "tls_require_client_cert"), "tls_cert")
+        jwt_strings = ("jwt_jwks", "jwt_public_key", "jwt_secret_file", "jwt_device_claim", "jwt_audience")
+        check_strings(self, (*jwt_strings, "jwt_issuer"), optional=True)
         if not isinstance(self.jwt_user_claim, str) or not self.jwt_user_claim:
             raise ConfigError(f"jwt_user_claim must name a claim, got {self.jwt_user_claim!r}")
         lw = self.jwt_leeway_s
@@ -297,31 +290,32 @@ class Settings:
             )
         if self.tls_require_client_cert is True and self.tls_client_ca is None:
             raise ConfigError("tls_require_client_cert needs tls_client_ca (to verify certificates with)")
-        _check_int("max_body_size", self.max_body_size, 1, MAX_BODY_LIMIT)
-        _check_int("amqp_max_body_size", self.amqp_max_body_size, 1, MAX_BODY_LIMIT)
-        _check_int("default_queues", self.default_queues, 1, 1024)
-        _check_int("segment_size_mib", self.segment_size_mib, 1, 1024)
-        _check_int("transaction_timeout_ms", self.transaction_timeout_ms, 1, None)
-        _check_int("transaction_check_interval_ms", self.transaction_check_interval_ms, 1, None)
-        for name in (
-            "auto_create_topics",
-            "auth",
-            "allow_anonymous",
-            "grpc_plain",
-            "tls_required",
-            "tls_require_client_cert",
-            "mqtt_cert_identity",
-            "mqtt_ws",
-            "metrics_per_object",
-            "client_events",
-        ):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        check_int("max_body_size", self.max_body_size, 1, MAX_BODY_LIMIT)
+        check_int("amqp_max_body_size", self.amqp_max_body_size, 1, MAX_BODY_LIMIT)
+        check_int("default_queues", self.default_queues, 1, 1024)
+        check_int("segment_size_mib", self.segment_size_mib, 1, 1024)
+        check_int("transaction_timeout_ms", self.transaction_timeout_ms, 1, None)
+        check_int("transaction_check_interval_ms", self.transaction_check_interval_ms, 1, None)
+        check_bools(
+            self,
+            (
+                "auto_create_topics",
+                "auth",
+                "allow_anonymous",
+                "grpc_plain",
+                "tls_required",
+                "tls_require_client_cert",
+                "mqtt_cert_identity",
+                "mqtt_ws",
+                "metrics_per_object",
+                "client_events",
+            ),
+        )
         for name in ("namesrv", "store_name", "proxy_name"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise ConfigError(f"{name} must be a non-empty string, got {value!r}")
-        _check_int("min_insync", self.min_insync, 1, 16)
+        check_int("min_insync", self.min_insync, 1, 16)
         for name in ("store_group", "controller"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value.strip()):
@@ -339,16 +333,7 @@ class Settings:
         object.__setattr__(self, "workers", parse_workers(self.workers))
         if self.mode == "cluster" and not self.namesrv:
             raise ConfigError("mode cluster needs namesrv (the name server address, host:port)")
-        for name in ("lease_period_s", "lease_expiry_s", "route_refresh_s"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 86400:
-                raise ConfigError(f"{name} must be a number of seconds in (0, 86400], got {v!r}")
-            object.__setattr__(self, name, float(v))
-        if self.lease_expiry_s < self.lease_period_s:
-            raise ConfigError(
-                f"lease_expiry_s ({self.lease_expiry_s:g}) must not be shorter than lease_period_s "
-                f"({self.lease_period_s:g})"
-            )
+        check_leases(self, ("lease_period_s", "lease_expiry_s", "route_refresh_s"))
         d = self.drain_timeout_s
         if isinstance(d, bool) or not isinstance(d, int | float) or not 0 <= d <= 3600:
             raise ConfigError(f"drain_timeout_s must be a number of seconds in [0, 3600], got {d!r}")
@@ -482,59 +467,15 @@ def parse_workers(value: Any) -> int:
     return n
 
 
-def _check_int(name: str, value: Any, lo: int, hi: int | None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{name} must be an integer, got {value!r}")
-    if value < lo or (hi is not None and value > hi):
-        bound = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
-        raise ConfigError(f"{name} must be {bound}, got {value}")
-
-
 TOML_ONLY = ("bridge",)  # tables, not settings: no flag, no environment variable
 FIELDS = tuple(f.name for f in dataclasses.fields(Settings) if f.name not in TOML_ONLY)
-_TYPES = {f.name: f.type for f in dataclasses.fields(Settings)}
+_TYPES = field_types(Settings)
 # Environment variables read by load(): GATEWAY_DATA_DIR, GATEWAY_HOST, GATEWAY_GRPC_PORT, ...
 ENV_VARS = {ENV_PREFIX + name.upper(): name for name in FIELDS}
 
 
-def parse_bool(text: str) -> bool:
-    t = text.strip().lower()
-    if t in _TRUE:
-        return True
-    if t in _FALSE:
-        return False
-    raise ValueError(f"expected true/false/1/0, got {text!r}")
-
-
-def _from_text(field: str, text: str, source: str) -> Any:
-    """Convert an env var's text to the field's type; ConfigError naming `source` if it does not parse."""
-    kind = _TYPES[field]
-    try:
-        if kind == "int":
-            return int(text.strip())
-        if kind == "float":
-            return float(text.strip())
-        if kind == "bool":
-            return parse_bool(text)
-    except ValueError:
-        want = {"int": "an integer", "float": "a number", "bool": "true/false/1/0"}[kind]
-        raise ConfigError(f"{source} must be {want}, got {text!r}") from None
-    if field == "protocols":
-        return parse_protocols(text)
-    return text
-
-
 def _from_toml(path: str | Path) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"invalid TOML in {path}: {exc}") from exc
-    unknown = sorted(set(data) - set(FIELDS) - set(TOML_ONLY))
-    if unknown:
-        raise ConfigError(f"unknown key(s) in {path}: {', '.join(unknown)}")
+    data = read_toml(path, (*FIELDS, *TOML_ONLY))
     if "bridge" in data:
         from bridge.config import parse_bridges
 
@@ -547,7 +488,10 @@ def _from_toml(path: str | Path) -> dict[str, Any]:
 
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
     # An empty variable counts as unset, so `GATEWAY_HOST= gateway start` falls back to lower layers.
-    return {field: _from_text(field, env[var], var) for var, field in ENV_VARS.items() if env.get(var)}
+    values = from_env(env, ENV_VARS, _TYPES)
+    if "protocols" in values:
+        values["protocols"] = parse_protocols(values["protocols"])
+    return values
 
 
 def load(
@@ -565,9 +509,5 @@ def load(
         values.update(_from_toml(toml_path))
     if env is not None:
         values.update(_from_env(env))
-    for key, value in (argv_overrides or {}).items():
-        if key not in FIELDS:
-            raise ConfigError(f"unknown setting {key!r}")
-        if value is not None:
-            values[key] = value
+    overlay(values, argv_overrides, FIELDS)
     return Settings(**values)

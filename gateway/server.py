@@ -28,18 +28,15 @@ from fastapi import APIRouter
 from adapters.base import Adapter
 from gateway import collector as gc_collector
 from gateway.config import PROTOCOLS, Settings, trace_retention_ms
+from gateway.part_configs import cluster_auth, limiter_of, proxy_config, store_config
 from runtime.oslimits import ProcessLimits
 from runtime.tls import ServerTls, TlsError, TlsFiles
 
 if TYPE_CHECKING:
-    from adapters.limits import Limiter
-    from cluster.proxy import ProxyConfig
     from cluster.remote_store import ClusterStoreClient
     from gateway.workers import ClaimsClient, WorkerLink
     from messaging_processor import LocalStoreClient
     from messaging_processor.security.jwt_tokens import JwtVerifier
-    from remoting.cluster_auth import ClusterAuth
-    from store import StoreConfig
 
 log = logging.getLogger("gateway")
 
@@ -64,69 +61,6 @@ def shutdown_signals_blocked() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
-def store_config(s: Settings) -> StoreConfig:
-    """The embedded store's settings (LOCAL mode, and a `gateway store` node)."""
-    from store import StoreConfig
-
-    from .config import parse_disk_free_limit, parse_duration_ms, parse_tier_after
-
-    free_bytes, free_ratio = parse_disk_free_limit(s.disk_free_limit)
-    tier_after_ms, tier_after_bytes = parse_tier_after(s.tier_after)
-
-    return StoreConfig(
-        data_dir=s.data_dir,
-        flush=s.flush,
-        segment_size=s.segment_size,
-        default_queues=s.default_queues,
-        auto_create_topics=False,  # the processor decides (settings.auto_create_topics)
-        max_message_size=max(s.largest_body_size, StoreConfig().max_message_size),
-        transaction_timeout_ms=s.transaction_timeout_ms,
-        transaction_check_interval_ms=s.transaction_check_interval_ms,
-        disk_free_limit_bytes=free_bytes,
-        disk_free_limit_ratio=free_ratio,
-        tombstone_retention_ms=parse_duration_ms("tombstone_retention", s.tombstone_retention),
-        tier_endpoint=s.tier_s3_endpoint,
-        tier_bucket=s.tier_bucket,
-        tier_after_ms=tier_after_ms,
-        tier_after_bytes=tier_after_bytes,
-    )
-
-
-def cluster_auth(s: Settings) -> ClusterAuth | None:
-    """CLUSTER mode's secret (`cluster_secret_file`, read now), or None; ClusterSecretError if unusable."""
-    from remoting.cluster_auth import ClusterAuth
-
-    return None if s.cluster_secret_file is None else ClusterAuth.from_file(s.cluster_secret_file)
-
-
-def cluster_tls(s: Settings) -> ssl.SSLContext | None:
-    """The client context of CLUSTER mode's own connections (`cluster_tls`, `cluster_tls_ca`,
-    presenting `tls_cert`), or None (in clear); TlsError when a file does not load."""
-    if not (s.cluster_tls or s.cluster_tls_ca):
-        return None
-    from runtime.tls import client_context
-
-    return client_context(s.cluster_tls_ca, s.tls_cert, s.tls_key)
-
-
-def proxy_config(s: Settings, auth: ClusterAuth | None = None) -> ProxyConfig:
-    """CLUSTER mode: how this proxy finds its stores and registers itself (`auth`: the cluster
-    secret its connections prove; TLS as `cluster_tls` says)."""
-    from cluster.proxy import ProxyConfig
-
-    assert s.namesrv
-    return ProxyConfig(
-        namesrv=s.namesrv,
-        cluster_name=s.cluster_name,
-        route_refresh_s=s.route_refresh_s,
-        lease_period_s=s.lease_period_s,
-        lease_expiry_s=s.lease_expiry_s,
-        proxy_name=s.proxy_name,
-        auth=auth,
-        tls=cluster_tls(s),
-    )
 
 
 class StartupError(Exception):
@@ -154,23 +88,6 @@ def jwt_verifier(s: Settings) -> JwtVerifier | None:
         return JwtVerifier(js)
     except JwtConfigError as e:
         raise StartupError(f"device tokens: {e}") from None
-
-
-def limiter_of(s: Settings) -> Limiter:
-    """The process's connection and publish-rate limits (docs/limits.md)."""
-    from adapters.limits import Limiter, LimitSettings
-
-    return Limiter(
-        LimitSettings(
-            max_connections=s.max_connections,
-            max_connections_per_user=s.max_connections_per_user,
-            max_connection_rate=s.max_connection_rate,
-            connection_burst=s.connection_burst,
-            publish_rate_msgs=s.publish_rate_msgs,
-            publish_rate_bytes=s.publish_rate_bytes,
-            publish_burst=s.publish_burst,
-        )
-    )
 
 
 class Gateway:

@@ -16,7 +16,8 @@ import time
 from cluster.store_node import StoreNode, StoreNodeConfig, default_node_name
 from gateway import collector as gc_collector
 from gateway.config import Settings
-from gateway.server import SHUTDOWN_SIGNALS, cluster_auth, cluster_tls, shutdown_signals_blocked, store_config
+from gateway.part_configs import cluster_auth, cluster_tls, store_config
+from gateway.server import SHUTDOWN_SIGNALS, shutdown_signals_blocked
 from remoting.cluster_auth import ClusterAuth, ClusterSecretError
 from runtime.tls import ServerTls, TlsError, TlsFiles
 from store import Store, StoreConfig, StoreError

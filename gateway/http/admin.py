@@ -7,7 +7,7 @@ asking an existing topic for fewer queues than it has is a 409 conflict."""
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import Annotated, Any, TypeVar
 from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
@@ -142,6 +142,15 @@ class Consumer(BaseModel):
 
 
 # ----------------------------------------------------------------------------- helpers
+M = TypeVar("M", bound=BaseModel)
+
+
+def _view(model: type[M], obj: object, **extra: Any) -> M:
+    """The API's `model` of a processor object (TopicInfo, GroupInfo, a consumer report, ...):
+    each field the attribute of the same name, `extra` given instead (or as well)."""
+    return model(**{f: getattr(obj, f) for f in model.model_fields if f not in extra}, **extra)
+
+
 async def _existing_topic(p: MessagingProcessor, name: str) -> Topic | None:
     try:
         t = await p.get_topic(name)
@@ -149,16 +158,7 @@ async def _existing_topic(p: MessagingProcessor, name: str) -> Topic | None:
         if e.kind is ErrorKind.TOPIC_NOT_FOUND:
             return None
         raise
-    return Topic(
-        name=t.name,
-        queues=t.queues,
-        queues_per_store=t.queues_per_store,
-        retention_ms=t.retention_ms,
-        retention_bytes=t.retention_bytes,
-        compacted=t.compacted,
-        messages=t.messages,
-        read_queues=t.read_queues,
-    )
+    return _view(Topic, t)
 
 
 async def _existing_group(p: MessagingProcessor, name: str) -> Group | None:
@@ -171,15 +171,8 @@ async def _existing_group(p: MessagingProcessor, name: str) -> Group | None:
     return _group(g)
 
 
-def _group(g) -> Group:
-    return Group(
-        name=g.name,
-        max_attempts=g.max_attempts,
-        retry_initial_ms=g.retry_initial_ms,
-        retry_multiplier=g.retry_multiplier,
-        retry_max_ms=g.retry_max_ms,
-        topics={t: Backlog(**v) for t, v in g.topics.items()},
-    )
+def _group(g: Any) -> Group:
+    return _view(Group, g, topics={t: Backlog(**v) for t, v in g.topics.items()})
 
 
 # ----------------------------------------------------------------------------- topics
@@ -219,16 +212,7 @@ async def create_topic(body: TopicIn, p: Processor, response: Response) -> Topic
     compacted = old.compacted if old is not None else bool(body.compacted)
     t = await p.create_topic(body.name, queues, retention_ms, retention_bytes, compacted)
     response.headers["Location"] = f"/admin/topics/{quote(t.name, safe='')}"
-    return Topic(
-        name=t.name,
-        queues=t.queues,
-        queues_per_store=t.queues_per_store,
-        retention_ms=t.retention_ms,
-        retention_bytes=t.retention_bytes,
-        compacted=t.compacted,
-        messages=old.messages if old is not None else 0,
-        read_queues=t.read_queues,
-    )
+    return _view(Topic, t, messages=old.messages if old is not None else 0)
 
 
 @router.get("/topics/{name}", response_model=TopicDetail, responses=_ERRORS)
@@ -240,18 +224,7 @@ async def get_topic(name: str, p: Processor) -> TopicDetail:
         lo, hi = await p.queue_offsets(name, q)
         offsets.append(QueueOffsets(queue_id=q, min_offset=lo, max_offset=hi))
     groups = {g: Backlog(**c) for g, c in (await p.topic_consumers(name)).items()}
-    return TopicDetail(
-        name=t.name,
-        queues=t.queues,
-        queues_per_store=t.queues_per_store,
-        retention_ms=t.retention_ms,
-        retention_bytes=t.retention_bytes,
-        compacted=t.compacted,
-        messages=t.messages,
-        read_queues=t.read_queues,
-        queue_offsets=offsets,
-        groups=groups,
-    )
+    return _view(TopicDetail, t, queue_offsets=offsets, groups=groups)
 
 
 @router.patch("/topics/{name}", response_model=Topic, responses={409: {}, **_ERRORS})
@@ -287,15 +260,7 @@ class Compaction(BaseModel):
 async def compact(p: Processor) -> Compaction:
     """Compact every compacted topic now over the closed commit log segments (it also runs in the
     background every 30 s): older records of a key, and tombstones past `tombstone_retention`, go."""
-    st = await p.compact()
-    return Compaction(
-        queues=st.queues,
-        records_in=st.records_in,
-        records_kept=st.records_kept,
-        bytes_in=st.bytes_in,
-        bytes_kept=st.bytes_kept,
-        seconds=st.seconds,
-    )
+    return _view(Compaction, await p.compact())
 
 
 # ----------------------------------------------------------------------------- groups
@@ -381,15 +346,5 @@ async def list_consumers(
     """Live consumers of every protocol: AMQP basic.consume consumers (per queue), MQTT
     subscriptions (per client, shared ones with their share's group), gRPC and 4.x consumers."""
     return [
-        Consumer(
-            protocol=r.protocol,
-            client_id=r.client_id,
-            group=r.group,
-            topics=sorted(r.topics),
-            remote=r.remote,
-            since=r.since,
-            connection=r.connection,
-            details=r.details,
-        )
-        for r in p.clients.consumers(group=group, topic=topic)
+        _view(Consumer, r, topics=sorted(r.topics)) for r in p.clients.consumers(group=group, topic=topic)
     ]

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from messaging_processor import ClientContext, MessagingProcessor
+from messaging_processor.properties import P_CE_SUBJECT, P_PATH
 from messaging_processor.trace_context import GATEWAY_TRACEPARENT
 from store import codec
 
@@ -48,6 +49,9 @@ log = logging.getLogger("gateway.read")
 
 CHUNK_ROWS = 4096  # rows per record batch
 CHUNK_BYTES = 16 * 1024 * 1024  # about this many record bytes per batch (at least one record)
+# batches up to this size are decoded on the event loop (under a millisecond), bigger ones in a
+# thread: a thread's decoding holds the GIL the loop then waits for, up to the 5 ms switch interval
+INLINE_DECODE_BYTES = 512 * 1024
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 NDJSON = "application/x-ndjson"
 # Store-internal properties of redirected (delayed / half) messages and a trace context the gateway
@@ -94,7 +98,7 @@ def wire_schema() -> pa.Schema:
 
 def path_of(topic: str, tag: str, props: dict[str, str]) -> str:
     """A message's topic path (see the module docstring)."""
-    p = props.get("mqtt.topic") or props.get("ce.subject")
+    p = props.get(P_PATH) or props.get(P_CE_SUBJECT)
     if p:
         return p
     return f"{topic}/{tag}" if tag else topic
@@ -289,7 +293,7 @@ def _props_and_paths(raw: pa.Array, flags: np.ndarray) -> tuple[pa.Array, pa.Arr
         v = blocks[u % len(blocks)]
         p = codec.decode_properties(v, codec.FLAG_JSON_PROPERTIES if u >= len(blocks) else 0) if v else {}
         maps.append([(k, x) for k, x in p.items() if k not in _INTERNAL_PROPS])
-        paths.append(p.get("mqtt.topic") or p.get("ce.subject") or None)
+        paths.append(p.get(P_PATH) or p.get(P_CE_SUBJECT) or None)
     take = pa.array(idx.astype(np.int32))
     return (
         pa.array(maps, pa.map_(pa.string(), pa.string())).take(take),
@@ -384,6 +388,27 @@ def decode_records(
 
 
 # ----------------------------------------------------------------------------- reading a range
+_arrow_imported = False
+
+
+def _import_arrow() -> None:
+    import numpy as np
+    import pyarrow as pa
+
+    # what a first decode imports lazily: `take` the compute kernels, `pa.array` pandas (when it is
+    # installed: pyarrow checks whether its argument is a pandas object)
+    pa.array(np.arange(2, dtype=np.int32)).take(pa.array(np.zeros(1, dtype=np.int32)))
+
+
+async def arrow_imported() -> None:
+    """Import numpy, pyarrow and what it loads on first use once, in a thread: done by the first
+    read on the loop, those imports (about a second) held up every live delivery meanwhile."""
+    global _arrow_imported
+    if not _arrow_imported:
+        await asyncio.to_thread(_import_arrow)
+        _arrow_imported = True
+
+
 async def iter_batches(
     processor: MessagingProcessor,
     ctx: ClientContext,
@@ -394,6 +419,7 @@ async def iter_batches(
     path_filter: PathFilter | None = None,
 ) -> AsyncIterator[pa.RecordBatch]:
     """Record batches of the queue's messages with offsets in [start, end) that are still stored."""
+    await arrow_imported()
     import numpy as np
 
     off = start
@@ -419,14 +445,12 @@ async def iter_batches(
                 log.error(
                     "skipping %d record(s) of %s/%d no longer stored", int((~readable).sum()), topic, queue_id
                 )
-            batch = await asyncio.to_thread(
-                decode_records,
-                raw.data,
-                raw.starts[readable],
-                raw.sizes[readable],
-                queue_id,
-                offsets[readable],
-            )
+            args = (raw.data, raw.starts[readable], raw.sizes[readable], queue_id, offsets[readable])
+            if len(raw.data) <= INLINE_DECODE_BYTES:  # (a cold read's small step: store/cold_reads.py)
+                batch = decode_records(*args)
+                await asyncio.sleep(0)
+            else:
+                batch = await asyncio.to_thread(decode_records, *args)
             processor.metrics.messages_out[(ctx.protocol, topic)] += batch.num_rows
         if path_filter is not None and batch.num_rows:
             batch = batch.filter(path_filter.mask(batch.column(8)))

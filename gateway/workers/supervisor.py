@@ -170,7 +170,8 @@ class Supervisor:
         """The store under `data_dir`, served on the Unix socket STORE_SOCKET."""
         from cluster.proxy import WORKER_NODE
         from cluster.store_node import StoreNode, StoreNodeConfig
-        from gateway.server import shutdown_signals_blocked, store_config
+        from gateway.part_configs import store_config
+        from gateway.server import shutdown_signals_blocked
         from store import Store, StoreError
 
         s = self.settings

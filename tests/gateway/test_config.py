@@ -8,7 +8,7 @@ import pytest
 from gateway import config
 from gateway.cli import build_parser, settings_from_args
 from gateway.config import ConfigError, Settings, load
-from gateway.server import store_config
+from gateway.part_configs import store_config
 
 
 def write_toml(tmp_path: Path, text: str) -> Path:
