@@ -19,13 +19,8 @@ LIMIT = 600
 # entry) when a module shrinks; never raise one: split the module instead.
 OVERSIZED: dict[str, int] = {
     "adapters/amqp/codec/_speedups.pyx": 1030,
-    "adapters/amqp/registry.py": 818,
-    "adapters/amqp/session.py": 624,
-    "adapters/mqtt/session.py": 633,
-    "gateway/cli.py": 877,
-    "gateway/server.py": 624,
     "store/_speedups.pyx": 701,
-    "store/store.py": 658,
+    "store/store.py": 655,
 }
 
 

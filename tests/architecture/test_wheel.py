@@ -51,7 +51,12 @@ def test_the_wheel_has_every_product_package(wheel_files):
         f.split("/", 1)[0] for f in wheel_files if "/" in f and not f.split("/", 1)[0].endswith(".dist-info")
     }
     assert tops == set(packages)
-    for module in ("gateway/cli.py", "adapters/mqtt/session.py", "store/appending.py", "runtime/__init__.py"):
+    for module in (
+        "gateway/cli/__init__.py",
+        "adapters/mqtt/session.py",
+        "store/appending.py",
+        "runtime/__init__.py",
+    ):
         assert module in wheel_files
 
 
