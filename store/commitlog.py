@@ -389,8 +389,7 @@ class CommitLog:
         `write_pos` set. A crash part way leaves an empty log (at its old base or at `base`)."""
         if base % self.segment_size:
             raise ValueError(f"offset {base} is not a segment base")
-        if self._prealloc_thread is not None:
-            self._prealloc_thread.join()  # no segment appears behind our back
+        self.settle()  # no segment appears behind our back
         for seg in reversed(self.segments()):
             if seg.base != base:
                 self._drop(seg)
@@ -411,9 +410,13 @@ class CommitLog:
             _fsync_dir(self.dir)
         return n
 
-    def close(self) -> None:
+    def settle(self) -> None:
+        """Wait until the next segment being preallocated in the background, if any, is there."""
         if self._prealloc_thread is not None:
             self._prealloc_thread.join()
+
+    def close(self) -> None:
+        self.settle()
         for seg in self.segments():
             seg.close()
         self._last_read = None

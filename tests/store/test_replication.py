@@ -244,6 +244,7 @@ async def test_corrupt_chunk_is_refused_and_leaves_the_replica_unchanged(pair):
     await replicate(primary, replica, max_bytes=6000, until=2 * SEG)
     end = replica.log_end
     chunk = primary.read_log_chunk(end, 6000)
+    replica.commitlog.settle()  # the next segment, preallocated in the background, is in the listing
     before = (
         log_files(replica),
         queue_state(replica),
