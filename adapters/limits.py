@@ -12,12 +12,16 @@ itself; with limits off an adapter holds no meter at all (one attribute check pe
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+log = logging.getLogger("gateway.limits")
+
 DEFAULT_MAX_CONNECTIONS = 100_000
+LOG_EVERY_S = 60.0  # a limit's warning is logged at most this often
 ADDRESS_TABLE_MAX = 65_536  # per-address rate buckets kept; full (idle) ones are dropped beyond it
 HARD_QUOTA_S = 5.0  # a stream publisher more than this many seconds of rate in debt is over its hard quota
 
@@ -25,6 +29,7 @@ HARD_QUOTA_S = 5.0  # a stream publisher more than this many seconds of rate in 
 MAX_CONNECTIONS = "max_connections"
 MAX_CONNECTIONS_PER_USER = "max_connections_per_user"
 CONNECTION_RATE = "connection_rate"
+FD_RESERVE = "fd_reserve"  # the connection would hold one of the descriptors kept for the store
 PUBLISH_RATE = "publish_rate"
 
 
@@ -157,8 +162,43 @@ class Limiter:
         self._addresses: dict[str, TokenBucket] = {}
         self._users: dict[str, PublishMeter] = {}
         self._conn_burst = s.connection_burst or max(1, int(s.max_connection_rate))
+        # connections get no descriptor numbered this high (set_fd_reserve; None: no reserve)
+        self.fd_ceiling: int | None = None
+        self._fd_warned = -LOG_EVERY_S
 
     # ------------------------------------------------------------------ connections
+    def set_fd_reserve(self, fd_limit: int, reserve: int) -> int:
+        """Keep the top `reserve` descriptors of `fd_limit` (at most a quarter of it) from
+        connections, for the store's files; returns the reserve in force (0: none)."""
+        reserve = min(reserve, fd_limit // 4)
+        self.fd_ceiling = fd_limit - reserve if reserve > 0 else None
+        return reserve
+
+    def in_fd_reserve(self, listener: str, transport: asyncio.BaseTransport) -> bool:
+        """Whether a connection just accepted on `listener` holds a descriptor of the reserve: then
+        it is closed at once, without an answer (its descriptor is what the reserve keeps free),
+        counted in `refusals` and logged (once a minute). The kernel gives a new socket the lowest
+        free descriptor, so one numbered `fd_ceiling` or more means every one below is taken, and
+        no connection ever holds a descriptor of the reserve for longer than this call."""
+        if self.fd_ceiling is None:
+            return False
+        sock = transport.get_extra_info("socket")
+        fd = sock.fileno() if sock is not None else -1
+        if fd < self.fd_ceiling:
+            return False
+        transport.abort()  # type: ignore[attr-defined]
+        self.refusals[(listener, FD_RESERVE)] += 1
+        now = time.monotonic()
+        if now - self._fd_warned >= LOG_EVERY_S:
+            self._fd_warned = now
+            log.warning(
+                "connections refused: descriptor %d is in the reserve kept for the store's files (%d "
+                "and up); open connections stay, new ones are taken again once some close",
+                fd,
+                self.fd_ceiling,
+            )
+        return True
+
     def accept(self, listener: str, address: str) -> str | None:
         """A connection from `address` (host, no port) arrives on `listener`: None and counted
         (call `closed` when it ends), else the limit it is over (counted in `refusals`)."""

@@ -153,6 +153,9 @@ class Settings:
     # connection and publish-rate limits (docs/limits.md); 0 = off
     max_connections: int = 100_000  # open connections per listener (gRPC: client ids)
     max_connections_per_user: int = 0  # open connections of one user over all listeners
+    # descriptors at the top of the process's limit that connections never hold (kept for the
+    # store's files; at most a quarter of the limit): a connection that would is closed at once
+    fd_reserve: int = 512
     max_connection_rate: float = 0.0  # new connections per second per source address
     connection_burst: int = 0  # connections an address may open at once (0: max_connection_rate, >= 1)
     publish_rate_msgs: float = 0.0  # messages/s per client connection and, separately, per user
@@ -263,7 +266,13 @@ class Settings:
         check_int("amqp_channel_max", self.amqp_channel_max, 1, 65535)
         check_int("amqp_frame_max", self.amqp_frame_max, 4096, 1 << 30)
         check_int("cloudevents_dedup_window_s", self.cloudevents_dedup_window_s, 0, 30 * 86400)
-        for name in ("max_connections", "max_connections_per_user", "connection_burst", "publish_rate_bytes"):
+        for name in (
+            "max_connections",
+            "max_connections_per_user",
+            "fd_reserve",
+            "connection_burst",
+            "publish_rate_bytes",
+        ):
             check_int(name, getattr(self, name), 0, None)
         for name in ("max_connection_rate", "publish_rate_msgs", "publish_burst"):
             v = getattr(self, name)

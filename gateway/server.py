@@ -129,6 +129,9 @@ class Gateway:
         cluster_config = None
         self.os_limits = ProcessLimits()  # the descriptor limit raised first: the store opens files
         self.os_limits.install(asyncio.get_running_loop())
+        reserve = self.limiter.set_fd_reserve(self.os_limits.fd_limit, s.fd_reserve)
+        ceiling = self.os_limits.fd_limit - reserve
+        log.info("connections hold descriptors below %d (%d kept for the store)", ceiling, reserve)
         if self.worker is not None:
             await self._open_claims(self.worker)
         if s.mode == "cluster":

@@ -17,7 +17,7 @@ from ..limits import Limiter, host_of
 from ..listener import TcpAdapter, TcpListeners
 from .broker import Broker
 from .codec import DEFAULT_FRAME_MAX, AMQPError, ReplyCode
-from .limits import ConnectionLimits
+from .limits import PROTOCOL, ConnectionLimits
 from .session import CLOSING, OPEN, Connection
 
 log = logging.getLogger("adapters.amqp")
@@ -38,6 +38,8 @@ class AmqpProtocol(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         remote = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "")
         a = self.adapter
+        if a.limiter is not None and a.limiter.in_fd_reserve(PROTOCOL, transport):
+            return
         self.conn = Connection(
             a.broker,
             t.write,  # type: ignore[attr-defined]

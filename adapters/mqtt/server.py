@@ -56,6 +56,8 @@ class MqttProtocol(asyncio.Protocol):
         remote = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "")
         limiter = self.adapter.limiter
         if limiter is not None:
+            if limiter.in_fd_reserve("mqtt", transport):
+                return
             why = limiter.accept("mqtt", host_of(peer))
             if why is not None:
                 log.debug("mqtt %s refused: %s", remote, why)

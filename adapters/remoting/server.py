@@ -197,6 +197,8 @@ class RemotingAdapter(TcpAdapter):
     def opened(self, conn: FrameConnection) -> None:
         state = conn.state = ClientConnection(conn, self.service)
         if self.limits is not None:
+            if conn.transport is not None and self.limits.limiter.in_fd_reserve("remoting", conn.transport):
+                return
             peer = conn.transport.get_extra_info("peername") if conn.transport is not None else None
             state.counted = self.limits.accept(peer, conn.remote)
             if not state.counted:

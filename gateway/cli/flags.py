@@ -149,6 +149,11 @@ START_FLAGS: dict[str, dict[str, Any]] = {
     },
     "max_connections": {"type": int, "metavar": "N", "help": "connections per listener (100000; 0 = any)"},
     "max_connections_per_user": {"type": int, "metavar": "N", "help": "connections per user (0 = any)"},
+    "fd_reserve": {
+        "type": int,
+        "metavar": "N",
+        "help": "descriptors kept from connections for the store (512; at most a quarter of the limit)",
+    },
     "max_connection_rate": {
         "type": float,
         "metavar": "PER_S",

@@ -258,6 +258,7 @@ NON_DEFAULT = {
     "cloudevents_dedup_window_s": 600,
     "max_connections": 500,
     "max_connections_per_user": 5,
+    "fd_reserve": 128,
     "max_connection_rate": 2.5,
     "connection_burst": 4,
     "publish_rate_msgs": 100.0,

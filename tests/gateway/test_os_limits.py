@@ -13,6 +13,7 @@ import socket
 
 import aiomqtt
 import httpx
+import pytest
 
 from tests.gateway.support import Proc
 from tests.support import wait_until
@@ -52,7 +53,8 @@ def test_soft_limit_raised_to_hard_at_start(tmp_path):
 
 async def test_out_of_descriptors_serves_existing_refuses_new_and_says_so(tmp_path):
     limit = 160
-    proc, listeners = start(tmp_path, limit, limit, "--event-loop", "asyncio")
+    # without the reserve (below) the connections take every descriptor
+    proc, listeners = start(tmp_path, limit, limit, "--event-loop", "asyncio", "--fd-reserve", "0")
     mqtt_port = int(listeners["mqtt"].rsplit(":", 1)[1])
     http = f"http://{listeners['http']}"
     flood: list[socket.socket] = []
@@ -82,6 +84,85 @@ async def test_out_of_descriptors_serves_existing_refuses_new_and_says_so(tmp_pa
             await c2.publish("fd/test", b"new", qos=1)
     finally:
         for s in flood:
+            s.close()
+        proc.stop()
+
+
+def mqtt_connect(client_id: str) -> bytes:
+    """An MQTT 3.1.1 CONNECT (clean session, keep-alive 60 s)."""
+    cid = client_id.encode()
+    rest = b"\x00\x04MQTT\x04\x02\x00\x3c" + len(cid).to_bytes(2, "big") + cid
+    return bytes([0x10, len(rest)]) + rest
+
+
+def connect_raw(port: int, client_id: str) -> socket.socket | None:
+    """A device that connects and stays: its socket once CONNACK came, None when the gateway
+    closed the connection instead."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(mqtt_connect(client_id))
+    try:
+        answer = s.recv(4)
+    except ConnectionResetError:
+        answer = b""
+    if answer[:1] == b"\x20":
+        return s
+    s.close()
+    return None
+
+
+@pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"])
+async def test_connections_leave_the_descriptor_reserve_to_the_store(tmp_path, event_loop):
+    """With `--fd-reserve`, device connections stop below the top of the descriptor limit: the one
+    that would take a descriptor of the reserve is closed at once, counted and logged, the store
+    keeps opening files (new commit log segments) for the connections already open, and the HTTP
+    port (health, metrics) still answers."""
+    limit, reserve = 300, 60
+    args = ("--event-loop", event_loop, "--fd-reserve", str(reserve), "--segment-size-mib", "1")
+    args += ("--max-body-size", "65536", "--amqp-max-body-size", "65536")  # 2 MiB segments
+    proc, listeners = start(tmp_path, limit, limit, *args)
+    mqtt_port = int(listeners["mqtt"].rsplit(":", 1)[1])
+    log_path = tmp_path / "gateway.log"
+    devices: list[socket.socket] = []
+    try:
+        async with aiomqtt.Client("127.0.0.1", mqtt_port, identifier="old", timeout=10) as c:
+            await c.subscribe("fd/#", qos=1)
+            for i in range(limit):
+                s = await asyncio.to_thread(connect_raw, mqtt_port, f"device-{i}")
+                if s is None:
+                    break
+                devices.append(s)
+            else:
+                raise AssertionError(f"{limit} connections taken with a limit of {limit} descriptors")
+            assert len(devices) < limit - reserve
+            with pytest.raises(aiomqtt.MqttError):  # a real client is refused too
+                async with aiomqtt.Client("127.0.0.1", mqtt_port, identifier="late", timeout=5):
+                    pass
+            # 6 MiB through 2 MiB segments: the store opens new segment files meanwhile
+            body = bytes(range(256)) * 256
+            for i in range(96):
+                await c.publish(f"fd/big/{i}", body, qos=1)
+            got = 0
+            async for msg in c.messages:
+                assert msg.payload == body and str(msg.topic) == f"fd/big/{got}"
+                got += 1
+                if got == 96:
+                    break
+            segments = list((tmp_path / "data" / "commitlog").glob("*"))
+            assert len(segments) >= 3, segments
+            async with httpx.AsyncClient(timeout=5) as http:
+                text = (await http.get(f"http://{listeners['http']}/metrics")).text
+            refused = r'^gateway_limit_refusals_total\{protocol="mqtt",limit="fd_reserve"\} (\d+)'
+            m = re.search(refused, text, re.M)
+            assert m and int(m.group(1)) >= 2, text
+            assert log_path.read_text().count("in the reserve kept for the store") == 1
+            for s in devices[: len(devices) // 2]:  # devices leave: new ones are taken again
+                s.close()
+            del devices[: len(devices) // 2]
+            again = await asyncio.to_thread(connect_raw, mqtt_port, "device-again")
+            assert again is not None
+            devices.append(again)
+    finally:
+        for s in devices:
             s.close()
         proc.stop()
 
