@@ -135,7 +135,8 @@ class FifoGate:
         self.members = members
         self.table = table
         self._done: set[tuple[str, str, str, int, int]] = set()  # (group, topic, node, queue, end)
-        self._closed_until: dict[tuple[str, str], tuple[float, frozenset[str]]] = {}
+        # (group, topic) -> (recheck time, the table's epoch, skipped nodes): a new table rechecks
+        self._closed_until: dict[tuple[str, str], tuple[float, int, frozenset[str]]] = {}
 
     async def skipped(self, group: str, topic: str) -> frozenset[str]:
         chain = self.table.get(topic)
@@ -144,8 +145,8 @@ class FifoGate:
         key = (group, topic)
         now = time.monotonic()
         cached = self._closed_until.get(key)
-        if cached is not None and now < cached[0]:
-            return cached[1]
+        if cached is not None and now < cached[0] and cached[1] == chain.epoch:
+            return cached[2]
         out: set[str] = set()
         for segs in chain.queues:
             for i in range(1, len(segs)):
@@ -156,7 +157,7 @@ class FifoGate:
                         out.add(segs[i].node)
                         break
         skipped = frozenset(out)
-        self._closed_until[key] = (now + GATE_RECHECK_S, skipped)
+        self._closed_until[key] = (now + GATE_RECHECK_S, chain.epoch, skipped)
         return skipped
 
     async def _done_with(

@@ -61,6 +61,8 @@ class Pops:
         except w.StaleChain:  # the node took part in a newer table: read it, then pop again
             await self.chains.reload()
             a["chain"] = self.chains.epoch(a["topic"])
+            if node.name in await self.gate.skipped(a["group"], a["topic"]):
+                return []  # it holds a segment that follows one the group is not done with
             try:
                 r = await node.call("pop", a, timeout=self.request_timeout_s)
             except w.StaleChain:  # a switch under way: its table is not written yet

@@ -238,6 +238,10 @@ class StoreNode:
             return cmd.response(
                 ResponseCode.SYSTEM_ERROR, f"{type(e).__name__}: {e}", {"error": "StoreError"}
             )
+        if cmd.code == POP and result and self.fence.epochs:
+            refused = await self._stale_after_wait(cmd, args, result)
+            if refused is not None:
+                return refused
         if self.replication is not None and name in w.WRITES:
             self.replication.appended()
             if name == "append" and self._sync_policy():
@@ -282,6 +286,22 @@ class StoreNode:
             elif fence.epochs and "a" in cmd.ext_fields:
                 fence.check_read(w.loads(cmd.ext_fields["a"]))
         except StoreError as e:
+            kind, msg = w.error_fields(e)
+            return cmd.response(ResponseCode.SYSTEM_ERROR, msg, {"error": kind})
+        return None
+
+    async def _stale_after_wait(
+        self, cmd: RemotingCommand, args: dict, popped: list
+    ) -> RemotingCommand | None:
+        """A pop that waited (a long poll) while this node took part in a newer chain table: what
+        it took may be a new segment's messages that older ones must come before, so they are made
+        visible again and the pop is refused (StaleChain) as if it had come after the switch."""
+        try:
+            self.fence.check_read(args)
+        except StoreError as e:
+            for p in popped:
+                with contextlib.suppress(StoreError, ValueError, KeyError):
+                    await self.client.change_invisible_time(p.receipt_handle, 0)
             kind, msg = w.error_fields(e)
             return cmd.response(ResponseCode.SYSTEM_ERROR, msg, {"error": kind})
         return None

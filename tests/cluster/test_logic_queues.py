@@ -156,3 +156,36 @@ async def test_automatic_mode_extends_topics_onto_a_joining_node(env):  # noqa: 
     r = await c.append(Message("auto", b"x", queue_id=chain.heads_on("store-c")[0]))
     assert r.queue_id == chain.heads_on("store-c")[0] and (await c.get_topic("auto")).queues == 4
     assert env.nodes["store-c"].store.max_offset("auto", chain.head(r.queue_id).queue) == 1
+
+
+async def test_a_long_poll_waiting_through_a_switch_hands_out_nothing_of_the_new_segment(env):  # noqa: F811
+    """A pop that waits on the new segment's node from before the switch must not return what is
+    written there after it while the old segment's messages are still in flight: the node refuses
+    it (StaleChain) once it took part in the newer table, the messages stay visible, and the
+    proxy's retry of that node goes through the FIFO gate of the new table."""
+    c = env.client
+    await c.create_topic("sw", 2, None, None)
+    await c.create_group("fifo")
+    old = [await c.append(Message("sw", b"a%d" % i, message_group="g")) for i in range(3)]
+    lq = old[0].queue_id
+    await env.add_node("store-c")
+    await until(lambda: len(c.live()) == 3)
+    in_flight = await c.pop("fifo", "sw", 32, 30_000, Filter(), 0)  # popped, not acked yet
+    assert [p.message.body for p in in_flight] == [b"a0"]  # (a group's next waits for its ack)
+    waiting = asyncio.create_task(c.pop("fifo", "sw", 32, 30_000, Filter(), 3000))
+    await asyncio.sleep(0.3)  # its long polls wait on every node, store-c's with the old table
+    await la.extend(c, "sw", "store-c", [lq])
+    new = await c.append(Message("sw", b"c0", message_group="g"))
+    assert new.queue_id == lq and new.queue_offset == 3
+    got = await waiting
+    assert [p.message.body for p in got] == [], "a new segment's message before the old ones were acked"
+    for p in in_flight:
+        await c.ack(p.receipt_handle)
+    after = []
+    for _ in range(30):
+        for p in await c.pop("fifo", "sw", 32, 30_000, Filter(), 300):
+            after.append(p.message.body)
+            await c.ack(p.receipt_handle)
+        if len(after) >= 3:
+            break
+    assert after == [b"a1", b"a2", b"c0"]

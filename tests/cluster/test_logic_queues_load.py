@@ -249,7 +249,7 @@ async def test_extend_then_drain_a_store_under_load(tmp_path, capsys):
             await watch.start(wait_s=5)
             try:
                 while not (s2 := {r["name"]: r for r in await la.nodes(watch)}["store-2"])["safe_to_stop"]:
-                    assert time.monotonic() - t_drain < 30, s2
+                    assert time.monotonic() - t_drain < 60, s2  # (speed is reported, not tested)
                     await asyncio.sleep(0.02)
             finally:
                 await watch.close()

@@ -33,6 +33,7 @@ from tests.adapters.grpc import support as g
 from tests.adapters.remoting.support import alions_missing, received, run
 from tests.cluster.load import Load
 from tests.cluster.support import LEASE, Cluster
+from tests.support import wait_until
 
 OLD_COMMIT = "2b8aa3c"  # the commit before issue 51: store protocol version 0
 pytestmark = pytest.mark.timeout(120)
@@ -210,7 +211,7 @@ async def test_nothing_lost_under_load(li):
     load = Load([li], "mxload", "g-mxload")
     try:
         await load.start()
-        await asyncio.sleep(2)
+        await wait_until(lambda: len(load.acked()) > 100, timeout=30)  # (a busy host sends slower)
         load.stop_sending()
         await load.drain(load.acked())
     finally:
