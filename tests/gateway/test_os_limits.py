@@ -135,7 +135,7 @@ async def test_connections_leave_the_descriptor_reserve_to_the_store(tmp_path, e
                 raise AssertionError(f"{limit} connections taken with a limit of {limit} descriptors")
             assert len(devices) < limit - reserve
             with pytest.raises(aiomqtt.MqttError):  # a real client is refused too
-                async with aiomqtt.Client("127.0.0.1", mqtt_port, identifier="late", timeout=5):
+                async with aiomqtt.Client("127.0.0.1", mqtt_port, identifier="late", timeout=2):
                     pass
             # 6 MiB through 2 MiB segments: the store opens new segment files meanwhile
             body = bytes(range(256)) * 256
