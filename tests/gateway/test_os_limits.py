@@ -11,6 +11,7 @@ import re
 import resource
 import socket
 
+import aio_pika
 import aiomqtt
 import httpx
 import pytest
@@ -119,6 +120,7 @@ async def test_connections_leave_the_descriptor_reserve_to_the_store(tmp_path, e
     limit, reserve = 300, 60
     args = ("--event-loop", event_loop, "--fd-reserve", str(reserve), "--segment-size-mib", "1")
     args += ("--max-body-size", "65536", "--amqp-max-body-size", "65536")  # 2 MiB segments
+    args += ("--protocols", "mqtt,amqp,remoting,http", "--amqp-port", "0", "--remoting-port", "0")
     proc, listeners = start(tmp_path, limit, limit, *args)
     mqtt_port = int(listeners["mqtt"].rsplit(":", 1)[1])
     log_path = tmp_path / "gateway.log"
@@ -137,6 +139,12 @@ async def test_connections_leave_the_descriptor_reserve_to_the_store(tmp_path, e
             with pytest.raises(aiomqtt.MqttError):  # a real client is refused too
                 async with aiomqtt.Client("127.0.0.1", mqtt_port, identifier="late", timeout=2):
                     pass
+            amqp_host, amqp_port = listeners["amqp"].rsplit(":", 1)
+            with pytest.raises((aio_pika.exceptions.AMQPError, ConnectionError, OSError)):  # AMQP too
+                await aio_pika.connect(f"amqp://guest:guest@{amqp_host}:{amqp_port}/", timeout=5)
+            rem_host, rem_port = listeners["remoting"].rsplit(":", 1)  # and RocketMQ 4.x remoting
+            with socket.create_connection((rem_host, int(rem_port)), timeout=5) as rs:
+                assert rs.recv(1) == b"", "a 4.x connection got a descriptor of the reserve"
             # 6 MiB through 2 MiB segments: the store opens new segment files meanwhile
             body = bytes(range(256)) * 256
             for i in range(96):
@@ -154,6 +162,11 @@ async def test_connections_leave_the_descriptor_reserve_to_the_store(tmp_path, e
             refused = r'^gateway_limit_refusals_total\{protocol="mqtt",limit="fd_reserve"\} (\d+)'
             m = re.search(refused, text, re.M)
             assert m and int(m.group(1)) >= 2, text
+            for protocol in ("amqp", "remoting"):
+                refused = (
+                    rf'^gateway_limit_refusals_total\{{protocol="{protocol}",limit="fd_reserve"\}} ([1-9])'
+                )
+                assert re.search(refused, text, re.M), (protocol, text)
             assert log_path.read_text().count("in the reserve kept for the store") == 1
             for s in devices[: len(devices) // 2]:  # devices leave: new ones are taken again
                 s.close()
