@@ -15,10 +15,10 @@ import json
 import logging
 import signal
 import sys
-import tomllib
 from typing import Any
 
 from runtime import LOG_LEVELS, ConfigError, setup_logging
+from runtime.settings import load_toml
 
 from .config import BridgeConfig, parse_bridges, resolve
 from .runner import Bridges
@@ -39,13 +39,7 @@ def add_parser(sub: Any) -> None:
 
 def load_file(path: str) -> tuple[BridgeConfig, ...]:
     """The `[[bridge]]` entries of a TOML file (other top-level keys are refused)."""
-    try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
-    except OSError as e:
-        raise ConfigError(f"cannot read {path}: {e.strerror or e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"invalid TOML in {path}: {e}") from None
+    data = load_toml(path)
     unknown = sorted(set(data) - {"bridge"})
     if unknown:
         raise ConfigError(f"unknown key(s) in {path}: {', '.join(unknown)} (only [[bridge]] entries)")

@@ -30,16 +30,21 @@ def field_types(cls: type) -> dict[str, str]:
     return {f.name: str(f.type) for f in dataclasses.fields(cls)}
 
 
-def read_toml(path: str | Path, known: Collection[str], table: str | None = None) -> dict[str, Any]:
-    """The keys of a TOML file (those of its ``[table]`` when it has one); ConfigError when the file
-    cannot be read or parsed or holds a key not in `known`."""
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """A TOML file's contents; ConfigError when it cannot be read or parsed."""
     try:
         with open(path, "rb") as fh:
-            data = tomllib.load(fh)
+            return tomllib.load(fh)
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"invalid TOML in {path}: {exc}") from exc
+
+
+def read_toml(path: str | Path, known: Collection[str], table: str | None = None) -> dict[str, Any]:
+    """The keys of a TOML file (those of its ``[table]`` when it has one); ConfigError when the file
+    cannot be read or parsed or holds a key not in `known`."""
+    data = load_toml(path)
     if table is not None:
         data = data.get(table, data)
     unknown = sorted(set(data) - set(known))
