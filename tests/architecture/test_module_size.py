@@ -20,7 +20,6 @@ LIMIT = 600
 OVERSIZED: dict[str, int] = {
     "adapters/amqp/codec/_speedups.pyx": 1030,
     "store/_speedups.pyx": 701,
-    "store/store.py": 655,
 }
 
 

@@ -40,7 +40,7 @@ async def main(data_dir: str, fill: bool, in_process: bool) -> None:
             )
         for _ in range(3):  # close the segment holding the last values
             await store.append(Message("filler", b"f" * (SEG // 3)))
-        await store._checkpoints.checkpoint()
+        await store._parts.checkpoints.checkpoint()
         print("FILLED", flush=True)
     while True:
         print("COMPACTING", flush=True)
@@ -51,7 +51,7 @@ async def main(data_dir: str, fill: bool, in_process: bool) -> None:
         )
         for _ in range(3):
             await store.append(Message("filler", b"f" * (SEG // 3)))
-        await store._checkpoints.checkpoint()
+        await store._parts.checkpoints.checkpoint()
         print("ROUND", flush=True)
 
 

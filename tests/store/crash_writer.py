@@ -71,7 +71,7 @@ async def consume(store: Store, rng: random.Random) -> None:
                 acked.append(tag)
         if acked:
             # the ack is durable now (normally every consumer_log_flush_ms)
-            await store._checkpoints.flush_progress()
+            await store._parts.checkpoints.flush_progress()
             for tag in acked:
                 out(f"A {tag}")
         await asyncio.sleep(rng.uniform(0, 0.02))

@@ -109,7 +109,7 @@ def bodies(msgs) -> list[bytes]:
 
 async def flush_progress(store: Store) -> None:
     """Write and fdatasync the consumer operations log now (internal; normally every few ms)."""
-    await store._checkpoints.flush_progress()
+    await store._parts.checkpoints.flush_progress()
 
 
 async def crash_copy(store: Store, dst: str | os.PathLike) -> None:

@@ -68,16 +68,16 @@ async def test_a_file_that_cannot_be_synced_reports_the_kernels_errno(tmp_path):
 
 async def test_store_picks_aio_by_default_and_helper_on_request(make_store, tmp_path):
     s = await make_store()
-    assert isinstance(s._writer.fsync, AioFsync)
+    assert isinstance(s._parts.writer.fsync, AioFsync)
     h = await make_store(data_dir=str(tmp_path / "h"), fsync_method="helper")
-    assert isinstance(h._writer.fsync, FsyncClient)
+    assert isinstance(h._parts.writer.fsync, FsyncClient)
     with pytest.raises(ValueError):
         await make_store(data_dir=str(tmp_path / "x"), fsync_method="threads")
 
 
 async def test_appends_are_acknowledged_after_their_sync_and_survive_reopen(make_store, tmp_path):
     s = await make_store(fsync_method="aio", segment_size=64 << 10)
-    writer = s._writer
+    writer = s._parts.writer
     synced = []
     orig = writer._synced
 
@@ -108,7 +108,7 @@ async def test_auto_falls_back_to_the_helper_where_aio_is_missing(make_store, tm
     with pytest.raises(OSError, match="AIO"):
         await make_store(fsync_method="aio")
     s = await make_store()  # the same directory: the failed open released it
-    assert isinstance(s._writer.fsync, FsyncClient)
+    assert isinstance(s._parts.writer.fsync, FsyncClient)
     r = await s.append(Message("T", b"via the helper"))
     assert s.get_message(r.commitlog_offset).body == b"via the helper"
 

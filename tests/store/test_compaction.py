@@ -27,7 +27,7 @@ async def _close_segment(store) -> None:
     seg = store.commitlog.write_pos // SEG
     while store.commitlog.write_pos // SEG == seg:
         await store.append(Message("filler", b"f" * 20_000))
-    await store._checkpoints.checkpoint()
+    await store._parts.checkpoints.checkpoint()
 
 
 def _all(store, topic: str) -> list[Message]:

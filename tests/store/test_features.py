@@ -163,7 +163,7 @@ async def test_append_many_in_order_durable_and_mixed_types(make_store):
     assert [m.body for m in read_queue(s, "t", 0)] == [f"m{i}".encode() for i in range(0, 50, 2)]
     assert [r.queue_offset for r in rs[:50:2]] == list(range(25))
     with pytest.raises(MessageTooLarge):  # checked before anything is queued
-        await s.append_many([Message("t", b"ok"), Message("t", b"x" * (s._appender.max_size + 1))])
+        await s.append_many([Message("t", b"ok"), Message("t", b"x" * (s._parts.appender.max_size + 1))])
     assert s.max_offset("t", 0) == 25 and s.max_offset("t", 1) == 25
     await s.close()
     s = await make_store()  # durable: all there after a reopen
@@ -190,7 +190,7 @@ async def test_records_are_readable_once_written_and_answered_once_durable(make_
     the record is durable (a queue file never points past what a crash keeps)."""
     s = await make_store(checkpoint_interval_ms=3_600_000)
     s.create_topic("v", queues=1)
-    w = s._writer
+    w = s._parts.writer
     held: list[list[str]] = []
     real_request = w.fsync.request
     w.fsync.request = held.append  # hold the next sync
@@ -199,13 +199,13 @@ async def test_records_are_readable_once_written_and_answered_once_durable(make_
     assert [p.message.body for p in popped] == [b"early"] and held, "not readable before its sync"
     assert not appended.done(), "the appender was answered before its sync"
     cq = s.cqs[("v", 0)]
-    await s._checkpoints.checkpoint()
+    await s._parts.checkpoints.checkpoint()
     assert os.stat(cq.path).st_size == 0, "a checkpoint wrote the entry of a record not yet durable"
     w.fsync.request = real_request
     real_request(held.pop())
     r = await asyncio.wait_for(appended, 10)
     assert r.queue_offset == 0
-    await s._checkpoints.checkpoint()
+    await s._parts.checkpoints.checkpoint()
     assert os.stat(cq.path).st_size > 0
     s.ack(popped[0].receipt_handle)
     assert s.backlog("g", "v") == 0
@@ -818,13 +818,13 @@ async def test_a_crash_during_a_retention_move_still_delivers_the_delayed_messag
     s.create_topic("t", queues=1)
     await s.append(Message("t", b"later", deliver_at=clock[0] + 60_000))
     monkeypatch.setattr(s.progress, "done", lambda *a: None)  # the crash: the mark never happens
-    await s._delays.move(s.commitlog.write_pos, clock[0])
-    assert [clo > 0 for _w, _q, clo in s._delays.heap] == [True]  # the copy waits now
+    await s._parts.delays.move(s.commitlog.write_pos, clock[0])
+    assert [clo > 0 for _w, _q, clo in s._parts.delays.heap] == [True]  # the copy waits now
     await s.close()
     clock[0] += 61_000
     s = await make_store(segment_size=64 * 1024)
     assert await wait_until(
-        lambda: not s._delays.heap and not s._delays.delivering and bool(read_all(s, "t"))
+        lambda: not s._parts.delays.heap and not s._parts.delays.delivering and bool(read_all(s, "t"))
     )
     assert bodies(read_all(s, "t")) == [b"later"]
 
@@ -1066,9 +1066,9 @@ async def test_fsync_helper_death_fails_appends_cleanly(make_store):
 
     s = await make_store(fsync_method="helper")
     await s.append(Message("T", b"before"))
-    s._writer.fsync.proc.send_signal(_signal.SIGKILL)
+    s._parts.writer.fsync.proc.send_signal(_signal.SIGKILL)
     deadline = asyncio.get_running_loop().time() + 10
-    while s._writer.broken is None:  # the loop notices the closed pipe with no sync in flight
+    while s._parts.writer.broken is None:  # the loop notices the closed pipe with no sync in flight
         assert asyncio.get_running_loop().time() < deadline
         await asyncio.sleep(0.01)
     with pytest.raises(StoreError):
@@ -1105,7 +1105,7 @@ async def test_a_checkpoint_cancelled_while_its_io_is_queued_still_writes_its_en
     await s.append(Message("T", b"first"))
     busy = threading.Event()
     blocker = s._run_io(busy.wait, 10)  # the IO thread is busy: the checkpoint's job waits in line
-    cp = asyncio.ensure_future(s._checkpoints.checkpoint())
+    cp = asyncio.ensure_future(s._parts.checkpoints.checkpoint())
     await asyncio.sleep(0)
     await asyncio.sleep(0)
     cp.cancel()

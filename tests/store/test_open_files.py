@@ -28,7 +28,7 @@ async def test_many_queues_few_descriptors(make_store, tmp_path):
     for i in range(40):
         s.create_topic(f"t{i}", queues=1)
         await s.append(Message(f"t{i}", f"a{i}".encode()))
-    await s._checkpoints.checkpoint()  # entries into their files: reads below go to the files
+    await s._parts.checkpoints.checkpoint()  # entries into their files: reads below go to the files
     for i in range(40):
         assert [m.body for m in s.read(f"t{i}", 0, 0)] == [f"a{i}".encode()]
     assert len(s._catalog.files) <= 4
@@ -38,7 +38,7 @@ async def test_many_queues_few_descriptors(make_store, tmp_path):
     for i in range(40):
         r = await s.append(Message(f"t{i}", f"b{i}".encode()))
         assert r.queue_offset == 1
-    await s._checkpoints.checkpoint()
+    await s._parts.checkpoints.checkpoint()
     for i in range(0, 40, 3):
         assert [m.body for m in s.read(f"t{i}", 0, 0)] == [f"a{i}".encode(), f"b{i}".encode()]
     popped = await s.pop("g", "t7", max_messages=8, invisible_time_ms=30_000)
@@ -59,11 +59,11 @@ async def test_recovery_replays_into_closed_files(make_store):
     for i in range(10):
         s.create_topic(f"r{i}", queues=1)
         await s.append(Message(f"r{i}", b"x"))
-    s._checkpoints.checkpoint = _no_checkpoint  # a crash: close writes no entries
+    s._parts.checkpoints.checkpoint = _no_checkpoint  # a crash: close writes no entries
     for cq in s.cqs.values():
         cq.mem.clear()
     s._closed = True
-    s._appender.closed = s._pops.closed = True
+    s._parts.appender.closed = s._parts.pops.closed = s._parts.tails.closed = True
     await s._run_io(s._close_files)
     s._io.shutdown(wait=True)
     s.meta.close()
@@ -112,16 +112,16 @@ async def test_idle_checkpoint_does_not_rewrite_the_file(make_store, tmp_path):
     s = await make_store(checkpoint_interval_ms=3_600_000)
     for i in range(5):
         await s.append(Message(f"c{i}", b"x"))
-    await s._checkpoints.checkpoint()
+    await s._parts.checkpoints.checkpoint()
     path = tmp_path / "data" / "checkpoint.json"
     inode = os.stat(path).st_ino
-    await s._checkpoints.checkpoint()
+    await s._parts.checkpoints.checkpoint()
     assert os.stat(path).st_ino == inode, "an idle checkpoint rewrote the file"
     await s.append(Message("c0", b"y"))
-    await s._checkpoints.checkpoint()
+    await s._parts.checkpoints.checkpoint()
     assert os.stat(path).st_ino != inode
     s.create_topic("fresh", queues=1)
     s.read("fresh", 0, 0)  # its queue exists now: the next checkpoint lists it
     inode = os.stat(path).st_ino
-    await s._checkpoints.checkpoint()
+    await s._parts.checkpoints.checkpoint()
     assert os.stat(path).st_ino != inode

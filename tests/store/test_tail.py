@@ -91,7 +91,7 @@ async def test_records_compaction_removed_are_passed_over(make_store):
             await s.append(Message("c", b"%d-%d" % (k, rnd), keys=(f"k{k}",)))
     while s.commitlog.write_pos // seg == 0:  # close the segment, so that compaction covers it
         await s.append(Message("filler", b"f" * 20_000))
-    await s._checkpoints.checkpoint()
+    await s._parts.checkpoints.checkpoint()
     await s.compact()
     positions: dict[int, int] = {}
     got: list[bytes] = []
