@@ -2,7 +2,9 @@
 message group to the node its group hashes to (the next live one while that node is down); a
 message for a given queue to the node owning that queue. A send that fails because its node went
 away is retried on another node. The sends to one node and topic leave in the order they were made,
-the concurrent ones together (`AppendBatcher`)."""
+the concurrent ones together (`AppendBatcher`). A send of several topics (or nodes) goes as one
+request each, stored or refused as a whole: when one is refused (a topic deleted meanwhile) the
+others are stored all the same, and the failure says which (PartlyStored)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import logging
 import zlib
 from typing import Any
 
+from messaging_processor.store_client import PartlyStored
 from store import AppendResult, Message
 from store.message import PATH_PROPERTY
 
@@ -23,6 +26,10 @@ from .chains import Chain
 from .ids import IdMap
 from .membership import Membership
 from .nodes import AppendBatcher, NodeClient, NodeUnavailable
+
+# a part of a send failed thus is sent again with the rest (`_append_on`: to another node, another
+# queue), not reported as PartlyStored
+_RESENT = (NodeUnavailable, w.QueueSealed, w.NodeDraining)
 
 MAX_RESOLVES = 40  # a send refused by a sealed queue or a draining node: tables reloaded this often
 RESOLVE_PAUSE_S = 0.05  # between two reloads that found no newer table (a switch under way)
@@ -136,10 +143,22 @@ class Sends:
         for _, fut in futs:  # (all awaited: a failed part raises once every part is answered)
             with contextlib.suppress(Exception):
                 await asyncio.shield(fut)
+        failed: Exception | None = None
+        stored: list[int] = []
         for idxs, fut in futs:
-            for i, v in zip(idxs, fut.result(), strict=True):
+            try:
+                values = fut.result()
+            except Exception as e:  # noqa: BLE001 - the first failure is raised, after the others
+                failed = failed or e
+                continue
+            for i, v in zip(idxs, values, strict=True):
                 out[i] = v
-        return out
+            stored += idxs
+        if failed is None:
+            return out
+        if isinstance(failed, _RESENT):
+            raise failed  # sent again whole (`_append_on`)
+        raise PartlyStored(failed, frozenset(stored))  # the other parts are stored: not to be sent again
 
     async def append(self, msg: Message) -> AppendResult:
         return (await self._append_on([msg]))[0]
@@ -157,7 +176,16 @@ class Sends:
             node, local = self._target(m, stride, set())
             parts.setdefault((node.name, local, m.topic if m.topic in chains else ""), []).append(i)
         out: list[AppendResult | None] = [None] * len(msgs)
+        stored: list[int] = []
         for idxs in parts.values():
-            for i, r in zip(idxs, await self._append_on([msgs[i] for i in idxs]), strict=True):
+            try:
+                results = await self._append_on([msgs[i] for i in idxs])
+            except Exception as e:  # noqa: BLE001 - the parts before are stored (not in the batch's order)
+                if isinstance(e, PartlyStored):
+                    stored += [idxs[j] for j in e.stored]
+                    e = e.error
+                raise PartlyStored(e, frozenset(stored)) from e
+            for i, r in zip(idxs, results, strict=True):
                 out[i] = r
+            stored += idxs
         return out  # type: ignore[return-value]

@@ -19,6 +19,8 @@ from store import (
     TransactionNotFound,
 )
 
+from .store_client import PartlyStored
+
 if TYPE_CHECKING:
     from .metrics import Metrics
 
@@ -58,7 +60,11 @@ class ErrorKind(enum.Enum):
 
 
 class ProcessorError(Exception):
-    """A request failed; `kind` says why in protocol-neutral terms, `args[0]` is a readable message."""
+    """A request failed; `kind` says why in protocol-neutral terms, `args[0]` is a readable message.
+    A failed `send` says in `stored` which of its messages (their indices) were stored all the same:
+    none unless the store failed part way through the batch; None when that is not known."""
+
+    stored: frozenset[int] | None = frozenset()
 
     def __init__(self, kind: ErrorKind, message: str = "") -> None:
         super().__init__(message or kind.value)
@@ -76,6 +82,8 @@ def store_error(exc: BaseException) -> ProcessorError:
     """Map a store (or argument) exception to a ProcessorError."""
     if isinstance(exc, ProcessorError):
         return exc
+    if isinstance(exc, PartlyStored):
+        return store_error(exc.error)
     if isinstance(exc, TopicNotFound):
         return ProcessorError(ErrorKind.TOPIC_NOT_FOUND, f"topic {exc} does not exist")
     if isinstance(exc, GroupNotFound):

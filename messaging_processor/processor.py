@@ -37,7 +37,7 @@ from .properties import P_PATH
 from .reads import Reads
 from .registry import ClientRegistry
 from .security import Security
-from .store_client import StoreClient
+from .store_client import StoreClient, stored_despite
 from .trace_context import ensure_traceparents
 from .tracing import DELIVERED, DELIVERED_FIELDS, HANDLED, STORED, TraceRecorder
 from .transactions import Transactions
@@ -233,7 +233,8 @@ class MessagingProcessor:
         those topics are).
 
         All messages are validated before any is stored. A store failure raises ProcessorError;
-        messages of the batch stored before it stay stored (producers retry, as in RocketMQ)."""
+        messages of the batch stored before it stay stored (producers retry, as in RocketMQ), and
+        its `stored` says which they are when the store client tells (store_client.stored_despite)."""
         limits = self.limits
         now = time_ns() // 1_000_000  # (now_ms inlined: one call less per send)
         topics: set[str] = set()
@@ -276,6 +277,8 @@ class MessagingProcessor:
                 results = await self.store.append_many(list(messages))
         except Exception as e:  # noqa: BLE001
             err = store_error(e)
+            stored = stored_despite(e, [*messages, *copies] if copies else messages)
+            err.stored = stored if stored is None else frozenset(i for i in stored if i < len(messages))
             self.metrics.errors[(ctx.protocol, "send", err.kind.value)] += 1
             if err.kind is ErrorKind.TOPIC_NOT_FOUND:
                 self._known_topics.difference_update(topics)

@@ -18,6 +18,7 @@ from store import (
     RetryPolicy,
     Store,
     TopicConfig,
+    TopicNotFound,
 )
 from store.raw_range import RawRange, read_range
 from store.tier_reads import read_through
@@ -28,7 +29,9 @@ T = TypeVar("T")
 class StoreClient(Protocol):
     """Everything the processor asks of a store. All methods are coroutines so that a remote
     implementation fits; store exceptions (store.StoreError and subclasses, StoreFullError,
-    ValueError for bad arguments) pass through and the processor maps them."""
+    ValueError for bad arguments) pass through and the processor maps them. An `append_many` that
+    failed after storing some of its messages, other than by placing them in order up to a missing
+    topic as the Store does (`stored_despite`), raises PartlyStored naming them."""
 
     async def append(self, msg: Message) -> AppendResult: ...
     async def append_many(self, msgs: list[Message]) -> list[AppendResult]: ...
@@ -97,6 +100,33 @@ class StoreClient(Protocol):
         self,
     ) -> int: ...  # stores a topic's queues are spread over (create_topic's count is per store)
     async def close(self) -> None: ...
+
+
+class PartlyStored(Exception):
+    """An `append_many` failed (`error`, a store exception) after storing some of its messages:
+    `stored`, their indices (ClusterStoreClient: a batch of several topics goes as one request per
+    topic, each stored or refused as a whole). The processor maps it as `error`."""
+
+    def __init__(self, error: Exception, stored: frozenset[int]) -> None:
+        super().__init__(error)
+        self.error = error
+        self.stored = stored
+
+
+def stored_despite(exc: BaseException, msgs: Sequence[Message]) -> frozenset[int] | None:
+    """The indices of `msgs` that a failed `append_many` of them stored all the same (None: not
+    known). PartlyStored names them. A missing topic (TopicNotFound, whose message is the topic)
+    stops the Store at the first message of that topic, the ones before it stored (Store.append_many
+    places a batch in order); a ClusterStoreClient raises it bare only for a request of that one
+    topic, refused as a whole (its first message is the batch's first: none stored)."""
+    if isinstance(exc, PartlyStored):
+        return exc.stored
+    if isinstance(exc, TopicNotFound) and exc.args:
+        topic = exc.args[0]
+        for i, m in enumerate(msgs):
+            if m.topic == topic:
+                return frozenset(range(i))
+    return None
 
 
 class LocalStoreClient:

@@ -17,6 +17,7 @@ from cluster.nodes import NodeUnavailable
 from cluster.remote_store import ClusterStoreClient
 from cluster.store_node import StoreNode, StoreNodeConfig
 from messaging_processor import ClientContext, MessagingProcessor
+from messaging_processor.store_client import PartlyStored, stored_despite
 from namesrv.config import NamesrvSettings
 from namesrv.server import NameServer
 from store import (
@@ -165,6 +166,30 @@ async def test_fifo_group_stays_on_one_node_and_fixed_queues_map(env):
         assert r.queue_id == q
     mixed = await c.append_many([Message("fifo", b"a", queue_id=0), Message("fifo", b"b", queue_id=3)])
     assert [r.queue_id for r in mixed] == [0, 3]
+
+
+async def test_a_send_of_several_topics_one_of_them_missing_says_which_messages_it_stored(env):
+    """A send of several topics goes as one request per topic: a missing topic's request is refused,
+    the others are stored all the same, and the failure (PartlyStored) names them, so that a caller
+    sends again only what was not stored (an AMQP publish routed to a queue deleted through another
+    proxy: its other copies were stored twice). Sends split by node or queue say so too."""
+    c = env.client
+    await c.create_topic("kept", 1, None, None)
+    batch = [Message("kept", b"k1"), Message("missing", b"m"), Message("kept", b"k2")]
+    with pytest.raises(PartlyStored) as e:
+        await c.append_many(batch)
+    assert isinstance(e.value.error, TopicNotFound) and str(e.value.error) == "missing"
+    assert e.value.stored == {0, 2}
+    assert stored_despite(e.value, batch) == {0, 2}
+    await c.create_group("g", 16, None)
+    got = await c.pop("g", "kept", 32, 30_000)
+    assert sorted(p.message.body for p in got) == [b"k1", b"k2"]
+    by_queue = [Message("kept", b"q0", queue_id=0), Message("missing", b"m", queue_id=0)]
+    with pytest.raises(PartlyStored) as e:
+        await c.append_many(by_queue)
+    assert isinstance(e.value.error, TopicNotFound) and e.value.stored == {0}
+    with pytest.raises(TopicNotFound):  # one topic: refused as a whole, the store's own exception
+        await c.append_many([Message("missing", b"m1"), Message("missing", b"m2")])
 
 
 async def test_long_poll_wakes_for_a_message_on_any_node(env):

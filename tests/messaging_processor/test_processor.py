@@ -61,6 +61,27 @@ async def test_unknown_topic_is_not_created_by_default(proc):
     assert [t.name for t in await proc.list_topics()] == []
 
 
+async def test_a_failed_send_says_which_of_its_messages_were_stored(proc, tmp_path):
+    """A send that fails on a topic deleted through another processor of the same store (whose
+    cache of known topics this one does not share) after placing some messages names them in
+    `stored` (the Store places a batch in order up to the missing topic): a caller that sends the
+    others again stores none twice. A send refused before the store stored nothing."""
+    await proc.create_topic("Kept", 1)
+    await proc.create_topic("Gone", 1)
+    await proc.send(CTX, [Message("Kept", b"k0"), Message("Gone", b"g0")])  # both known here now
+    other = MessagingProcessor(proc.store)  # another proxy over the same store
+    await other.delete_topic("Gone")
+    with pytest.raises(ProcessorError) as e:
+        await proc.send(CTX, [Message("Kept", b"k1"), Message("Gone", b"g1"), Message("Kept", b"k2")])
+    assert kind_of(e) is ErrorKind.TOPIC_NOT_FOUND
+    assert e.value.stored == {0}
+    await proc.send(CTX, [Message("Kept", b"k2")])  # what was not stored, again (the writer keeps order)
+    assert [m.body for m in await proc.read(CTX, "Kept", 0, 0)] == [b"k0", b"k1", b"k2"]
+    with pytest.raises(ProcessorError) as e:  # (Gone is no longer known here: refused before the store)
+        await proc.send(CTX, [Message("Kept", b"k3"), Message("Gone", b"g3")])
+    assert kind_of(e) is ErrorKind.TOPIC_NOT_FOUND and e.value.stored == frozenset()
+
+
 async def test_auto_create_per_call(proc):
     r = await proc.send(CTX, [Message("Auto", b"x")], auto_create=True)
     assert r[0].topic == "Auto"
