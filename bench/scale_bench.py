@@ -47,7 +47,8 @@ Phases (`--phases`, all by default), in this order, on one server each group:
   `--persistent-publishers` (100) other devices publish telemetry at `--persistent-rate` (500)
   msg/s: `persistent_cpu_us_per_msg`, `_acks_per_s`, `_p99_ms`, as in `telemetry`, and the
   server's memory after it (`persistent_rss_mib_after`, `persistent_rss_anon_mib_after`).
-- `amqp_queues` (the gateway; RabbitMQ too when installed, under "rabbitmq"): bench/scale_amqp.py.
+- `amqp_queues` (the gateway; RabbitMQ too when installed, under "rabbitmq", except with
+  `--quick`): bench/scale_amqp.py.
 
 Every phase also reports `<phase>_other_util` (CPUs used by everything but the server and this
 generator over the phase's window: other jobs on a shared machine) and `<phase>_host_steal`
@@ -244,7 +245,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--gateway-arg", action="append", default=[], help="one more `gateway start` argument")
     ap.add_argument("--gateway-src", type=Path, default=None, help="run the gateway from this source tree")
     ap.add_argument("--seed", type=int, default=48)
-    ap.add_argument("--quick", action="store_true", help="a small, short run (the smoke test)")
+    ap.add_argument("--quick", action="store_true", help="a small, short run (the smoke test; no RabbitMQ)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.quick:
@@ -291,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         except ServerError as e:
             log(f"[{name}] failed: {e}")
             return 1
-    if "amqp_queues" in args.phase_list and "gateway" in args.server_list:
+    if "amqp_queues" in args.phase_list and "gateway" in args.server_list and not args.quick:
         with contextlib.suppress(Exception):
             work = Path(tempfile.mkdtemp(prefix="scale-bench-rabbitmq-"))
             try:
