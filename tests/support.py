@@ -193,19 +193,30 @@ async def wait_until(cond: Callable[[], bool], timeout: float = T) -> None:
     await asyncio.wait_for(poll(), timeout)
 
 
-@contextlib.asynccontextmanager
-async def running_gateway(
-    data_dir: str, protocols: tuple[str, ...], **settings: Any
-) -> AsyncIterator[Gateway]:
-    """An in-process gateway (`gateway.server.Gateway`, LOCAL mode) with `protocols` listening on
-    ephemeral ports, `flush="async"` and 4 MiB segments unless `settings` say otherwise; stopped
-    on exit."""
+async def start_gateway(data_dir: str, protocols: tuple[str, ...], **settings: Any) -> Gateway:
+    """An in-process gateway (`gateway.server.Gateway`, LOCAL mode), started, with `protocols`
+    listening on ephemeral ports, `flush="async"` and 4 MiB segments unless `settings` say
+    otherwise; the caller stops it (`running_gateway` does)."""
     from gateway.config import Settings
     from gateway.server import Gateway
 
     kw: dict[str, Any] = {f"{p}_port": 0 for p in protocols} | {"flush": "async", "segment_size_mib": 4}
     g = Gateway(Settings(data_dir=data_dir, protocols=protocols, **(kw | settings)))
     await g.start()
+    return g
+
+
+def listener(gw: Gateway, name: str) -> Any:
+    """The gateway's adapter named `name` ("mqtt", "amqp", "http", ...)."""
+    return next(a for a in gw.adapters if a.name == name)
+
+
+@contextlib.asynccontextmanager
+async def running_gateway(
+    data_dir: str, protocols: tuple[str, ...], **settings: Any
+) -> AsyncIterator[Gateway]:
+    """`start_gateway`, stopped on exit."""
+    g = await start_gateway(data_dir, protocols, **settings)
     try:
         yield g
     finally:

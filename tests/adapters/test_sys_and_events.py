@@ -20,10 +20,9 @@ import pytest
 import pytest_asyncio
 from paho.mqtt.enums import CallbackAPIVersion
 
-from gateway.config import Settings
 from gateway.server import Gateway
 from tests.adapters.cloudevents.support import Receiver
-from tests.support import TEST_SEGMENT_SIZE_MIB
+from tests.support import TEST_SEGMENT_SIZE_MIB, start_gateway
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 T = 10.0
@@ -46,21 +45,13 @@ SYS_PATHS = {
 
 async def open_gateway(root, **settings) -> Gateway:
     s = {
-        "protocols": ("http", "mqtt", "amqp", "grpc"),
-        "http_port": 0,
-        "grpc_port": 0,
-        "mqtt_port": 0,
-        "amqp_port": 0,
         "mqtt_ws": False,
-        "flush": "async",
         "segment_size_mib": TEST_SEGMENT_SIZE_MIB,
         "sys_interval": 1,
         "client_events": True,
     }
-    s.update(settings)
-    gw = Gateway(Settings(data_dir=str(root), **s))
-    await gw.start()
-    return gw
+    s |= settings
+    return await start_gateway(str(root), s.pop("protocols", ("http", "mqtt", "amqp", "grpc")), **s)
 
 
 def port(gw: Gateway, name: str) -> int:

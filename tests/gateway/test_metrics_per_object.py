@@ -17,12 +17,12 @@ import httpx
 import pika
 import pytest
 
-from gateway.config import Settings
 from gateway.http.metrics import busiest, dead_letters
 from gateway.server import Gateway
 from messaging_processor import ClientContext
 from store.histogram import Histogram
-from tests.support import T, wait_until
+from tests import support
+from tests.support import T, listener, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -63,24 +63,8 @@ def with_label(series: Series, name: str, label: str) -> set[str]:
     return {dict(lbls)[label] for (n, lbls) in series if n == name and label in dict(lbls)}
 
 
-def listener(gw: Gateway, name: str):
-    return next(a for a in gw.adapters if a.name == name)
-
-
 async def start_gateway(tmp_path, **kw) -> Gateway:
-    settings = Settings(
-        data_dir=str(tmp_path / "data"),
-        protocols=("mqtt", "amqp", "http"),
-        mqtt_port=0,
-        amqp_port=0,
-        http_port=0,
-        flush="sync",
-        segment_size_mib=4,
-        **kw,
-    )
-    gw = Gateway(settings)
-    await gw.start()
-    return gw
+    return await support.start_gateway(str(tmp_path / "data"), ("mqtt", "amqp", "http"), flush="sync", **kw)
 
 
 async def mqtt_publish(gw: Gateway, topic: str, bodies: tuple[bytes, ...]) -> None:

@@ -16,27 +16,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.config import Settings
 from gateway.http import HttpAdapter
-from gateway.server import Gateway
-from tests.support import TEST_SEGMENT_SIZE_MIB
+from tests.support import TEST_SEGMENT_SIZE_MIB, start_gateway
 
 T = 10.0  # seconds any single awaited event may take
 MAX_BODY = 64 * 1024  # the tests' max_body_size: a 64 KiB event is accepted, one byte more is not
 
 
 async def open_gateway(data_dir: str, **settings) -> SimpleNamespace:
-    s = {
-        "protocols": ("http", "mqtt"),
-        "http_port": 0,
-        "mqtt_port": 0,
-        "flush": "async",
-        "default_queues": 2,
-        "segment_size_mib": TEST_SEGMENT_SIZE_MIB,
-    }
-    s.update(settings)
-    gw = Gateway(Settings(data_dir=data_dir, **s))
-    await gw.start()
+    s = {"default_queues": 2, "segment_size_mib": TEST_SEGMENT_SIZE_MIB} | settings
+    gw = await start_gateway(data_dir, s.pop("protocols", ("http", "mqtt")), **s)
     http = next(a for a in gw.adapters if a.name == "http")
     mqtt = next((a for a in gw.adapters if a.name == "mqtt"), None)
     client = httpx.AsyncClient(base_url=f"http://{http.address}", timeout=T)
