@@ -39,8 +39,8 @@ $(UV):
 	$(PYTHON) -m venv $(UV_HOME)
 	$(UV_HOME)/bin/pip install --quiet "uv==$(UV_VERSION)"
 
-# hatch_build.py and the .pyx sources: the compiled hot path is rebuilt when they change.
-$(STAMP): uv.lock pyproject.toml hatch_build.py $(wildcard store/*.pyx adapters/mqtt/codec/*.pyx cluster/*.pyx adapters/grpc/*.pyx adapters/amqp/codec/*.pyx) | $(UV)
+# hatch_build.py and the .pyx (and .pxd) sources: the compiled hot path is rebuilt when they change.
+$(STAMP): uv.lock pyproject.toml hatch_build.py $(wildcard store/*.pyx store/*.pxd adapters/mqtt/codec/*.pyx cluster/*.pyx adapters/grpc/*.pyx adapters/amqp/codec/*.pyx) | $(UV)
 	$(UV) sync --locked --all-groups --python "$$($(PYTHON) -c 'import sys; print(sys.executable)')"
 	touch $@
 

@@ -1,7 +1,9 @@
 """Hatchling build hook: compile the optional Cython hot path (docs/store.md, "Compiled hot path"):
-the store (`store/_speedups.pyx`), the MQTT PUBLISH encoder (`adapters/mqtt/codec/_speedups.pyx`),
-the store node protocol's message lists (`cluster/_speedups.pyx`), the gRPC delivery encoder
-(`adapters/grpc/_speedups.pyx`) and the AMQP codec (`adapters/amqp/codec/_speedups.pyx`).
+the store's record codec and append loop (`store/_codec_speedups.pyx`, `_append_speedups.pyx`, which
+cimports the codec's C functions through `_codec_speedups.pxd`), the MQTT PUBLISH encoder
+(`adapters/mqtt/codec/_speedups.pyx`), the store node protocol's message lists
+(`cluster/_speedups.pyx`), the gRPC delivery encoder (`adapters/grpc/_speedups.pyx`) and the AMQP
+codec (`adapters/amqp/codec/_speedups.pyx`).
 
 Each extension is built under build/ and renamed next to its source, which is where the editable
 install that `uv sync` makes imports it from; a wheel also carries it. Without a C compiler (or with
@@ -19,7 +21,8 @@ from typing import Any
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 EXTENSIONS = {
-    "store._speedups": "store/_speedups.pyx",
+    "store._codec_speedups": "store/_codec_speedups.pyx",
+    "store._append_speedups": "store/_append_speedups.pyx",
     "adapters.mqtt.codec._speedups": "adapters/mqtt/codec/_speedups.pyx",
     "cluster._speedups": "cluster/_speedups.pyx",
     "adapters.grpc._speedups": "adapters/grpc/_speedups.pyx",

@@ -57,9 +57,20 @@ def bind_speedups(module: ModuleType) -> None:
     )
 
 
-# The compiled append path (docs/store.md, "Compiled hot path"), or None: codec.py chooses for the
-# whole store (GATEWAY_PURE_PYTHON=1, or no extension built: pure Python).
-_compiled = codec.speedups
+def _load_speedups() -> ModuleType | None:
+    """The compiled append path (`store._append_speedups`, docs/store.md "Compiled hot path"), or
+    None: codec.py chooses for the whole store (GATEWAY_PURE_PYTHON=1, or no extension built: pure
+    Python), and the compiled loop encodes with the compiled codec."""
+    if codec.speedups is None:
+        return None
+    try:
+        from . import _append_speedups  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _append_speedups
+
+
+_compiled = _load_speedups()
 if _compiled is not None:
     bind_speedups(_compiled)
 

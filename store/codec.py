@@ -20,8 +20,9 @@ record as above (its own size and CRC, consecutive queue offsets), behind an 12-
 Consume queue and index entries point at the inner records, so a reader needs nothing new: only
 the code that walks the log record by record (`iter_batch`) looks inside.
 
-`encode`, `decode`, `check` and `decode_checked` are compiled (`_speedups.pyx`, built by `uv sync`
-where there is a C compiler) unless `GATEWAY_PURE_PYTHON=1`; this module chooses, once, at import.
+`encode`, `decode`, `check` and `decode_checked` are compiled (`_codec_speedups.pyx`, built by `uv
+sync` where there is a C compiler) unless `GATEWAY_PURE_PYTHON=1`; this module chooses, once, at
+import, for the whole store (appending.py takes the compiled append loop only with it).
 The pure-Python functions stay the reference (`py_encode`, ...): the compiled ones give the same
 bytes and results, and the tests check both.
 """
@@ -258,14 +259,15 @@ PURE_PYTHON_ENV = "GATEWAY_PURE_PYTHON"  # set (and not "0"): the pure-Python fu
 
 
 def _load_speedups() -> ModuleType | None:
-    """The compiled hot path (`store._speedups`), or None: disabled by GATEWAY_PURE_PYTHON, or not built."""
+    """The compiled codec (`store._codec_speedups`), or None: disabled by GATEWAY_PURE_PYTHON, or not
+    built."""
     if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
         return None
     try:
-        from . import _speedups  # type: ignore[attr-defined]
+        from . import _codec_speedups  # type: ignore[attr-defined]
     except ImportError:
         return None
-    return _speedups
+    return _codec_speedups
 
 
 py_encode, py_decode, py_check, py_decode_checked = encode, decode, check, decode_checked
@@ -278,7 +280,7 @@ def bind_speedups(module: ModuleType) -> None:
     )
 
 
-speedups = _load_speedups()  # also used by appending.py: one switch for the whole store
+speedups = _load_speedups()  # appending.py follows it: one switch for the whole store
 if speedups is not None:
     bind_speedups(speedups)
     encode, decode, check, decode_checked = (  # noqa: F811 - the compiled twins of the above

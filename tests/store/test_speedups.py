@@ -1,7 +1,9 @@
-"""The compiled hot path (store/_speedups.pyx) against its pure-Python reference (docs/store.md,
+"""The compiled hot path of the store (store/_codec_speedups.pyx, the record codec, and
+store/_append_speedups.pyx, the append loop) against its pure-Python reference (docs/store.md,
 "Compiled hot path"): byte-identical records, equal decoded messages, the same CorruptRecord (or
 other error) on bad input, the same commit log from a store's append path; GATEWAY_PURE_PYTHON=1
-selects the pure path; and where a C compiler is present the extension must have been built."""
+selects the pure path; and where a C compiler is present both extensions must have been built, and
+chosen."""
 
 from __future__ import annotations
 
@@ -33,18 +35,39 @@ def _compiler() -> str | None:
     return shutil.which(cc[0]) if cc else None
 
 
-def test_extension_is_built_where_a_compiler_is() -> None:
-    """`uv sync` (hatch_build.py) builds store._speedups wherever a C compiler is present."""
+EXTENSIONS = ("store._codec_speedups", "store._append_speedups")
+
+
+@pytest.mark.parametrize("name", EXTENSIONS)
+def test_extension_is_built_where_a_compiler_is(name: str) -> None:
+    """`uv sync` (hatch_build.py) builds both extensions wherever a C compiler is present."""
     if _compiler() is None:
         pytest.skip("no C compiler: the store runs pure Python")
-    assert importlib.util.find_spec("store._speedups") is not None, "a C compiler is present but not built"
+    assert importlib.util.find_spec(name) is not None, "a C compiler is present but not built"
+
+
+def test_the_built_extensions_are_chosen() -> None:
+    """Built, they are what codec.py and appending.py run (unless GATEWAY_PURE_PYTHON=1)."""
+    if os.environ.get(codec.PURE_PYTHON_ENV, "") not in ("", "0"):
+        pytest.skip("this process runs pure Python (GATEWAY_PURE_PYTHON=1)")
+    codec_sp = pytest.importorskip("store._codec_speedups")
+    append_sp = pytest.importorskip("store._append_speedups")
+    assert codec.speedups is codec_sp and codec.encode is codec_sp.encode, "built but not chosen"
+    assert appending._compiled is append_sp and appending.Appender.place is append_sp.place
 
 
 @pytest.fixture(scope="module")
 def sp():
-    """The compiled module, bound to the pure functions whichever path this process chose."""
-    mod = pytest.importorskip("store._speedups")
+    """The compiled codec, bound to the pure functions whichever path this process chose."""
+    mod = pytest.importorskip("store._codec_speedups")
     codec.bind_speedups(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def append_sp(sp):
+    """The compiled append loop (it encodes with the compiled codec), bound likewise."""
+    mod = pytest.importorskip("store._append_speedups")
     appending.bind_speedups(mod)
     return mod
 
@@ -139,10 +162,10 @@ def test_corrupt_records_fail_as_the_reference(sp, msg, cuts) -> None:
 
 @given(data=st.binary(max_size=9000))
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_crc32_and_path_hash_match_zlib(sp, data: bytes) -> None:
+def test_crc32_and_path_hash_match_zlib(sp, append_sp, data: bytes) -> None:
     assert sp.crc32(data) == zlib.crc32(data)
     text = data.decode("latin-1")
-    assert sp.path_hash(text) == path_hash(text)
+    assert append_sp.path_hash(text) == path_hash(text)
 
 
 def test_large_records_check_as_the_reference(sp) -> None:
@@ -198,7 +221,7 @@ async def _commit_log(tmp: Path, pure: bool, monkeypatch: pytest.MonkeyPatch) ->
     return log, [results, got, derived]
 
 
-async def test_the_append_path_writes_the_same_commit_log(sp, tmp_path, monkeypatch) -> None:
+async def test_the_append_path_writes_the_same_commit_log(append_sp, tmp_path, monkeypatch) -> None:
     if codec.speedups is None:
         pytest.skip("this process runs pure Python (GATEWAY_PURE_PYTHON=1): nothing to compare")
     compiled = await _commit_log(tmp_path / "compiled", False, monkeypatch)
