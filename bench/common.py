@@ -408,18 +408,28 @@ def rss_bytes(pid: int) -> int:
 
 
 def wait_idle(
-    pid: int, max_wait: float = 10.0, interval: float = 0.1, max_ticks: int = 1, quiet: float = 0.0
+    pid: int,
+    max_wait: float = 10.0,
+    interval: float = 0.1,
+    max_ticks: int = 1,
+    quiet: float = 0.0,
+    kids: list[int] | None = None,
 ) -> float:
-    """Wait until the process used at most `max_ticks` clock ticks in one `interval` (with `quiet`,
-    in every interval of `quiet` seconds in a row: past the periodic housekeeping a server does
-    after a burst, such as a garbage collection); return the seconds from the call to the start of
-    that idle stretch (capped at `max_wait`)."""
+    """Wait until the process (with `kids`, it and those descendants: `tree_cpu_s`) used at most
+    `max_ticks` clock ticks in one `interval` (with `quiet`, in every interval of `quiet` seconds in
+    a row: past the periodic housekeeping a server does after a burst, such as a garbage
+    collection); return the seconds from the call to the start of that idle stretch (capped at
+    `max_wait`)."""
+
+    def used() -> float:
+        return tree_cpu_s(pid, kids) if kids else cpu_s(pid)
+
     start = time.monotonic()
-    prev_t, prev_c = start, cpu_s(pid)
+    prev_t, prev_c = start, used()
     idle_since: float | None = None
     while True:
         time.sleep(interval)
-        t, c = time.monotonic(), cpu_s(pid)
+        t, c = time.monotonic(), used()
         if (c - prev_c) * CLK_TCK <= max_ticks + 1e-9:
             if idle_since is None:
                 idle_since = prev_t

@@ -3,7 +3,8 @@ session, on our gateway and on Mosquitto in the same run, with the same generato
 
     .venv/bin/python bench/scale_bench.py [--servers gateway,mosquitto] [--phases P,...]
         [--conns N] [--persistent-share F] [--sessions S] [--queues Q] [--retained R]
-        [--telemetry-rate R] [--gateway-src DIR] [--gateway-arg ARG ...] [--quick] [--json]
+        [--telemetry-rate R] [--gateway-src DIR] [--gateway-arg ARG ...] [--gen-procs N]
+        [--quick] [--json]
 
 The generator is this process (bench/scale_client.py: raw asyncio MQTT 3.1.1 clients on uvloop
 with pre-encoded packets, sockets bound to loopback source addresses 127.0.0.2 ... 127.0.0.9),
@@ -12,12 +13,26 @@ loopback with its defaults (bench/common.py start_gateway, bench/mqtt_servers.py
 no persistence, no queue limits). This process raises its RLIMIT_NOFILE soft limit to the hard
 limit and servers are spawned with it; `--conns` is capped below that limit (the output says so).
 
+`--gen-procs N` (1) spreads the idle fleet over N generator processes (bench/scale_gen.py: child k
+holds the devices i = k mod N, from its own source addresses 127.0.0.(2+8k) ... (9+8k), and
+reports to this process), so that `--conns` may reach N times the descriptor limit (a one-process
+server still holds at most the limit: run Mosquitto with fewer). With N > 1 only the phases
+`idle`, `commands` (deliveries collected from the children), `retained`, `persistent` and
+`amqp_queues` run. `--gateway-arg=--workers=4` starts the gateway with four workers; the server's
+CPU and memory are then those of its whole process tree (supervisor with the store, workers).
+
 Phases (`--phases`, all by default), in this order, on one server each group:
 
 - `idle`: `--conns` (18,000) devices `dev-<i>` connect (keep-alive 600 s, at most
   `--concurrency` handshakes at once; a `--persistent-share` (0.5) of them with clean session 0),
   then each subscribes (QoS 1) to `dev/<i>/cmd`. `connects_per_s` = N / time to all CONNACKs;
-  `idle_conn_rss_kib` = VmRSS growth of the server / N once it is idle (RssAnon growth beside it).
+  `idle_conn_rss_kib` = VmRSS growth of the server process / N once it is idle (RssAnon growth
+  beside it); `idle_tree_rss_kib` (`_anon_kib`) the same summed over its whole process tree (with
+  `--workers`: supervisor, workers; `idle_tree_rss_mib` after, `idle_tree_procs`);
+  `idle_store_rss_mib_before` / `_after`: the server process's own VmRSS before and after the
+  connections (with `--workers` the supervisor, which holds the store); `idle_worker_conns`: each
+  descendant's growth in open descriptors (a worker's connections), `idle_worker_rss_mib` their
+  VmRSS after; `idle_gen_procs`: `--gen-procs`.
 - `commands`: QoS 1 commands from one publisher to `--commands` (1,000) random connected devices,
   one each, paced at `--command-rate` (500/s): `commands_delivered`, p50/p99 publish-to-delivery.
 - `retained`: `--retained` (10,000) retained QoS 1 messages to `dev/<i>/state` (at most 500
@@ -77,12 +92,15 @@ import uvloop
 from common import REPO, Server, ServerError, fmt, log, start_gateway
 from mqtt_servers import start_mosquitto
 from scale_amqp import amqp_queues
+from scale_gen import MAX_PROCS
 from scale_phases import Run
 
 PHASES = ("idle", "commands", "telemetry", "retained", "reconnect", "devices", "persistent", "amqp_queues")
 FLEET_PHASES = ("idle", "commands", "telemetry", "reconnect", "devices")
+LOCAL_FLEET_PHASES = ("telemetry", "reconnect", "devices")  # need the fleet in this process
 KEYS = (
     "idle_conn_rss_kib",
+    "idle_tree_rss_kib",
     "connects_per_s",
     "reconnects_per_s",
     "commands_p99_ms",
@@ -245,6 +263,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--gateway-arg", action="append", default=[], help="one more `gateway start` argument")
     ap.add_argument("--gateway-src", type=Path, default=None, help="run the gateway from this source tree")
     ap.add_argument("--seed", type=int, default=48)
+    ap.add_argument(
+        "--gen-procs",
+        type=int,
+        default=1,
+        help=f"idle fleet in this many generator processes (1 ... {MAX_PROCS}; 1: this one)",
+    )
     ap.add_argument("--quick", action="store_true", help="a small, short run (the smoke test; no RabbitMQ)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -261,6 +285,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     bad = set(args.phase_list) - set(PHASES)
     if bad:
         ap.error(f"unknown phases {sorted(bad)} (known: {', '.join(PHASES)})")
+    if not 1 <= args.gen_procs <= MAX_PROCS:
+        ap.error(f"--gen-procs: 1 ... {MAX_PROCS}")
+    if args.gen_procs > 1 and (local := [p for p in args.phase_list if p in LOCAL_FLEET_PHASES]):
+        ap.error(f"--gen-procs > 1 runs no {', '.join(local)} (the fleet is in other processes)")
     online = sorted(os.sched_getaffinity(0))
     if len(online) < 2 or args.server_cpu not in online or args.gen_cpu not in online:
         log(f"cannot pin server/generator to CPUs {args.server_cpu}/{args.gen_cpu} (online {online})")
@@ -270,17 +298,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def loadavg() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+LOADAVG_BEFORE = loadavg()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     nofile = raise_nofile()
     cap = max(nofile - RESERVE_FDS, 1)
     capped = None
-    for attr in ("conns", "sessions"):
-        if getattr(args, attr) > cap:
+    for attr, most in (("conns", cap * args.gen_procs), ("sessions", cap)):
+        if getattr(args, attr) > most:
             capped = capped or {}
             capped[attr] = getattr(args, attr)
-            setattr(args, attr, cap)
-    note = f"RLIMIT_NOFILE {nofile} (servers get it too): at most {cap} connections per server"
+            setattr(args, attr, most)
+    note = f"RLIMIT_NOFILE {nofile} (servers get it too): at most {cap} connections per server process"
+    if args.gen_procs > 1:
+        note += f", {cap} per generator process ({args.gen_procs}: --conns at most {cap * args.gen_procs})"
     if capped:
         note += f"; capped {capped} to {cap}"
     log(note)
@@ -306,17 +344,18 @@ def main(argv: list[str] | None = None) -> int:
         a, b = g.get(k), m.get(k)
         report[f"{k}_ratio"] = round(a / b, 3) if a is not None and b else None
     report["devices_cpu_ratio_vs_mosquitto"] = report["devices_cpu_us_per_msg_ratio"]  # (issue 49's name)
-    with open("/proc/loadavg") as f:
-        load = f.read().split()[:3]
     report["config"] = {
         "conns": args.conns,
         "sessions": args.sessions,
         "queues": args.queues,
         "persistent_share": args.persistent_share,
+        "gen_procs": args.gen_procs,
+        "gateway_args": args.gateway_args,
+        "loadavg_before": LOADAVG_BEFORE,
         "nofile_limit": nofile,
         "capped": capped,
         "quick": args.quick,
-        "loadavg_after": " ".join(load),
+        "loadavg_after": loadavg(),
         "elapsed_s": round(time.monotonic() - t, 1),
     }
     if args.json:

@@ -212,15 +212,18 @@ async def open_many(
     items: Iterable[tuple[int, str, bool]],
     concurrency: int = 64,
     timeout: float = 60.0,
+    sources: list[str] | None = None,
 ) -> list[Conn]:
-    """Connections for (index, client id, clean) items, source addresses in turn, at most
-    `concurrency` handshakes at once; in the items' order. Fails on the first error."""
+    """Connections for (index, client id, clean) items, source addresses (`sources`, default
+    `SOURCES`) in turn, at most `concurrency` handshakes at once; in the items' order. Fails on
+    the first error."""
+    srcs = sources or SOURCES
     sem = asyncio.Semaphore(concurrency)
 
     async def one(i: int, cid: str, clean: bool) -> Conn:
         async with sem:
             return await open_conn(
-                host, port, cid, clean=clean, index=i, source=SOURCES[i % len(SOURCES)], timeout=timeout
+                host, port, cid, clean=clean, index=i, source=srcs[i % len(srcs)], timeout=timeout
             )
 
     return list(await asyncio.gather(*(one(i, c, cl) for i, c, cl in items)))

@@ -17,7 +17,6 @@ from typing import Any
 from common import (
     Server,
     ServerError,
-    cpu_s,
     cpu_ticks,
     descendants,
     log,
@@ -28,6 +27,7 @@ from common import (
     wait_idle,
 )
 from scale_client import Conn, Publisher, open_conn, open_many, stamp, subscribe_all, unstamp, wait_for
+from scale_gen import GenPool
 
 HOST = "127.0.0.1"
 KIB = 1024
@@ -45,18 +45,45 @@ def proc_mem(pid: int) -> tuple[int, int]:
     return vals["VmRSS:"], vals["RssAnon:"]
 
 
+def fd_count(pid: int) -> int:
+    """Open descriptors of a process (0 once it is gone)."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return 0
+
+
+def tree_mem(pid: int, kids: list[int]) -> tuple[int, int, dict[int, tuple[int, int]]]:
+    """(VmRSS, RssAnon) summed over `pid` and its descendants `kids` (the gateway's supervisor,
+    workers and helpers), and per process (VmRSS, descriptors)."""
+    rss = anon = 0
+    each: dict[int, tuple[int, int]] = {}
+    for p in [pid, *kids]:
+        try:
+            r, a = proc_mem(p)
+        except OSError:
+            continue
+        rss, anon = rss + r, anon + a
+        each[p] = (r, fd_count(p))
+    return rss, anon, each
+
+
 class Window:
     """A measured window: server CPU (the process and its children), this generator's CPU, what
     everything else on the machine used (`other_util`, in CPUs) and the hypervisor's steal."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: Server, gens: list[int] | None = None) -> None:
         self.pid = server.pid
         self.kids = descendants(server.pid)
+        self.gens = gens or []  # generator child processes (--gen-procs)
         self.t0 = time.monotonic()
         self.ticks = cpu_ticks()
         self.sys0 = system_busy_s()
         self.srv0 = tree_cpu_s(self.pid, self.kids)
-        self.gen0 = cpu_s(os.getpid())
+        self.gen0 = self.gen_cpu()
+
+    def gen_cpu(self) -> float:
+        return tree_cpu_s(os.getpid(), self.gens)
 
     def stop(self, phase: str) -> dict[str, Any]:
         """End the window: `figures` (duration, server and generator CPU s) and the load figures.
@@ -66,13 +93,13 @@ class Window:
         self.figures = {
             "duration_s": dur,
             "server_cpu_s": tree_cpu_s(self.pid, self.kids) - self.srv0,
-            "gen_cpu_s": cpu_s(os.getpid()) - self.gen0,
+            "gen_cpu_s": self.gen_cpu() - self.gen0,
         }
         if dur < MIN_LOAD_S:
             time.sleep(MIN_LOAD_S - dur)
         dur = time.monotonic() - self.t0
         srv = tree_cpu_s(self.pid, self.kids) - self.srv0
-        gen = cpu_s(os.getpid()) - self.gen0
+        gen = self.gen_cpu() - self.gen0
         other = max(0.0, system_busy_s() - self.sys0 - srv - gen) / dur
         return {f"{phase}_other_util": round(other, 3), f"{phase}_host_steal": steal_since(self.ticks)}
 
@@ -91,13 +118,21 @@ class Run:
         self.fleet: list[Conn] = []
         self.helpers: list[Conn] = []
         self.out: dict[str, Any] = {}
+        self.pool: GenPool | None = None  # the idle fleet in generator processes (--gen-procs > 1)
+        self.pool_conns = 0
 
     def check(self) -> None:
         if not self.server.alive():
             raise ServerError(f"{self.server.name} died:\n{self.server.log_tail()}")
 
     def settle(self, max_wait: float = 10.0, quiet: float = 0.0) -> None:
-        wait_idle(self.server.pid, max_wait=max_wait, quiet=quiet)
+        """Wait until the server's whole process tree is idle (one tick per 0.1 s, and one more
+        for every two descendants: the workers' own timers)."""
+        kids = descendants(self.server.pid)
+        wait_idle(self.server.pid, max_wait=max_wait, quiet=quiet, max_ticks=1 + len(kids) // 2, kids=kids)
+
+    def window(self) -> Window:
+        return Window(self.server, self.pool.pids if self.pool else None)
 
     async def helper(self, name: str) -> Conn:
         c = await open_conn(HOST, self.port, name, clean=True, index=-1)
@@ -111,76 +146,140 @@ class Run:
         for i in range(4):  # warm-up: what the first connections allocate is not per device
             c = await self.helper(f"warm-{i}")
             await c.subscribe(f"warm/{i}/cmd")
+        if a.gen_procs > 1:
+            self.pool = GenPool(HOST, self.port, a.gen_procs, a.conns, a.persistent_share, a.concurrency)
+            await self.pool.start()
         self.settle(5)
+        kids = descendants(self.server.pid)
         rss0, anon0 = proc_mem(self.server.pid)
-        share = int(round(a.persistent_share * 100))
-        items = [(i, f"dev-{i}", (i % 100) >= share) for i in range(a.conns)]
-        w = Window(self.server)
-        t = time.monotonic()
-        self.fleet = await open_many(HOST, self.port, items, a.concurrency, timeout=60 + a.conns / 200)
-        connect_s = time.monotonic() - t
-        await subscribe_all(self.fleet, lambda c: f"dev/{c.index}/cmd", timeout=60 + a.conns / 200)
-        subscribe_s = time.monotonic() - t - connect_s
+        trss0, tanon0, each0 = tree_mem(self.server.pid, kids)
+        w = self.window()
+        if self.pool is None:
+            connect_s, subscribe_s, persistent = await self.idle_here()
+        else:
+            connect_s, subscribe_s, persistent = await self.idle_pool()
         load = w.stop("idle")
-        self.settle(10)
+        self.settle(10, quiet=0.5)
         await asyncio.sleep(0.3)
         self.check()
         rss1, anon1 = proc_mem(self.server.pid)
-        n = len(self.fleet)
+        trss1, tanon1, each1 = tree_mem(self.server.pid, kids)
+        n = self.pool_conns or len(self.fleet)
         log(f"  idle: {n} connected in {connect_s:.2f} s, subscribed in {subscribe_s:.2f} s")
         if not report:
             return {}
+        # each descendant's descriptor growth: a gateway worker's connections
+        workers = [each1[p][1] - each0[p][1] for p in kids if p in each0 and p in each1]
         return {
             "idle_conns": n,
-            "idle_persistent": sum(c.persistent for c in self.fleet),
+            "idle_persistent": persistent,
             "idle_conn_rss_kib": _r((rss1 - rss0) / n / KIB),
             "idle_conn_rss_anon_kib": _r((anon1 - anon0) / n / KIB),
             "idle_rss_mib": _r(rss1 / KIB / KIB, 1),
+            "idle_tree_rss_kib": _r((trss1 - trss0) / n / KIB),
+            "idle_tree_rss_anon_kib": _r((tanon1 - tanon0) / n / KIB),
+            "idle_tree_rss_mib": _r(trss1 / KIB / KIB, 1),
+            "idle_tree_procs": len(each1),
+            "idle_store_rss_mib_before": _r(rss0 / KIB / KIB, 1),
+            "idle_store_rss_mib_after": _r(rss1 / KIB / KIB, 1),
+            "idle_worker_conns": workers,
+            "idle_worker_rss_mib": [_r(each1[p][0] / KIB / KIB, 1) for p in kids if p in each1],
+            "idle_gen_procs": a.gen_procs,
             "connects_per_s": _r(n / connect_s, 1),
             "subscribes_per_s": _r(n / max(subscribe_s, 1e-6), 1),
             **load,
         }
 
+    async def idle_here(self) -> tuple[float, float, int]:
+        """The idle fleet in this process: (connect s, subscribe s, persistent sessions)."""
+        a = self.args
+        share = int(round(a.persistent_share * 100))
+        items = [(i, f"dev-{i}", (i % 100) >= share) for i in range(a.conns)]
+        t = time.monotonic()
+        self.fleet = await open_many(HOST, self.port, items, a.concurrency, timeout=60 + a.conns / 200)
+        connect_s = time.monotonic() - t
+        await subscribe_all(self.fleet, lambda c: f"dev/{c.index}/cmd", timeout=60 + a.conns / 200)
+        subscribe_s = time.monotonic() - t - connect_s
+        return connect_s, subscribe_s, sum(c.persistent for c in self.fleet)
+
+    async def idle_pool(self) -> tuple[float, float, int]:
+        """The idle fleet in the generator processes (bench/scale_gen.py): all connect, then all
+        subscribe; each span from the first start to the last end over the processes."""
+        assert self.pool is not None
+        con = await self.pool.call("connect")
+        sub = await self.pool.call("subscribe")
+        self.pool_conns = sum(r["conns"] for r in con)
+        log(f"  idle: per generator process {[r['conns'] for r in con]}")
+
+        def span(rs: list[dict[str, Any]]) -> float:
+            return max(r["t1"] for r in rs) - min(r["t0"] for r in rs)
+
+        return span(con), span(sub), sum(r["persistent"] for r in con)
+
     # ---------------------------------------------------------------- commands
     async def commands(self, phase: str = "commands", count: int | None = None) -> dict[str, Any]:
         """QoS 1 commands to `count` (1,000) random connected devices, one each, paced."""
         a = self.args
-        devices = [c for c in self.fleet if not c.closed]
+        pool = self.pool
+        devices = list(range(self.pool_conns)) if pool else [c.index for c in self.fleet if not c.closed]
+        by_index = {c.index: c for c in self.fleet}
         k = min(count or a.commands, len(devices))
-        targets = random.Random(a.seed).sample(devices, k)
+        targets = random.Random(a.seed).sample(devices, k)  # device indices
         lat: list[int] = []
         got: dict[int, int] = {}
         wrong = 0
 
-        def sink(c: Conn, topic: bytes, payload: bytes, retain: bool, now: int) -> None:
+        def record(index: int, topic: str, seq: int, lat_ns: int) -> None:
             nonlocal wrong
-            t, seq = unstamp(payload)
-            if topic != f"dev/{c.index}/cmd".encode() or seq >= k or targets[seq] is not c:
+            if topic != f"dev/{index}/cmd" or seq >= k or targets[seq] != index:
                 wrong += 1
                 return
             got[seq] = got.get(seq, 0) + 1
-            lat.append(now - t)
+            lat.append(lat_ns)
 
-        for c in targets:
-            c.sink = sink
+        def sink(c: Conn, topic: bytes, payload: bytes, retain: bool, now: int) -> None:
+            t, seq = unstamp(payload)
+            record(c.index, topic.decode(), seq, now - t)
+
+        async def collect() -> None:  # the deliveries the generator processes saw so far
+            if pool is not None:
+                for r in await pool.call("deliveries", 60):
+                    for rec in r["records"]:
+                        record(*rec)
+
+        async def delivered() -> bool:
+            end = time.monotonic() + 10 + k / 100
+            while True:
+                await collect()
+                if len(got) >= k and cmd.acks >= k:
+                    return True
+                if time.monotonic() >= end:
+                    return False
+                await asyncio.sleep(0.1 if pool else 0.005)
+
+        if pool is None:
+            for i in targets:
+                by_index[i].sink = sink
         cmd = await self.helper(f"commander-{phase}")
         # idle for 1.5 s in a row: past a server's periodic housekeeping after the connect storm
         # (the gateway's collector promotes the storm's objects within a second: ~60 ms once for
         # 18,000 devices), so that the figure is that of commands to an idle fleet (0.2 s with
         # --quick: 300 devices leave no such housekeeping, and the smoke test times nothing)
         self.settle(15, quiet=0.2 if self.args.quick else 1.5)
-        w = Window(self.server)
+        w = self.window()
         t0 = time.monotonic()
         for i, c in enumerate(targets):
             due = t0 + i / a.command_rate
             if (d := due - time.monotonic()) > 0:
                 await asyncio.sleep(d)
-            cmd.write(Publisher(f"dev/{c.index}/cmd", a.payload).packet(cmd.pid(), stamp(i, a.payload)))
-        await wait_for(lambda: len(got) >= k and cmd.acks >= k, 10 + k / 100)
+            cmd.write(Publisher(f"dev/{c}/cmd", a.payload).packet(cmd.pid(), stamp(i, a.payload)))
+        await delivered()
         load = w.stop(phase)
         await asyncio.sleep(0.2)  # a duplicate shows up late
-        for c in targets:
-            c.sink = None
+        await collect()
+        for i in targets:
+            if i in by_index:
+                by_index[i].sink = None
         lat.sort()
         dups = sum(v - 1 for v in got.values())
         log(f"  {phase}: {len(got)}/{k} delivered, {dups} duplicates, {wrong} misrouted")
@@ -314,7 +413,7 @@ class Run:
 
         sub = await self.helper("retained-sub")
         sub.sink = sink
-        w = Window(self.server)
+        w = self.window()
         t = time.monotonic()
         sub.subscribe("dev/+/state")
         await wait_for(lambda: len(seen) >= r, 30 + r / 1000, 0.0005)
@@ -341,7 +440,7 @@ class Run:
             c.disconnect()
         await asyncio.wait_for(asyncio.gather(*(c.lost for c in olds)), 60)
         self.settle(10)
-        w = Window(self.server)
+        w = self.window()
         t = time.monotonic()
         items = [(c.index, f"dev-{c.index}", False) for c in olds]
         news = await open_many(HOST, self.port, items, a.concurrency, timeout=60 + len(olds) / 200)
@@ -411,5 +510,7 @@ class Run:
         conns = [c for c in [*self.fleet, *self.helpers] if not c.closed]
         for c in conns:
             c.disconnect()
+        if self.pool is not None:
+            await self.pool.close()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.gather(*(c.lost for c in conns)), 20)
