@@ -40,7 +40,7 @@ $(UV):
 	$(UV_HOME)/bin/pip install --quiet "uv==$(UV_VERSION)"
 
 # hatch_build.py and the .pyx (and .pxd) sources: the compiled hot path is rebuilt when they change.
-$(STAMP): uv.lock pyproject.toml hatch_build.py $(wildcard store/*.pyx store/*.pxd adapters/mqtt/codec/*.pyx cluster/*.pyx adapters/grpc/*.pyx adapters/amqp/codec/*.pyx) | $(UV)
+$(STAMP): uv.lock pyproject.toml hatch_build.py $(wildcard store/*.pyx store/*.pxd adapters/mqtt/codec/*.pyx cluster/*.pyx adapters/grpc/*.pyx adapters/amqp/codec/*.pyx adapters/amqp/codec/*.pxd) | $(UV)
 	$(UV) sync --locked --all-groups --python "$$($(PYTHON) -c 'import sys; print(sys.executable)')"
 	touch $@
 

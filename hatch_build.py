@@ -3,7 +3,8 @@ the store's record codec and append loop (`store/_codec_speedups.pyx`, `_append_
 cimports the codec's C functions through `_codec_speedups.pxd`), the MQTT PUBLISH encoder
 (`adapters/mqtt/codec/_speedups.pyx`), the store node protocol's message lists
 (`cluster/_speedups.pyx`), the gRPC delivery encoder (`adapters/grpc/_speedups.pyx`) and the AMQP
-codec (`adapters/amqp/codec/_speedups.pyx`).
+codec's encoder and decoder (`adapters/amqp/codec/_encode_speedups.pyx`, `_decode_speedups.pyx`,
+which share `_bytes.pxd`).
 
 Each extension is built under build/ and renamed next to its source, which is where the editable
 install that `uv sync` makes imports it from; a wheel also carries it. Without a C compiler (or with
@@ -26,7 +27,8 @@ EXTENSIONS = {
     "adapters.mqtt.codec._speedups": "adapters/mqtt/codec/_speedups.pyx",
     "cluster._speedups": "cluster/_speedups.pyx",
     "adapters.grpc._speedups": "adapters/grpc/_speedups.pyx",
-    "adapters.amqp.codec._speedups": "adapters/amqp/codec/_speedups.pyx",
+    "adapters.amqp.codec._encode_speedups": "adapters/amqp/codec/_encode_speedups.pyx",
+    "adapters.amqp.codec._decode_speedups": "adapters/amqp/codec/_decode_speedups.pyx",
 }
 
 

@@ -18,12 +18,13 @@ once; basic.ack / nack / reject are decoded with one struct call. With decode_pr
 the property bytes are kept as received and decoded on first access of `.properties`.
 
 Compiled hot path: the per-frame parsing of those hot frames (basic.publish + its content header +
-single body frame in the same buffer, basic.ack / nack / reject) is done by `_speedups.hot_frame`
-(hand-written, built by `uv sync` where there is a C compiler) unless `GATEWAY_PURE_PYTHON=1`, in
-which case `_hot_frame` is None. Decoder stays this sans-IO class: `next_event` hands the frame at
-its position to `_hot_frame`, which returns the event (and moves `_pos`) only for a well-formed hot
-frame it decodes exactly as the code below would, and None otherwise, with no state changed: the
-code below (the pure-Python reference) then takes the frame and reports any error itself.
+single body frame in the same buffer, basic.ack / nack / reject) is done by
+`_decode_speedups.hot_frame` (hand-written, built by `uv sync` where there is a C compiler) unless
+`GATEWAY_PURE_PYTHON=1`, in which case `_hot_frame` is None. Decoder stays this sans-IO class:
+`next_event` hands the frame at its position to `_hot_frame`, which returns the event (and moves
+`_pos`) only for a well-formed hot frame it decodes exactly as the code below would, and None
+otherwise, with no state changed: the code below (the pure-Python reference) then takes the frame
+and reports any error itself.
 
 Checks and the reply code each gives (all are connection errors; "fatal" ones mean the byte stream
 is out of sync, see AMQPError):
@@ -88,7 +89,7 @@ from .methods import (
     BasicReject,
 )
 from .properties import decode_properties
-from .wire import speedups
+from .wire import decode_speedups
 
 _FRAME_HEAD = struct.Struct(">BHI").unpack_from
 _FRAME_HEAD_KEY = struct.Struct(">BHII").unpack_from  # + (class_id << 16 | method_id)
@@ -469,9 +470,9 @@ class Decoder(ReceiveBuffer):
 
 # the compiled per-frame parsing of the hot frames (see the module docstring), None for pure Python
 _hot_frame: Any = None
-if speedups is not None:
-    speedups.bind_decoder(Message, Method, BasicPublish, BasicAck, BasicNack, BasicReject)
-    _hot_frame = speedups.hot_frame
+if decode_speedups is not None:
+    decode_speedups.bind_decoder(Message, Method, BasicPublish, BasicAck, BasicNack, BasicReject)
+    _hot_frame = decode_speedups.hot_frame
 
 
 def decode_frames(data: bytes, role: str = "server", **options: Any) -> list[Any]:

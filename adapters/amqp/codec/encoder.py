@@ -14,10 +14,10 @@ are split into frames of at most frame_max - 8 bytes (frame_max 0: no limit); an
 no body frame. Short strings given as bytes are used as is (callers can cache encoded consumer
 tags and names); str is encoded as UTF-8 (with surrogateescape, so decoded names round-trip).
 
-`encode_deliver` (with its content tail and the properties) is compiled (`_speedups.pyx`, hand-written
-because it runs once per delivered message; built by `uv sync` where there is a C compiler) unless
-`GATEWAY_PURE_PYTHON=1`; `py_encode_deliver` is the pure-Python reference it matches byte for byte
-(and error for error: anything off the compiled fast path is handed to it).
+`encode_deliver` (with its content tail and the properties) is compiled (`_encode_speedups.pyx`,
+hand-written because it runs once per delivered message; built by `uv sync` where there is a C
+compiler) unless `GATEWAY_PURE_PYTHON=1`; `py_encode_deliver` is the pure-Python reference it matches
+byte for byte (and error for error: anything off the compiled fast path is handed to it).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from .arguments import encode_arguments
 from .constants import DEFAULT_FRAME_MAX, PROTOCOL_HEADER
 from .methods import AMQPMethod
 from .properties import EMPTY_PROPERTIES, BasicProperties, encode_properties, py_encode_properties
-from .wire import speedups
+from .wire import encode_speedups
 
 __all__ = [
     "HEARTBEAT",
@@ -297,6 +297,6 @@ def encode_basic_nack(
 
 
 py_encode_deliver = encode_deliver
-if speedups is not None:
-    speedups.bind_encoder(py_encode_deliver)
-    encode_deliver = speedups.encode_deliver  # noqa: F811 - the compiled twin of the above
+if encode_speedups is not None:
+    encode_speedups.bind_encoder(py_encode_deliver)
+    encode_deliver = encode_speedups.encode_deliver  # noqa: F811 - the compiled twin of the above

@@ -5,11 +5,11 @@ says another flags word follows (basic has no property there, so further words m
 from their own continuation bit). Short strings are decoded with "surrogateescape" (RabbitMQ does
 not check their UTF-8), `headers` is a field table, `timestamp` an int (seconds).
 
-`encode_properties` and `decode_properties` are compiled (`_speedups.pyx`, hand-written because they
-run once per message on the hot path; built by `uv sync` where there is a C compiler) unless
-`GATEWAY_PURE_PYTHON=1`; `py_encode_properties` and `py_decode_properties` are the pure-Python
-reference they match (same bytes, equal values, the same errors: anything off the compiled fast path
-is handed to them).
+`encode_properties` and `decode_properties` are compiled (`_encode_speedups.pyx` and
+`_decode_speedups.pyx`, hand-written because they run once per message on the hot path; built by
+`uv sync` where there is a C compiler) unless `GATEWAY_PURE_PYTHON=1`; `py_encode_properties` and
+`py_decode_properties` are the pure-Python reference they match (same bytes, equal values, the same
+errors: anything off the compiled fast path is handed to them).
 """
 
 from __future__ import annotations
@@ -19,7 +19,16 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
-from .wire import _table, _unpack_I, _unpack_Q, pack_H, pack_Q, py_encode_table, speedups
+from .wire import (
+    _table,
+    _unpack_I,
+    _unpack_Q,
+    decode_speedups,
+    encode_speedups,
+    pack_H,
+    pack_Q,
+    py_encode_table,
+)
 
 
 @dataclass(slots=True)
@@ -203,9 +212,9 @@ def encode_properties(props: BasicProperties | None) -> bytes:
 
 py_encode_properties = encode_properties
 py_decode_properties = decode_properties
-if speedups is not None:
-    speedups.bind_properties(
-        BasicProperties, EMPTY_PROPERTIES, datetime, py_encode_properties, py_decode_properties
-    )
-    encode_properties = speedups.encode_properties  # noqa: F811 - the compiled twin of the above
-    decode_properties = speedups.decode_properties  # noqa: F811 - the compiled twin of the above
+if encode_speedups is not None:
+    encode_speedups.bind_properties(BasicProperties, EMPTY_PROPERTIES, datetime, py_encode_properties)
+    encode_properties = encode_speedups.encode_properties  # noqa: F811 - the compiled twin of the above
+if decode_speedups is not None:
+    decode_speedups.bind_properties(BasicProperties, py_decode_properties)
+    decode_properties = decode_speedups.decode_properties  # noqa: F811 - the compiled twin of the above

@@ -23,12 +23,13 @@ Decoders take `(buf, pos, end)` and return `(value, new_pos)`; they raise ValueE
 IndexError / struct.error escape) on malformed input; the method decoder turns those into
 502 SYNTAX_ERROR.
 
-`encode_table` and `decode_table` are compiled (`_speedups.pyx`, hand-written because the `headers`
-table is on the per-message hot path; built by `uv sync` where there is a C compiler) unless
-`GATEWAY_PURE_PYTHON=1`; `py_encode_table` and `py_decode_table` are the pure-Python reference they
-match (same bytes, equal values, the same errors: anything off the compiled fast path is handed to
-them). The pure functions call only pure functions, so the reference is wholly pure.
-`speedups` here serves the whole codec (properties, encoder, decoder).
+`encode_table` and `decode_table` are compiled (`_encode_speedups.pyx` and `_decode_speedups.pyx`,
+hand-written because the `headers` table is on the per-message hot path; built by `uv sync` where
+there is a C compiler) unless `GATEWAY_PURE_PYTHON=1`; `py_encode_table` and `py_decode_table` are the
+pure-Python reference they match (same bytes, equal values, the same errors: anything off the compiled
+fast path is handed to them). The pure functions call only pure functions, so the reference is wholly
+pure. `encode_speedups` and `decode_speedups` here (None for pure Python) serve the whole codec: the
+encoding side (properties, encoder) and the decoding side (properties, decoder).
 """
 
 from __future__ import annotations
@@ -387,8 +388,11 @@ def _encode_typed(tag: str, value: Any, out: list[bytes]) -> None:
 
 py_encode_table = encode_table
 py_decode_table = decode_table
-speedups = load_speedups("adapters.amqp.codec._speedups")
-if speedups is not None:
-    speedups.bind_wire(Timestamp, Decimal, py_encode_table, py_decode_table)
-    encode_table = speedups.encode_table  # noqa: F811 - the compiled twin of the above
-    decode_table = speedups.decode_table  # noqa: F811 - the compiled twin of the above
+encode_speedups = load_speedups("adapters.amqp.codec._encode_speedups")
+decode_speedups = load_speedups("adapters.amqp.codec._decode_speedups")
+if encode_speedups is not None:
+    encode_speedups.bind_wire(Timestamp, py_encode_table)
+    encode_table = encode_speedups.encode_table  # noqa: F811 - the compiled twin of the above
+if decode_speedups is not None:
+    decode_speedups.bind_wire(Timestamp, Decimal, py_decode_table)
+    decode_table = decode_speedups.decode_table  # noqa: F811 - the compiled twin of the above

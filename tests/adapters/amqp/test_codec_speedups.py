@@ -1,9 +1,9 @@
-"""The compiled AMQP 0-9-1 codec hot path (adapters/amqp/codec/_speedups.pyx) against its pure-Python
-reference: field tables, the content properties and basic.deliver give byte-identical output or equal
-values and the same errors (type and message); a Decoder using the compiled per-frame parsing yields
-the same events, raises the same AMQPErrors and ends in the same state; GATEWAY_PURE_PYTHON=1 selects
-the pure functions. (Here beside the store's compiled path, docs/store.md "Compiled hot path", which
-it is built with.)"""
+"""The compiled AMQP 0-9-1 codec hot path (adapters/amqp/codec/_encode_speedups.pyx, the encoder,
+and _decode_speedups.pyx, the decoder) against its pure-Python reference: field tables, the content
+properties and basic.deliver give byte-identical output or equal values and the same errors (type
+and message); a Decoder using the compiled per-frame parsing yields the same events, raises the same
+AMQPErrors and ends in the same state; GATEWAY_PURE_PYTHON=1 selects the pure functions. (Here beside
+the store's compiled path, docs/store.md "Compiled hot path", which it is built with.)"""
 
 from __future__ import annotations
 
@@ -36,31 +36,36 @@ from adapters.amqp.codec.properties import BasicProperties
 from adapters.amqp.codec.wire import Timestamp, Typed
 from tests.store.test_speedups import _compiler, _outcome, run_probe
 
-
-def _bind(mod: Any) -> Any:
-    """The compiled module bound to the pure functions and types, whichever path this process chose."""
-    mod.bind_wire(Timestamp, Decimal, wire.py_encode_table, wire.py_decode_table)
-    mod.bind_properties(
-        BasicProperties,
-        properties.EMPTY_PROPERTIES,
-        datetime,
-        properties.py_encode_properties,
-        properties.py_decode_properties,
-    )
-    mod.bind_encoder(encoder.py_encode_deliver)
-    mod.bind_decoder(Message, decoder.Method, BasicPublish, BasicAck, BasicNack, BasicReject)
-    return mod
+EXTENSIONS = ("adapters.amqp.codec._encode_speedups", "adapters.amqp.codec._decode_speedups")
 
 
-def test_extension_is_built_where_a_compiler_is() -> None:
+@pytest.mark.parametrize("name", EXTENSIONS)
+def test_extension_is_built_where_a_compiler_is(name: str) -> None:
     if _compiler() is None:
         pytest.skip("no C compiler: the codec runs pure Python")
-    assert importlib.util.find_spec("adapters.amqp.codec._speedups") is not None
+    assert importlib.util.find_spec(name) is not None
 
 
 @pytest.fixture(scope="module")
-def sp():
-    return _bind(pytest.importorskip("adapters.amqp.codec._speedups"))
+def enc_sp():
+    """The compiled encoder bound to the pure functions and types, whichever path this process chose."""
+    mod = pytest.importorskip(EXTENSIONS[0])
+    mod.bind_wire(Timestamp, wire.py_encode_table)
+    mod.bind_properties(
+        BasicProperties, properties.EMPTY_PROPERTIES, datetime, properties.py_encode_properties
+    )
+    mod.bind_encoder(encoder.py_encode_deliver)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def dec_sp():
+    """The compiled decoder bound to the pure functions and types, whichever path this process chose."""
+    mod = pytest.importorskip(EXTENSIONS[1])
+    mod.bind_wire(Timestamp, Decimal, wire.py_decode_table)
+    mod.bind_properties(BasicProperties, properties.py_decode_properties)
+    mod.bind_decoder(Message, decoder.Method, BasicPublish, BasicAck, BasicNack, BasicReject)
+    return mod
 
 
 # --- comparing outcomes -------------------------------------------------------------------------------
@@ -257,31 +262,33 @@ def _safe(fn: Any, *args: Any) -> bytes:
 
 @given(table=tables)
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-def test_encode_table_matches_the_reference(sp, table: Any) -> None:
-    same(sp.encode_table, wire.py_encode_table, table)
+def test_encode_table_matches_the_reference(enc_sp, table: Any) -> None:
+    same(enc_sp.encode_table, wire.py_encode_table, table)
 
 
-def test_encode_table_every_type_and_nesting(sp) -> None:
+def test_encode_table_every_type_and_nesting(enc_sp) -> None:
     deep: Any = "leaf"
     for depth in (1, 31, 32, 33, 40, 300, 3000):
         deep = "leaf"
         for _ in range(depth):
             deep = {"d": deep}
-        same(sp.encode_table, wire.py_encode_table, deep)
-        same(sp.encode_table, wire.py_encode_table, {"a": [deep]})
-    same(sp.encode_table, wire.py_encode_table, ALL_TYPES)
-    same(sp.encode_table, wire.py_encode_table, {"big": "x" * 300_000, "k" * 255: b"v" * 70_000})
-    assert sp.encode_table(ALL_TYPES) == wire.py_encode_table(ALL_TYPES)
+        same(enc_sp.encode_table, wire.py_encode_table, deep)
+        same(enc_sp.encode_table, wire.py_encode_table, {"a": [deep]})
+    same(enc_sp.encode_table, wire.py_encode_table, ALL_TYPES)
+    same(enc_sp.encode_table, wire.py_encode_table, {"big": "x" * 300_000, "k" * 255: b"v" * 70_000})
+    assert enc_sp.encode_table(ALL_TYPES) == wire.py_encode_table(ALL_TYPES)
 
 
 @given(data=st.data(), table=tables, p=st.integers(-3, 3), end_delta=st.one_of(st.none(), st.integers(-6, 6)))
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-def test_decode_table_matches_the_reference(sp, data: Any, table: Any, p: int, end_delta: int | None) -> None:
+def test_decode_table_matches_the_reference(
+    dec_sp, data: Any, table: Any, p: int, end_delta: int | None
+) -> None:
     raw = data.draw(mutated(_safe(wire.py_encode_table, table) or data.draw(st.binary(max_size=40))))
     start = max(p, 0)
     buf = b"\x00" * start + raw
     end = len(buf) if end_delta is None else len(buf) + end_delta
-    same(sp.decode_table, wire.py_decode_table, buf, p, end)
+    same(dec_sp.decode_table, wire.py_decode_table, buf, p, end)
 
 
 @st.composite
@@ -306,32 +313,32 @@ def raw_tables(draw: Any) -> bytes:
 
 @given(raw=raw_tables(), tail=st.binary(max_size=4))
 @settings(max_examples=300, deadline=None)
-def test_decode_table_of_hostile_bytes_matches_the_reference(sp, raw: bytes, tail: bytes) -> None:
+def test_decode_table_of_hostile_bytes_matches_the_reference(dec_sp, raw: bytes, tail: bytes) -> None:
     buf = raw + tail
     for end in (len(raw), len(buf)):
-        same(sp.decode_table, wire.py_decode_table, buf, 0, end)
+        same(dec_sp.decode_table, wire.py_decode_table, buf, 0, end)
 
 
-def test_decode_table_every_type_and_nesting(sp) -> None:
+def test_decode_table_every_type_and_nesting(dec_sp) -> None:
     for table in (ALL_TYPES, {"f": Typed("f", float("nan")), "d": float("-inf")}):
         raw = wire.py_encode_table(table)
-        same(sp.decode_table, wire.py_decode_table, raw, 0, len(raw))
+        same(dec_sp.decode_table, wire.py_decode_table, raw, 0, len(raw))
     for depth in (32, 33, 200, 3000):
         deep: Any = {}
         for _ in range(depth):
             deep = {"d": deep}
         with contextlib.suppress(RecursionError):
             raw = wire.py_encode_table(deep)
-            same(sp.decode_table, wire.py_decode_table, raw, 0, len(raw))
+            same(dec_sp.decode_table, wire.py_decode_table, raw, 0, len(raw))
         nested = b"\x00\x00\x00\x00"
         for _ in range(depth):  # built bytewise: deeper than the encoder's recursion allows
             nested = (len(nested) + 3).to_bytes(4, "big") + b"\x01dF" + nested
-        same(sp.decode_table, wire.py_decode_table, nested, 0, len(nested))
-        same(sp.decode_properties, properties.py_decode_properties, b"\x20\x00" + nested)
-    same(sp.decode_table, wire.py_decode_table, bytearray(b"\x00\x00\x00\x00"), 0, 4)
-    same(sp.decode_table, wire.py_decode_table, memoryview(b"\x00\x00\x00\x00"), 0, 4)
-    same(sp.decode_table, wire.py_decode_table, b"\x00\x00\x00\x00", 0, 4.0)
-    same(sp.decode_table, wire.py_decode_table, b"\x00\x00\x00\x00", 2**70, 4)
+        same(dec_sp.decode_table, wire.py_decode_table, nested, 0, len(nested))
+        same(dec_sp.decode_properties, properties.py_decode_properties, b"\x20\x00" + nested)
+    same(dec_sp.decode_table, wire.py_decode_table, bytearray(b"\x00\x00\x00\x00"), 0, 4)
+    same(dec_sp.decode_table, wire.py_decode_table, memoryview(b"\x00\x00\x00\x00"), 0, 4)
+    same(dec_sp.decode_table, wire.py_decode_table, b"\x00\x00\x00\x00", 0, 4.0)
+    same(dec_sp.decode_table, wire.py_decode_table, b"\x00\x00\x00\x00", 2**70, 4)
 
 
 # --- content properties ------------------------------------------------------------------------------------
@@ -339,8 +346,8 @@ def test_decode_table_every_type_and_nesting(sp) -> None:
 
 @given(props=st.one_of(props_st, realistic_props, st.sampled_from([None, object(), {"content_type": "x"}])))
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-def test_encode_properties_matches_the_reference(sp, props: Any) -> None:
-    same(sp.encode_properties, properties.py_encode_properties, props)
+def test_encode_properties_matches_the_reference(enc_sp, props: Any) -> None:
+    same(enc_sp.encode_properties, properties.py_encode_properties, props)
 
 
 @given(
@@ -351,17 +358,17 @@ def test_encode_properties_matches_the_reference(sp, props: Any) -> None:
 )
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_decode_properties_matches_the_reference(
-    sp, data: Any, props: Any, pad: int, end_delta: int | None
+    dec_sp, data: Any, props: Any, pad: int, end_delta: int | None
 ) -> None:
     raw = _safe(properties.py_encode_properties, props) or data.draw(st.binary(max_size=30))
     raw = data.draw(mutated(raw))
     buf = b"\xaa" * pad + raw
-    same(sp.decode_properties, properties.py_decode_properties, raw)
+    same(dec_sp.decode_properties, properties.py_decode_properties, raw)
     end = None if end_delta is None else len(buf) + end_delta
-    same(sp.decode_properties, properties.py_decode_properties, buf, pad, end)
+    same(dec_sp.decode_properties, properties.py_decode_properties, buf, pad, end)
 
 
-def test_decode_properties_edge_cases(sp) -> None:
+def test_decode_properties_edge_cases(dec_sp) -> None:
     every = BasicProperties(
         "a", "b", ALL_TYPES, 2, 9, "c", "d", "60000", "e", 2**64 - 1, "f", "g", "h", "\udcff"
     )
@@ -390,9 +397,9 @@ def test_decode_properties_edge_cases(sp) -> None:
         (None,),
     ]
     for args in cases:
-        same(sp.decode_properties, properties.py_decode_properties, *args)
-    assert _canon(sp.decode_properties(raw)) == _canon(properties.py_decode_properties(raw))
-    assert sp.decode_properties(raw).headers["F"] == ALL_TYPES["F"]
+        same(dec_sp.decode_properties, properties.py_decode_properties, *args)
+    assert _canon(dec_sp.decode_properties(raw)) == _canon(properties.py_decode_properties(raw))
+    assert dec_sp.decode_properties(raw).headers["F"] == ALL_TYPES["F"]
 
 
 # --- basic.deliver ---------------------------------------------------------------------------------------
@@ -427,22 +434,22 @@ frame_maxes = st.one_of(
 )
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_encode_deliver_matches_the_reference(
-    sp, channel, consumer_tag, delivery_tag, redelivered, exchange, routing_key, props, body, frame_max
+    enc_sp, channel, consumer_tag, delivery_tag, redelivered, exchange, routing_key, props, body, frame_max
 ) -> None:
     args = (channel, consumer_tag, delivery_tag, redelivered, exchange, routing_key, props, body, frame_max)
-    same(sp.encode_deliver, encoder.py_encode_deliver, *args)
+    same(enc_sp.encode_deliver, encoder.py_encode_deliver, *args)
 
 
-def test_encode_deliver_splits_bodies_like_the_reference(sp) -> None:
+def test_encode_deliver_splits_bodies_like_the_reference(enc_sp) -> None:
     """Bodies around frame_max - 8: one frame, two, many; empty; the default frame_max."""
     props = BasicProperties(content_type="text/plain", delivery_mode=2, headers={"x-retries": 2, "src": "a"})
     for frame_max in (0, 9, 10, 4096, 131072):
         for n in (0, 1, 2, 4087, 4088, 4089, 8176, 8177, 131064, 131065, 300_000):
             for p in (None, props, b"\x00\x00"):
                 args = (1, "ctag", n + 1, n % 2 == 0, "amq.topic", "a.b", p, b"z" * n, frame_max)
-                assert sp.encode_deliver(*args) == encoder.py_encode_deliver(*args)
+                assert enc_sp.encode_deliver(*args) == encoder.py_encode_deliver(*args)
     args = (7, b"ctag", 2**64 - 1, True, b"", b"rk", props, b"body")
-    assert sp.encode_deliver(*args) == encoder.py_encode_deliver(*args)
+    assert enc_sp.encode_deliver(*args) == encoder.py_encode_deliver(*args)
 
 
 # --- the decoder -----------------------------------------------------------------------------------------
@@ -545,7 +552,7 @@ def frame_streams(draw: Any) -> bytes:
 )
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_decoder_matches_the_reference(
-    sp, data, stream, role, assemble, decode_props, frame_max, keep, header
+    dec_sp, data, stream, role, assemble, decode_props, frame_max, keep, header
 ) -> None:
     if header:
         stream = (
@@ -561,10 +568,10 @@ def test_decoder_matches_the_reference(
         frame_max=frame_max,
         keep_body_size=keep,
     )
-    assert _trace(sp, chunks, options) == _trace(None, chunks, options)
+    assert _trace(dec_sp, chunks, options) == _trace(None, chunks, options)
 
 
-def test_decoder_hot_frames_are_compiled(sp) -> None:
+def test_decoder_hot_frames_are_compiled(dec_sp) -> None:
     """The hot frames come out of hot_frame (not the general path) and equal the reference's events."""
     props = BasicProperties(content_type="application/json", delivery_mode=2, headers={"x-trace": "abc"})
     stream = (
@@ -579,7 +586,7 @@ def test_decoder_hot_frames_are_compiled(sp) -> None:
         dec.feed(stream)
         pos = 0
         events = []
-        while (event := sp.hot_frame(dec, stream, pos, len(stream))) is not None:
+        while (event := dec_sp.hot_frame(dec, stream, pos, len(stream))) is not None:
             events.append(_canon(event))
             pos = dec._pos
         assert pos == len(stream)
@@ -589,7 +596,7 @@ def test_decoder_hot_frames_are_compiled(sp) -> None:
     dec = decoder.Decoder(expect_header=False, frame_max=0)
     for frames in (_publish(1, None, b"a" * 50, 30), encoder.HEARTBEAT, stream[:30], b"\x01\x00" * 10):
         dec._pos = 0
-        assert sp.hot_frame(dec, frames, 0, len(frames)) is None
+        assert dec_sp.hot_frame(dec, frames, 0, len(frames)) is None
         assert dec._pos == 0
 
 
@@ -597,13 +604,14 @@ def test_decoder_hot_frames_are_compiled(sp) -> None:
 
 
 @pytest.mark.parametrize("env", ["1", None])
-def test_gateway_pure_python_selects_the_pure_codec(sp, env: str | None) -> None:
+def test_gateway_pure_python_selects_the_pure_codec(enc_sp, dec_sp, env: str | None) -> None:
     probe = (
         "from adapters.amqp.codec import decoder, encoder, properties, wire\n"
-        "print(all(m.speedups is None for m in (wire, properties, encoder, decoder)),"
+        "print(all(m.encode_speedups is None for m in (wire, properties, encoder)),"
+        " all(m.decode_speedups is None for m in (wire, properties, decoder)),"
         " wire.encode_table is wire.py_encode_table, wire.decode_table is wire.py_decode_table,"
         " properties.encode_properties is properties.py_encode_properties,"
         " properties.decode_properties is properties.py_decode_properties,"
         " encoder.encode_deliver is encoder.py_encode_deliver, decoder._hot_frame is None)"
     )
-    assert run_probe(probe, env) == (["True"] * 7 if env == "1" else ["False"] * 7)
+    assert run_probe(probe, env) == (["True"] * 8 if env == "1" else ["False"] * 8)
