@@ -3,6 +3,9 @@ processor's authenticate / permits seam over a real store."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from messaging_processor import (
@@ -164,3 +167,15 @@ async def test_directory_is_shared_through_the_store(core, tmp_path) -> None:
         assert other.permits(principal, "publish", "topic", "a/b") == (True, True)
     finally:
         await other.close()
+
+
+def test_the_product_hashes_passwords_at_rfc_9106_low_memory_cost() -> None:
+    """tests/conftest.py lowers the cost for in-process tests; a fresh interpreter (as a gateway
+    runs) hashes with argon2id t=3, m=64 MiB, p=4, and so does its dummy hash for unknown users."""
+    code = (
+        "from messaging_processor.security import passwords as p; "
+        "print(p.hash_password('x')); print(p.DUMMY_HASH)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    hashes = out.stdout.split()
+    assert len(hashes) == 2 and all(h.startswith("$argon2id$v=19$m=65536,t=3,p=4$") for h in hashes), hashes
