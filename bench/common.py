@@ -82,6 +82,9 @@ class Server:
         return "\n".join(text.splitlines()[-lines:])
 
     def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM, SIGKILL after `timeout` s; then its descendants still running (the workers of
+        a gateway whose supervisor was killed) are stopped the same way."""
+        kids = descendants(self.proc.pid) if self.proc.poll() is None else []
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(signal.SIGTERM)
@@ -90,6 +93,14 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            kids = [k for k in kids if os.path.exists(f"/proc/{k}")]
+            for k in kids:
+                with contextlib.suppress(OSError):
+                    os.kill(k, sig)
+            deadline = time.monotonic() + 10
+            while kids and time.monotonic() < deadline and any(os.path.exists(f"/proc/{k}") for k in kids):
+                time.sleep(0.1)
 
 
 def free_port() -> int:

@@ -32,7 +32,8 @@ Phases (`--phases`, all by default), in this order, on one server each group:
   `idle_store_rss_mib_before` / `_after`: the server process's own VmRSS before and after the
   connections (with `--workers` the supervisor, which holds the store); `idle_worker_conns`: each
   descendant's growth in open descriptors (a worker's connections), `idle_worker_rss_mib` their
-  VmRSS after; `idle_gen_procs`: `--gen-procs`.
+  VmRSS after; `idle_connected_tree_rss_kib` and `idle_connected_store_rss_mib`: the same once
+  connected, before subscribing; `idle_gen_procs`: `--gen-procs`.
 - `commands`: QoS 1 commands from one publisher to `--commands` (1,000) random connected devices,
   one each, paced at `--command-rate` (500/s): `commands_delivered`, p50/p99 publish-to-delivery.
 - `retained`: `--retained` (10,000) retained QoS 1 messages to `dev/<i>/state` (at most 500
@@ -178,6 +179,9 @@ async def fleet_group(server: Server, args: argparse.Namespace) -> dict[str, Any
             pubs = run.fleet[: min(args.devices, len(run.fleet))]
             out.update(await run.telemetry("devices", pubs, len(pubs) * args.device_rate))
         run.check()
+    except (ConnectionError, TimeoutError):
+        log(f"[{server.name}] the end of its log:\n{server.log_tail(30)}")
+        raise
     finally:
         await run.close()
     return out
@@ -211,7 +215,7 @@ def bench_server(name: str, args: argparse.Namespace) -> dict[str, Any]:
             out.update(uvloop.run(group(server, args)))
         finally:
             if server is not None:
-                server.stop()
+                server.stop(60)  # a gateway's workers detach their many sessions first
             shutil.rmtree(work, ignore_errors=True)
     if "amqp_queues" in args.phase_list and name == "gateway":
         work = Path(tempfile.mkdtemp(prefix="scale-bench-amqp-"))

@@ -76,7 +76,7 @@ async def child(cfg: dict[str, Any]) -> int:
                 p = sum(c.persistent for c in fleet)
                 answer({"t0": t0, "t1": time.monotonic(), "conns": len(fleet), "persistent": p})
             elif op == "subscribe":
-                await subscribe_all(fleet, lambda c: f"dev/{c.index}/cmd", timeout)
+                await subscribe_all(fleet, lambda c: f"dev/{c.index}/cmd", 120 + len(fleet) / 20)
                 answer({"t0": t0, "t1": time.monotonic()})
             elif op == "deliveries":
                 answer({"records": records})
@@ -141,7 +141,7 @@ class GenPool:
             raise ConnectionError(f"generator {p.pid}: {out['error']}")
         return out
 
-    async def call(self, op: str, timeout: float = 600.0, procs: list | None = None) -> list[dict[str, Any]]:
+    async def call(self, op: str, timeout: float = 1200.0, procs: list | None = None) -> list[dict[str, Any]]:
         """Send `op` to every child (or those of `procs`); their answers, in order."""
         procs = self.procs if procs is None else procs
         for p in procs:

@@ -120,6 +120,7 @@ class Run:
         self.out: dict[str, Any] = {}
         self.pool: GenPool | None = None  # the idle fleet in generator processes (--gen-procs > 1)
         self.pool_conns = 0
+        self.mid_mem = (0, 0)  # (tree VmRSS, server process VmRSS) connected, before subscribing
 
     def check(self) -> None:
         if not self.server.alive():
@@ -180,6 +181,8 @@ class Run:
             "idle_tree_rss_anon_kib": _r((tanon1 - tanon0) / n / KIB),
             "idle_tree_rss_mib": _r(trss1 / KIB / KIB, 1),
             "idle_tree_procs": len(each1),
+            "idle_connected_tree_rss_kib": _r((self.mid_mem[0] - trss0) / n / KIB),
+            "idle_connected_store_rss_mib": _r(self.mid_mem[1] / KIB / KIB, 1),
             "idle_store_rss_mib_before": _r(rss0 / KIB / KIB, 1),
             "idle_store_rss_mib_after": _r(rss1 / KIB / KIB, 1),
             "idle_worker_conns": workers,
@@ -198,15 +201,24 @@ class Run:
         t = time.monotonic()
         self.fleet = await open_many(HOST, self.port, items, a.concurrency, timeout=60 + a.conns / 200)
         connect_s = time.monotonic() - t
-        await subscribe_all(self.fleet, lambda c: f"dev/{c.index}/cmd", timeout=60 + a.conns / 200)
-        subscribe_s = time.monotonic() - t - connect_s
+        self.connected_mem()
+        t = time.monotonic()
+        await subscribe_all(self.fleet, lambda c: f"dev/{c.index}/cmd", timeout=120 + a.conns / 20)
+        subscribe_s = time.monotonic() - t
         return connect_s, subscribe_s, sum(c.persistent for c in self.fleet)
+
+    def connected_mem(self) -> None:
+        """Once connected, before subscribing: the server's idle tree VmRSS and its own."""
+        self.settle(5)
+        pid = self.server.pid
+        self.mid_mem = (tree_mem(pid, descendants(pid))[0], proc_mem(pid)[0])
 
     async def idle_pool(self) -> tuple[float, float, int]:
         """The idle fleet in the generator processes (bench/scale_gen.py): all connect, then all
         subscribe; each span from the first start to the last end over the processes."""
         assert self.pool is not None
         con = await self.pool.call("connect")
+        self.connected_mem()
         sub = await self.pool.call("subscribe")
         self.pool_conns = sum(r["conns"] for r in con)
         log(f"  idle: per generator process {[r['conns'] for r in con]}")
