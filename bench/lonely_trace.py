@@ -1,7 +1,7 @@
 """What one lonely message costs the server: calls, tasks, futures, loop wake-ups and system calls.
 
     .venv/bin/python bench/lonely_trace.py [--flow mqtt|amqp] [--rate R] [--seconds S]
-        [--brokers gateway,mosquitto] [--flush sync|async] [--json]
+        [--brokers gateway,mosquitto] [--flush sync|async] [--gateway-src DIR] [--json]
 
 At a fixed low rate (`--rate`, default 100 msg/s) one publisher sends QoS 1 messages one at a time
 (each waits for its PUBACK, or with `--flow amqp` for its publisher confirm, before the next slot)
@@ -357,7 +357,8 @@ def run_gateway(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     (hook_dir / "sitecustomize.py").write_text(HOOK % {"methods": LOOP_METHODS})
     hook_out = work / "counts.json"
     saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "LONELY_COUNTS")}
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(hook_dir), saved["PYTHONPATH"]]))
+    src = str(args.gateway_src.resolve()) if args.gateway_src else None  # imported before the venv
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(hook_dir), src, saved["PYTHONPATH"]]))
     os.environ["LONELY_COUNTS"] = str(hook_out)
     try:
         server = start_gateway(work, args.flow, ["--flush", args.flush], cpu=args.server_cpu)
@@ -368,6 +369,8 @@ def run_gateway(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             else:
                 os.environ[k] = v
     try:
+        if src:
+            server.info["src"] = src
         return measure(server, args.flow, args.rate, args.seconds, hook_out) | {"info": server.info}
     finally:
         server.stop()
@@ -390,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--flush", default="sync", choices=("sync", "async"))
     ap.add_argument("--server-cpu", type=int, default=0)
     ap.add_argument("--gen-cpu", type=int, default=1)
+    ap.add_argument("--gateway-src", type=Path, default=None, help="the gateway from this tree (A/B)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     brokers = (args.brokers or ("gateway,mosquitto" if args.flow == "mqtt" else "gateway")).split(",")
