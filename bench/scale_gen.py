@@ -8,7 +8,8 @@ line on stdout for each command line on stdin:
 
 - `connect`: open its share (at most `concurrency` handshakes at once): `t0`/`t1` (monotonic
   seconds, one clock for all processes), `conns`, `persistent`.
-- `subscribe`: each device subscribes (QoS 1) to `dev/<i>/cmd`: `t0`/`t1`.
+- `subscribe`: each device subscribes (QoS 1) to `dev/<i>/cmd`: `t0`/`t1` (meanwhile a progress
+  line on stderr every 30 s: how many have their SUBACK).
 - `deliveries`: the PUBLISHes its devices received since the last call, `[index, topic, seq,
   latency ns]` each (from the stamped payload, bench/scale_client.py `stamp`).
 - `close`: DISCONNECT every device, wait until their sockets are closed, exit.
@@ -40,6 +41,20 @@ def share_items(k: int, n: int, conns: int, persistent_share: float) -> list[tup
     """(index, client id, clean) of child `k`'s devices, as the single-process idle phase has them."""
     pct = int(round(persistent_share * 100))
     return [(i, f"dev-{i}", (i % 100) >= pct) for i in range(k, conns, n)]
+
+
+async def report_subacks(k: int, fleet: list[Any], every: float = 30.0) -> None:
+    """A progress line on stderr every `every` s: how many of the fleet have their SUBACK."""
+    t0 = time.monotonic()
+    while True:
+        await asyncio.sleep(every)
+        done = sum(c.suback.done() for c in fleet)
+        stamp = time.strftime("%H:%M:%S")
+        print(
+            f"{stamp}   generator {k}: {done}/{len(fleet)} subscribed after {time.monotonic() - t0:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 async def child(cfg: dict[str, Any]) -> int:
@@ -76,7 +91,11 @@ async def child(cfg: dict[str, Any]) -> int:
                 p = sum(c.persistent for c in fleet)
                 answer({"t0": t0, "t1": time.monotonic(), "conns": len(fleet), "persistent": p})
             elif op == "subscribe":
-                await subscribe_all(fleet, lambda c: f"dev/{c.index}/cmd", 120 + len(fleet) / 20)
+                progress = asyncio.ensure_future(report_subacks(cfg["k"], fleet))
+                try:  # through --workers 4, 72,000 devices subscribe at a few dozen per second
+                    await subscribe_all(fleet, lambda c: f"dev/{c.index}/cmd", 120 + len(fleet) / 5)
+                finally:
+                    progress.cancel()
                 answer({"t0": t0, "t1": time.monotonic()})
             elif op == "deliveries":
                 answer({"records": records})

@@ -154,6 +154,10 @@ class Run:
         kids = descendants(self.server.pid)
         rss0, anon0 = proc_mem(self.server.pid)
         trss0, tanon0, each0 = tree_mem(self.server.pid, kids)
+        log(
+            f"  idle: before, server tree VmRSS {trss0 / KIB / KIB:.1f} MiB,"
+            f" its own process {rss0 / KIB / KIB:.1f} MiB"
+        )
         w = self.window()
         if self.pool is None:
             connect_s, subscribe_s, persistent = await self.idle_here()
@@ -212,6 +216,10 @@ class Run:
         self.settle(5)
         pid = self.server.pid
         self.mid_mem = (tree_mem(pid, descendants(pid))[0], proc_mem(pid)[0])
+        log(
+            f"  idle: connected; server tree VmRSS {self.mid_mem[0] / KIB / KIB:.1f} MiB, its own process"
+            f" {self.mid_mem[1] / KIB / KIB:.1f} MiB"
+        )
 
     async def idle_pool(self) -> tuple[float, float, int]:
         """The idle fleet in the generator processes (bench/scale_gen.py): all connect, then all
