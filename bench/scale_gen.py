@@ -132,6 +132,7 @@ class GenPool:
         ]
         self.procs: list[asyncio.subprocess.Process] = []
         self.pids: list[int] = []
+        self.broken = False  # a call failed
 
     async def start(self) -> None:
         """Start the children (they inherit this process's CPU affinity and descriptor limit)."""
@@ -166,15 +167,28 @@ class GenPool:
         for p in procs:
             assert p.stdin is not None
             p.stdin.write(json.dumps({"op": op}).encode() + b"\n")
-        return list(await asyncio.gather(*(self._read(p, timeout) for p in procs)))
+        reads = [asyncio.ensure_future(self._read(p, timeout)) for p in procs]
+        try:
+            return list(await asyncio.gather(*reads))
+        except BaseException:
+            self.broken = True  # answers may be pending: the children are killed at close
+            for r in reads:
+                r.cancel()
+            await asyncio.gather(*reads, return_exceptions=True)
+            raise
 
     async def close(self) -> None:
-        """`close` to the children, then wait for them (killed when they do not exit)."""
+        """`close` to the children, then wait for them (killed when they do not exit, or at once
+        after a failed call)."""
         live = [p for p in self.procs if p.returncode is None]
         if not live:
             return
-        with contextlib.suppress(ConnectionError, TimeoutError, OSError):
-            await self.call("close", 60, live)
+        if self.broken:
+            for p in live:
+                p.kill()
+        else:
+            with contextlib.suppress(ConnectionError, TimeoutError, OSError):
+                await self.call("close", 60, live)
         for p in live:
             try:
                 await asyncio.wait_for(p.wait(), 10)
