@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from namesrv.client import NameServerClient
+from remoting.client import RemotingClient
 from remoting.cluster_auth import ClusterAuth
 from runtime.tasks import cancel_and_wait
 from store import Message
@@ -84,6 +85,9 @@ class Membership:
         self.refreshes = 0  # route refreshes so far
         self.nodes: dict[str, NodeClient] = {}  # every node seen, by name
         self.ordinal: dict[str, int] = {}  # rank by name among the nodes seen
+        # handed to each NodeClient: WATCHED and lost connections (watches.py), set before `start`
+        self.on_watched: Callable[[NodeClient, str], None] | None = None
+        self.on_lost: Callable[[NodeClient, RemotingClient], None] | None = None
         self.by_tag: dict[int, NodeClient] = {}
         self.stats: dict[str, object] = {}  # counters summed over live nodes at the last refresh
         self._absent_since: float | None = None
@@ -266,6 +270,7 @@ class Membership:
 
     def _add(self, name: str, addr: str) -> NodeClient:
         node = NodeClient(name, addr, node_tag(name), self.on_txn_check, auth=self.auth, tls=self.tls)
+        node.on_watched, node.on_lost = self.on_watched, self.on_lost
         node.connect_timeout_s = self.connect_timeout_s
         other = self.by_tag.get(node.tag)
         if other is not None:

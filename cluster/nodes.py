@@ -62,6 +62,10 @@ class NodeClient:
         self.tls = tls  # a client context: the node is spoken to over TLS
         self._connecting: asyncio.Lock = asyncio.Lock()
         self.info: w.NodeInfo = w.BASE  # what the node said at HELLO on its last connection
+        # the node's WATCHED (topic), and a connection's end: set by the store client (watches.py)
+        self.on_watched: Callable[[NodeClient, str], None] | None = None
+        self.on_lost: Callable[[NodeClient, RemotingClient], None] | None = None
+        self._lost_watch: asyncio.Task | None = None
 
     def supports(self, feature: str) -> bool:
         """Whether the node (as of its last connection) offers `feature` (store_wire.FEATURES)."""
@@ -96,6 +100,13 @@ class NodeClient:
                 await conn.close()
                 raise
             self.info, self.conn = info, conn
+            if self.on_lost is not None:
+                self._lost_watch = asyncio.get_running_loop().create_task(self._when_lost(conn))
+
+    async def _when_lost(self, conn: RemotingClient) -> None:
+        await conn.closed.wait()
+        if self.on_lost is not None:
+            self.on_lost(self, conn)
 
     async def set_replicas(self, addrs: list[str]) -> None:
         """The replicas the name server lists now; connections to the others are closed."""
@@ -120,6 +131,8 @@ class NodeClient:
         if cmd.code == w.TXN_CHECK:
             for m in w.decode_messages(cmd.body):
                 self._on_txn_check(self, m)
+        elif cmd.code == w.WATCHED and self.on_watched is not None:
+            self.on_watched(self, cmd.ext_fields.get("topic", ""))
 
     async def close(self) -> None:
         """Close the primary's connection (the replicas' stay: `close_all`)."""

@@ -48,6 +48,7 @@ from .nodes import NodeClient, NodeUnavailable
 from .pops import Pops
 from .sends import Sends
 from .tails import Tails
+from .watches import Watches
 
 log = logging.getLogger("cluster")
 
@@ -87,6 +88,9 @@ class ClusterStoreClient:
         self.sends = Sends(self.members, self.ids, request_timeout_s, self.chains)
         self.pops = Pops(self.members, self.ids, request_timeout_s, self.chains)
         self.tails = Tails(self.members, self.ids, request_timeout_s, self.chains)
+        self.watches = Watches(self.members, self.chains)
+        self.members.on_watched, self.members.on_lost = self.watches.watched, self.watches.lost
+        self.watch = self.watches.watch
         self.chain_reads = ChainReads(self.members, self.ids, request_timeout_s)
         self.tail = self.tails.tail
         self.append = self.sends.append

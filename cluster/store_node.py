@@ -20,6 +20,7 @@ import logging
 import socket
 import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import orjson
@@ -93,6 +94,8 @@ class StoreNode:
         max_frame = max(16 * 1024 * 1024, 2 * config.max_body_size + 1024 * 1024)
         self.frames = FrameServer(self, name="store", log=log, max_frame_size=max_frame, auth=config.auth)
         self.polls: set[asyncio.Task] = set()  # pops and tail reads under way (end at once on stop)
+        # per connection, per topic: the end of its WATCH (w.WATCH) on the store
+        self._watches: dict[FrameConnection, dict[str, Callable[[], None]]] = {}
         self._server: asyncio.Server | None = None
         self._address = f"{config.host}:{config.port}"
         self._rr = 0
@@ -184,7 +187,37 @@ class StoreNode:
         pass
 
     def closed(self, conn: FrameConnection) -> None:
-        pass
+        for unwatch in self._watches.pop(conn, {}).values():
+            unwatch()
+
+    def _watch(self, conn: FrameConnection, cmd: RemotingCommand) -> None:
+        """A proxy's reader caught up (w.WATCH): answer WATCHED once the topic has a record past its
+        offsets; at once when it has one already (appended since the reader's empty read) or the
+        topic cannot be watched (the reader reads again and meets the error). One per topic and
+        connection: a newer one replaces it."""
+        topic = cmd.ext_fields.get("topic", "")
+        regs = self._watches.setdefault(conn, {})
+
+        def fire() -> None:
+            regs.pop(topic, None)
+            if not conn.closed:
+                conn.oneway(w.WATCHED, {"topic": topic})
+
+        old = regs.pop(topic, None)
+        if old is not None:
+            old()
+        try:
+            positions = {int(q): int(off) for q, off in w.loads(cmd.ext_fields.get("a", "{}")).items()}
+            store = self.store
+            for q in range(
+                store.queue_count(topic)
+            ):  # (a queue the reader has no offset for: from its start)
+                if store.max_offset(topic, q) > positions.get(q, store.min_offset(topic, q)):
+                    fire()
+                    return
+            regs[topic] = self.store.watch(topic, fire)
+        except (StoreError, ValueError, KeyError, TypeError, IndexError):
+            fire()
 
     async def dispatch(self, conn: FrameConnection, cmd: RemotingCommand) -> RemotingCommand | None:
         if cmd.code == w.CANCEL:  # a proxy abandons one of its pending requests (a losing poll)
@@ -194,6 +227,9 @@ class StoreNode:
             return await self.replication.handle(cmd)
         if cmd.code == REPL_META and self.state_feed is not None:
             return await self.state_feed.handle(cmd)
+        if cmd.code == w.WATCH:
+            self._watch(conn, cmd)
+            return None
         if cmd.code == w.HELLO:  # the proxy's version and features; answered with ours
             log.debug("proxy %s speaks store protocol version %s", conn.remote, cmd.ext_fields.get("version"))
             return cmd.response(ResponseCode.SUCCESS, None, None, w.hello_reply(self.name, self.config.group))

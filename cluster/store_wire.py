@@ -113,14 +113,20 @@ OP_NAMES = {code: name for name, code in OPS.items()}
 # of the proxy; the node answers with its own as a JSON body (`hello_reply`). A node of version 0
 # answers REQUEST_CODE_NOT_SUPPORTED: the proxy then uses BASE_FEATURES with it.
 HELLO = 9197
-VERSION = 2
+VERSION = 3
 BASE_FEATURES = frozenset(V0_OPS)  # what a node of version 0 serves: its operations
 # version 1: HELLO itself; `not_replicated`: a write stored on the primary but not replicated in
 # time is the error NotReplicated (version 0 nodes send StoreError for it)
 # version 2: `logic_queues` (docs/cluster.md, "Logic queues across nodes")
-FEATURES = frozenset(OPS) | {"hello", "not_replicated", "logic_queues"}
+# version 3: `watch` (WATCH / WATCHED: a caught-up reader parks without a long poll)
+FEATURES = frozenset(OPS) | {"hello", "not_replicated", "logic_queues", "watch"}
 NODE_OPS = frozenset(ADDED_OPS)  # served by the node itself (cluster/fence.py), not by SERVE
 OLD_NOT_REPLICATED = "not replicated to the SyncStateSet within"  # a version 0 node's remark for it
+# WATCH, proxy -> node, oneway: extFields `topic` and `a` (JSON: the reader's next offset per local
+# queue); the node answers WATCHED (node -> proxy, oneway, extField `topic`) once, when the topic has
+# a record past those offsets (at once if it has one already), is deleted, or cannot be watched
+WATCH = 9195
+WATCHED = 9196
 CANCEL = 9198  # oneway: extField `opaque` = a pending request of this connection to abandon
 TXN_CHECK = 9199  # store node -> proxy, oneway: body = one encoded message (a half message)
 # Operations whose reply body is encoded messages instead of JSON.

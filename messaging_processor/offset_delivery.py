@@ -228,7 +228,7 @@ class OffsetDeliveryLoop:
         if self._stalled:
             return
         if len(msgs) < room:  # all there was (no await since the read): park again
-            unwatch = self.processor.watch(self.topic, self._wake)
+            unwatch = self.processor.watch(self.topic, self._wake, self.positions)
             if unwatch is not None:
                 self._unwatch = unwatch
                 return
@@ -284,7 +284,7 @@ class OffsetDeliveryLoop:
                     self.ctx, self.topic, self.positions, room, wait_ms, group=self.group
                 )
                 if not msgs and watches:  # (no await since the read: nothing appended unseen)
-                    unwatch = self.processor.watch(self.topic, self._wake)
+                    unwatch = self.processor.watch(self.topic, self._wake, self.positions)
                     if unwatch is not None:
                         self._unwatch = unwatch
                         self._task = None  # (an idle reader keeps no finished task either)

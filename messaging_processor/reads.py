@@ -71,12 +71,12 @@ class Reads:
         max_messages: int = 128,
         wait_ms: int = 0,
         *,
-        group: str,
+        group: str | None,
     ) -> list[Message]:
         """Offset reads of a whole topic for a subscriber that does not compete (StoreClient.tail):
         no pop state and nothing to ack; the caller moves `positions` (queue id -> next offset) past
         what it gets. Traced as deliveries to `group`, acked at once (the reader keeps no progress
-        in the store)."""
+        in the store); group None: not traced (the proxy's own index reads, as `read` without one)."""
         access = self.access
         if access.authorizer is not None:
             await access.authorize(ctx.identity, Action.SUBSCRIBE, Resource("topic", topic))
@@ -84,7 +84,7 @@ class Reads:
             msgs = await self.store.tail(topic, positions, max_messages, wait_ms)
         if msgs:
             self.metrics.messages_out[(ctx.protocol, topic)] += len(msgs)
-            if self.tracer is not None:
+            if self.tracer is not None and group is not None:
                 self.tracer.tailed(ctx, group, msgs)
         return msgs
 
@@ -101,20 +101,23 @@ class Reads:
             msgs = now(topic, positions, max_messages)
         if msgs:
             self.metrics.messages_out[(ctx.protocol, topic)] += len(msgs)
-            if self.tracer is not None:
+            if self.tracer is not None and group is not None:
                 self.tracer.tailed(ctx, group, msgs)
         return msgs
 
-    def watch(self, topic: str, callback: Callable[[], object]) -> Callable[[], None] | None:
-        """After a `tail` of `topic` that found nothing (no await in between): call `callback` once
-        when the topic next gets a record, holding no task or timer meanwhile; returns the function
-        that ends the watch unfired. None when the store offers no watch (a network store: long-poll
-        instead). TopicNotFound mapped as by `tail`."""
+    def watch(
+        self, topic: str, callback: Callable[[], object], positions: dict[int, int]
+    ) -> Callable[[], None] | None:
+        """After a `tail` of `topic` at `positions` that found nothing (no await in between): call
+        `callback` once when the topic next gets a record, holding no task or timer meanwhile;
+        returns the function that ends the watch unfired. None when the store offers no watch (a
+        network store of an older release, or a topic over several nodes: long-poll instead).
+        TopicNotFound mapped as by `tail`."""
         watch = getattr(self.store, "watch", None)
         if watch is None:
             return None
         with StoreCall(None, "", ""):
-            return watch(topic, callback)
+            return watch(topic, callback, positions)
 
     async def read_raw(
         self,

@@ -171,8 +171,11 @@ class LocalStoreClient:
         """LOCAL mode only: Store.tail_now."""
         return self.store.tail_now(topic, positions, max_messages)
 
-    def watch(self, topic: str, callback: Callable[[], object]) -> Callable[[], None]:
-        """LOCAL mode only (a network store client has none: its readers long-poll): Store.watch."""
+    def watch(
+        self, topic: str, callback: Callable[[], object], positions: dict[int, int] | None = None
+    ) -> Callable[[], None]:
+        """Store.watch (`positions` are the network store client's: cluster/watches.py; here the
+        caller's empty read and this call share one loop turn, so nothing is appended between)."""
         return self.store.watch(topic, callback)
 
     def set_dead_letter_listener(self, fn: Callable[[str, Message, str], None] | None) -> None:

@@ -130,7 +130,7 @@ class TopicLoop:
 
     def _park(self) -> bool:
         """Caught up (right after a read, no await since): wait on the store's watch, no task."""
-        unwatch = self.processor.watch(self.topic, self._wake)
+        unwatch = self.processor.watch(self.topic, self._wake, self.positions)
         if unwatch is None:
             return False
         self._unwatch = unwatch
