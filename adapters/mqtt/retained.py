@@ -23,7 +23,14 @@ import json
 import logging
 import time
 
-from messaging_processor import ClientContext, Identity, Message, MessagingProcessor
+from messaging_processor import (
+    ClientContext,
+    ErrorKind,
+    Identity,
+    Message,
+    MessagingProcessor,
+    ProcessorError,
+)
 
 from .mapping import P_EXPIRY_AT, P_TOPIC, store_topic
 from .retained_index import EXPIRY_AT, OFFSET, QUEUE, SIZE, Entry, RetainedIndex, entry
@@ -104,24 +111,24 @@ class Retained:
         proxy); the number of records read."""
         p = self.processor
         index = self.index
+        positions = self.positions
         read = 0
         async with self._lock:
-            info = await p.get_topic(RETAINED_TOPIC)
-            for q in range(info.queues if info is not None else 0):
-                start = self.positions.get(q)
-                if start is None:
-                    start = (await p.queue_offsets(RETAINED_TOPIC, q))[0]
-                while True:
-                    msgs = await p.read(_CTX, RETAINED_TOPIC, q, start, None, CATCH_UP_BATCH)
-                    for m in msgs:
-                        path = m.properties.get(P_TOPIC)
-                        if path is not None:
-                            index.apply(path, _entry(q, m))
-                        start = m.queue_offset + 1
-                    read += len(msgs)
-                    if len(msgs) < CATCH_UP_BATCH:
-                        break
-                self.positions[q] = start
+            while True:  # (one tail reads every queue: one store round trip through a worker)
+                try:
+                    msgs = await p.tail(_CTX, RETAINED_TOPIC, positions, CATCH_UP_BATCH, group=None)
+                except ProcessorError as e:
+                    if e.kind is ErrorKind.TOPIC_NOT_FOUND:
+                        return read
+                    raise
+                for m in msgs:
+                    path = m.properties.get(P_TOPIC)
+                    if path is not None:
+                        index.apply(path, _entry(m.queue_id, m))
+                    positions[m.queue_id] = m.queue_offset + 1
+                read += len(msgs)
+                if len(msgs) < CATCH_UP_BATCH:
+                    break
         return read
 
     async def migrate(self) -> int:
