@@ -216,8 +216,8 @@ class StoreNode:
                     fire()
                     return
             regs[topic] = self.store.watch(topic, fire)
-        except (StoreError, ValueError, KeyError, TypeError, IndexError):
-            fire()
+        except (StoreError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+            fire()  # (malformed arguments too: the proxy reads again, nothing is held for it)
 
     async def dispatch(self, conn: FrameConnection, cmd: RemotingCommand) -> RemotingCommand | None:
         if cmd.code == w.CANCEL:  # a proxy abandons one of its pending requests (a losing poll)

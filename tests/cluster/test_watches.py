@@ -80,3 +80,20 @@ async def test_a_node_without_the_feature_leaves_the_reader_to_long_poll(env):  
     node = c.members.live()[0]
     node.info = w.NodeInfo(2, node.info.features - {"watch"}, node.info.name, node.info.group)
     assert c.watch(TOPIC, lambda: None, {}) is None
+
+
+async def test_a_malformed_watch_is_answered_and_the_connection_keeps_serving(env):  # noqa: F811
+    c = env.client
+    await c.create_topic(TOPIC, 2, None, None)
+    woken = asyncio.Event()
+    assert c.watch(TOPIC, woken.set, {}) is not None  # (parks; the malformed one below wakes it)
+    node = c.members.live()[0]
+    conn = node.conn
+    for bad in ("[1, 2]", "not json", '{"x": "y"}'):
+        woken.clear()
+        assert c.watch(TOPIC, woken.set, {}) is not None
+        conn.oneway(w.WATCH, {"topic": TOPIC, "a": bad})
+        await asyncio.wait_for(woken.wait(), 5)  # answered WATCHED, not dropped
+        assert node.conn is conn and not conn.closed.is_set()
+    await c.append(Message(TOPIC, b"after"))
+    assert [m.body for m in await c.tail(TOPIC, {}, 10, 0)] == [b"after"]
