@@ -45,7 +45,7 @@ class ChainTable:
         self.node_queues: dict[tuple[str, str], int] = {}  # (node, chained topic) -> its queues
         self.states: dict[str, dict[str, Any]] = {}  # node -> its draining flag at the last reload
         self._lock = asyncio.Lock()
-        self._reloaded = 0.0
+        self._reloaded = 0.0  # when the last reload began (what it read is at least that new)
 
     def get(self, topic: str) -> Chain | None:
         return self.chains.get(topic) if self.chains else None
@@ -55,12 +55,14 @@ class ChainTable:
         return 0 if c is None else c.epoch
 
     async def reload(self, at_least: float | None = None) -> None:
-        """Read every readable node's tables, draining flag and queue counts (at most once per
-        call that starts after `at_least`: concurrent callers share one reload)."""
-        started = time.monotonic() if at_least is None else at_least
+        """Read every readable node's tables, draining flag and queue counts. Concurrent callers
+        share one reload, but only one that began after they asked (after `at_least`): a reload
+        under way when a caller asks may have read the tables before the change it reacts to."""
+        asked = time.monotonic() if at_least is None else at_least
         async with self._lock:
-            if self._reloaded > started:
+            if self._reloaded > asked:
                 return
+            began = time.monotonic()
             nodes = [n for n in self.members.readable() if n.supports(FEATURE)]
             got = await asyncio.gather(*(self._read(n) for n in nodes), return_exceptions=True)
             chains: dict[str, Chain] = {}
@@ -84,7 +86,7 @@ class ChainTable:
                 if topic not in chains or chains[topic].epoch < c.epoch:
                     chains[topic] = c
             self.chains, self.draining, self.states = chains, draining, states
-            self._reloaded = time.monotonic()
+            self._reloaded = began
 
     async def _read(self, node: NodeClient) -> tuple[list, dict, dict[str, int]]:
         rows = await node.value("kv_scan", {"ns": CHAINS_NS, "prefix": ""})

@@ -51,12 +51,13 @@ class Sends:
     def _target(self, msg: Message, stride: int | None, exclude: set[str]) -> tuple[NodeClient, int]:
         """(node, local queue id or -1) for one message."""
         draining = self.chains.draining
-        live = [n for n in self.members.need_live() if n.name not in exclude and n.name not in draining]
+        up = [n for n in self.members.need_live() if n.name not in exclude]
+        live = [n for n in up if n.name not in draining]
+        chain = self.chains.get(msg.topic)
+        if chain is not None and up:
+            return self._chain_target(chain, msg, live, up)
         if not live:
             raise NodeUnavailable("no store node is available")
-        chain = self.chains.get(msg.topic)
-        if chain is not None:
-            return self._chain_target(chain, msg, live)
         if msg.queue_id >= 0 and stride:
             local, ordinal = divmod(msg.queue_id, self.members.node_count())
             for n in live:
@@ -73,10 +74,14 @@ class Sends:
                     return n, -1
         return live[next(self._rr) % len(live)], -1
 
-    def _chain_target(self, chain: Chain, msg: Message, live: list[NodeClient]) -> tuple[NodeClient, int]:
+    def _chain_target(
+        self, chain: Chain, msg: Message, live: list[NodeClient], up: list[NodeClient]
+    ) -> tuple[NodeClient, int]:
         """A chained topic's message goes to the open segment of its logical queue: the one it
-        names, its message group's (MQTT path's), else the next in rotation on a live node."""
-        ok = {n.name: n for n in live}
+        names, its message group's (MQTT path's), else the next in rotation on a live node that
+        does not drain. A message group's (a path's, a named queue's) open segment on a node known
+        to drain is tried all the same: this table is older than the drain, and the node's refusal
+        makes the send reload it, where the next logical queue would break the group's order."""
         key = msg.message_group or (msg.properties.get(PATH_PROPERTY) if msg.properties else None)
         n = len(chain)
         if msg.queue_id >= 0:
@@ -85,6 +90,12 @@ class Sends:
             first = chain.key_queue(key)
         else:
             first = next(self._rr) % n
+        if msg.queue_id >= 0 or key:
+            head = chain.head(first)
+            for node in up:
+                if node.name == head.node:
+                    return node, head.queue
+        ok = {n.name: n for n in live}
         for k in range(n):  # (the next logical queue while that one's node is down: as above)
             head = chain.head((first + k) % n)
             node = ok.get(head.node)
@@ -118,7 +129,7 @@ class Sends:
                 await self.chains.reload()
                 if isinstance(e, w.NodeDraining):
                     self.chains.draining.add(node.name)
-                elif self.chains.epoch(topic) == epoch:
+                if self.chains.epoch(topic) == epoch and topic in self.chains.chains:
                     await asyncio.sleep(RESOLVE_PAUSE_S)  # sealed, the new table not written yet
                 continue
             return self.ids.results(node, raw)  # type: ignore[return-value]

@@ -16,6 +16,7 @@ import pytest
 from cluster import logic_admin as la
 from cluster import store_wire as w
 from cluster.chains import Chain, initial, plan_moves
+from cluster.remote_store import ClusterStoreClient
 from namesrv.client import NameServerClient
 from store import Filter, Message
 
@@ -189,3 +190,68 @@ async def test_a_long_poll_waiting_through_a_switch_hands_out_nothing_of_the_new
         if len(after) >= 3:
             break
     assert after == [b"a1", b"a2", b"c0"]
+
+
+async def _second_proxy(env) -> ClusterStoreClient:  # noqa: F811
+    """Another proxy's client, whose tables change only when it reloads them itself."""
+    p = ClusterStoreClient(env.ns.address, refresh_s=60)
+    await p.start(wait_s=5)
+    await until(lambda: len(p.live()) == len(env.nodes))
+    await p.chains.reload()
+    return p
+
+
+async def test_a_reload_asked_for_while_another_runs_reads_the_tables_again(env):  # noqa: F811
+    """A caller that asks for a reload while one is under way (that one may have read the tables
+    before the change the caller reacts to) gets a reload that began after it asked."""
+    c = env.client
+    await c.create_topic("rl", 2, None, None)
+    await env.add_node("store-c")
+    await until(lambda: len(c.live()) == 3 and c.chains.get("rl") is not None)
+    p = await _second_proxy(env)
+    try:
+        before = p.chains.epoch("rl")
+        read, held = p.chains._read, asyncio.Event()
+        reading = asyncio.Event()
+
+        async def slow_read(node):  # reads now, answers once released: an early, stale reload
+            got = await read(node)
+            reading.set()
+            await held.wait()
+            return got
+
+        p.chains._read = slow_read
+        early = asyncio.create_task(p.chains.reload())
+        await reading.wait()
+        chain = await la.extend(c, "rl", "store-c", [0])  # the change, after the early reads
+        asked = asyncio.create_task(p.chains.reload())
+        await asyncio.sleep(0.05)
+        p.chains._read = read
+        held.set()
+        await asyncio.gather(early, asked)
+        assert chain.epoch > before and p.chains.epoch("rl") == chain.epoch
+    finally:
+        await p.close()
+
+
+async def test_a_message_group_keeps_its_queue_when_a_proxy_hears_of_a_drain_before_its_table(env):  # noqa: F811
+    """A proxy that knows a node drains but still holds the table from before the drain sends a
+    message group's message to the group's own logical queue (the node refuses it, the proxy
+    reloads and finds its new open segment), never to the next logical queue."""
+    c = env.client
+    await c.create_topic("kq", 2, None, None)  # 4 logical queues over store-a, store-b
+    await env.add_node("store-c")
+    await until(lambda: len(c.live()) == 3 and c.chains.get("kq") is not None)
+    p = await _second_proxy(env)
+    try:
+        chain = p.chains.get("kq")
+        key = next(f"g{i}" for i in range(100) if chain.head(chain.key_queue(f"g{i}")).node == "store-b")
+        first = await p.append(Message("kq", b"before", message_group=key))
+        await la.drain(c, "store-b")
+        p.chains.draining.add("store-b")  # what it heard (a refusal, a reload) before the new table
+        assert p.chains.get("kq").head(first.queue_id).node == "store-b"  # (the old table still)
+        after = await p.append(Message("kq", b"after", message_group=key))
+        assert (after.queue_id, after.queue_offset) == (first.queue_id, first.queue_offset + 1)
+        assert p.chains.get("kq").head(first.queue_id).node != "store-b"
+    finally:
+        await p.close()

@@ -67,6 +67,9 @@ class Traffic:
         self.proxies = proxies  # publishers alternate over them; the consumers use the last and first
         self.acked: dict[str, list[int]] = collections.defaultdict(list)  # key -> sequence numbers
         self.popped: dict[str, list[int]] = collections.defaultdict(list)
+        # key -> (n, queue, offset, attempt, receive) of each popped message
+        self.where: dict[str, list[tuple]] = collections.defaultdict(list)
+        self.batches = 0
         self.seen: dict[str, list[int]] = collections.defaultdict(list)
         self.failures: list[str] = []
         self.sending = True
@@ -126,12 +129,16 @@ class Traffic:
                     await asyncio.sleep(0.1)
                     continue
                 if msgs:
+                    self.batches += 1
                     r = await g.ack(s, "readers", TOPIC, *(m.system_properties.receipt_handle for m in msgs))
                     for m, e in zip(msgs, r.entries, strict=True):
                         if e.status.code != d.OK:
                             self.failures.append(f"ack {m.body!r}: {e.status.code}")
                         key, n = _parse(m.body)
                         self.popped[key].append(n)
+                        sp = m.system_properties
+                        at = (n, sp.queue_id, sp.queue_offset, sp.delivery_attempt, self.batches)
+                        self.where[key].append(at)
 
     async def _subscribe(self) -> None:
         host, port = self.proxies[0]["mqtt"].rsplit(":", 1)
@@ -273,7 +280,13 @@ async def test_extend_then_drain_a_store_under_load(tmp_path, capsys):
         for key, ns in t.acked.items():
             assert ns == list(range(len(ns)))
             # exactly once per group, in order per message group and per path
-            assert t.popped[key] == ns, (key, len(ns), len(t.popped[key]))
+            if t.popped[key] != ns:  # where the order broke: (n, queue, offset, attempt, receive) around it
+                pairs = zip(t.popped[key], ns, strict=False)
+                i = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(ns), len(t.popped[key])))
+                pytest.fail(
+                    f"{key}: popped {len(t.popped[key])} of {len(ns)}, out of order at {i}:"
+                    f" {t.where[key][max(i - 3, 0) : i + 4]}"
+                )
             assert t.seen[key] == ns, (key, len(ns), len(t.seen[key]))
         want = {f"<{k}:{n}>".encode() for k, ns in t.acked.items() for n in ns}
         # through the chains: every logical queue from 0 on, but what the forgotten store-2 held
